@@ -1,0 +1,278 @@
+"""Every pinned value of stargate-router: defaults, limits, metric names and outcomes.
+
+One source of truth, each value with the reason it has that value. The CLI defaults
+match the Rust ``stargate-k8s-router`` so this router is a drop-in replacement in the
+same Deployment; metric names and outcome labels match it so dashboards keep working.
+This module imports nothing from the project, so ``quic/`` and ``discovery/`` can use it.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+# ---------------------------------------------------------------------------
+# CLI defaults (same names and values as the Rust router's flags)
+# ---------------------------------------------------------------------------
+DEFAULT_LISTEN_ADDR: Final = "0.0.0.0:50071"
+"""Worker gRPC (h2c or TLS) port the Gateway TCPRoute sends to; the Rust router's default."""
+
+DEFAULT_REVERSE_TUNNEL_LISTEN_ADDR: Final = "0.0.0.0:50072"
+"""Worker QUIC reverse-tunnel port the Gateway UDPRoute sends to; the Rust router's default."""
+
+DEFAULT_HEALTH_LISTEN_ADDR: Final = "0.0.0.0:8080"
+"""Probes and Prometheus scrape port; the Rust router's default."""
+
+TARGET_NAMESPACE_ENV: Final = "POD_NAMESPACE"
+"""Downward-API variable the Deployment sets; used when --target-namespace is absent."""
+
+DEFAULT_TARGET_SERVICE_NAME: Final = "stargate-headless"
+"""Headless Service of the Stargate StatefulSet whose EndpointSlices list the pods."""
+
+DEFAULT_ADVERTISED_HOSTNAME_TEMPLATE: Final = "{pod_name}.stargate.external"
+"""Hostname a worker puts in :authority / SNI; Stargate advertises the same template."""
+
+DEFAULT_GRPC_PORT_NAME: Final = "grpc"
+"""Named TCP port of the Stargate pod in its EndpointSlices."""
+
+DEFAULT_QUIC_PORT_NAME: Final = "quic"
+"""Named UDP port of the Stargate pod in its EndpointSlices."""
+
+DEFAULT_CONNECT_TIMEOUT_MS: Final = 5_000
+"""Dial timeout to a pod: long enough for a loaded node, short enough for a retrying worker."""
+
+DEFAULT_RELAY_IDLE_TIMEOUT_MS: Final = 300_000
+"""A spliced connection or UDP flow idle this long is closed (gRPC keepalives are shorter)."""
+
+DEFAULT_PEEK_TIMEOUT_MS: Final = 5_000
+"""Time a client has to present its hostname; bounds what a slowloris can hold."""
+
+DEFAULT_ROUND_ROBIN_PATHS: Final = ("/stargate.StargateControlPlane/WatchStargates",)
+"""h2c paths that may go to any ready pod when the authority names none (Rust router behaviour)."""
+
+DEFAULT_SHUTDOWN_DELAY_MS: Final = 5_000
+"""After SIGTERM, keep accepting this long so the Gateway sees /readyz 503 and stops sending."""
+
+DEFAULT_DRAIN_TIMEOUT_MS: Final = 30_000
+"""After the listeners close, established flows get this long to finish before being cut."""
+
+DEFAULT_LOG_FORMAT: Final = "text"
+"""Human-readable by default; ``json`` for log pipelines."""
+
+DEFAULT_LOG_LEVEL: Final = "info"
+"""Rejections are logged at info, routing decisions at debug."""
+
+LOG_LEVEL_ENV: Final = "LOG_LEVEL"
+"""Environment variable that sets the log level when --log-level is absent."""
+
+DEFAULT_WORKERS: Final = 1
+"""Processes sharing the listeners with SO_REUSEPORT; one is enough for most Gateways."""
+
+ENDPOINTS_FILE_POLL_INTERVAL_S: Final = 0.5
+"""The endpoints file is re-checked twice a second (the contract is at least once a second)."""
+
+# ---------------------------------------------------------------------------
+# Peek limits (TCP)
+# ---------------------------------------------------------------------------
+MAX_PEEK_BYTES: Final = 16 * 1024
+"""A ClientHello or first HEADERS block larger than this is refused; real ones are < 4 KiB."""
+
+MAX_TLS_CLIENT_HELLO_BYTES: Final = 16 * 1024
+"""Handshake message length cap; larger claims are rejected before buffering them."""
+
+MAX_HOSTNAME_LENGTH: Final = 253
+"""Longest DNS name (RFC 1035); longer :authority / SNI values never route."""
+
+MAX_POD_NAME_LENGTH: Final = 63
+"""A pod name extracted from a hostname must be one DNS-1123 label."""
+
+H2_PREFACE: Final = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+"""The 24-byte HTTP/2 client connection preface (RFC 9113 section 3.4)."""
+
+H2_MAX_HEADER_LIST_SIZE: Final = 16 * 1024
+"""Decoded header list cap for the first HEADERS block (hpack bomb guard)."""
+
+# ---------------------------------------------------------------------------
+# Relay
+# ---------------------------------------------------------------------------
+RELAY_CHUNK_BYTES: Final = 256 * 1024
+"""Read size per recv on the buffered relay path; large enough to amortise syscalls."""
+
+RELAY_HIGH_WATER_BYTES: Final = 256 * 1024
+"""Pause reading a side when the other side's write buffer exceeds this (flow control)."""
+
+RELAY_LOW_WATER_BYTES: Final = 64 * 1024
+"""Resume reading once the other side's write buffer drains below this."""
+
+SPLICE_PIPE_BYTES: Final = 1024 * 1024
+"""Pipe size for os.splice zero-copy relaying (F_SETPIPE_SZ); clipped by /proc limits."""
+
+# ---------------------------------------------------------------------------
+# QUIC / UDP
+# ---------------------------------------------------------------------------
+QUIC_MIN_INITIAL_DATAGRAM_BYTES: Final = 1200
+"""RFC 9000 section 14.1: a client Initial datagram is at least 1200 bytes."""
+
+QUIC_MAX_DATAGRAM_BYTES: Final = 65_527
+"""Largest UDP payload; receive buffers are sized for it."""
+
+QUIC_MAX_CRYPTO_BYTES: Final = 64 * 1024
+"""CRYPTO stream bytes buffered per pending flow before giving up (ClientHello cap)."""
+
+QUIC_MAX_PENDING_DATAGRAMS_PER_FLOW: Final = 16
+"""Datagrams held for a flow whose SNI is not complete yet (big ClientHellos need 2-4)."""
+
+QUIC_MAX_PENDING_BYTES_PER_FLOW: Final = 32 * 1024
+"""Bytes held for one pending flow; bounds memory per spoofed source address."""
+
+QUIC_MAX_PENDING_FLOWS: Final = 4_096
+"""Pending (not yet routed) flows at once; beyond this new Initials are dropped and counted."""
+
+QUIC_PENDING_FLOW_TIMEOUT_MS: Final = 3_000
+"""A pending flow whose ClientHello is still incomplete after this is dropped."""
+
+QUIC_MAX_FLOWS: Final = 65_536
+"""Established UDP flows at once; each holds one connected socket (file descriptor)."""
+
+QUIC_MAX_LEARNED_CIDS_PER_FLOW: Final = 16
+"""Pod connection IDs remembered per flow for migration (aioquic issues up to 8)."""
+
+QUIC_REJECT_BUDGET_BYTES_PER_S: Final = 1_000_000
+"""Global byte rate of CONNECTION_CLOSE answers; with the <= received-bytes rule, no amplifier."""
+
+# ---------------------------------------------------------------------------
+# Kubernetes discovery
+# ---------------------------------------------------------------------------
+SERVICE_NAME_LABEL: Final = "kubernetes.io/service-name"
+"""Label the EndpointSlice controller puts on every slice of a Service."""
+
+WATCH_TIMEOUT_S: Final = 300
+"""Server-side watch timeout; the API server ends the stream and we re-watch from the last RV."""
+
+BACKOFF_INITIAL_S: Final = 0.5
+"""First retry delay after an API error."""
+
+BACKOFF_MAX_S: Final = 30.0
+"""Retry delay cap: an API outage is retried at least twice a minute."""
+
+# ---------------------------------------------------------------------------
+# Metrics (names and label values match the Rust router)
+# ---------------------------------------------------------------------------
+METRIC_PREFIX: Final = "stargate_k8s_router"
+"""Prefix of every series, as exported by the Rust router."""
+
+GRPC_CONNECTIONS_TOTAL: Final = f"{METRIC_PREFIX}_grpc_connections"
+"""Counter (``_total`` added by prometheus-client) of TCP connections by protocol and outcome."""
+
+QUIC_CONNECTIONS_TOTAL: Final = f"{METRIC_PREFIX}_quic_connections"
+"""Counter of QUIC flows by outcome."""
+
+RELAYED_BYTES_TOTAL: Final = f"{METRIC_PREFIX}_relayed_bytes"
+"""Counter of bytes spliced, by protocol (h2c, tls, quic) and direction."""
+
+ACTIVE_CONNECTIONS: Final = f"{METRIC_PREFIX}_active_connections"
+"""Gauge of spliced TCP connections / UDP flows now open, by protocol."""
+
+PENDING_FLOWS: Final = f"{METRIC_PREFIX}_quic_pending_flows"
+"""Gauge of UDP flows still waiting for a complete ClientHello."""
+
+QUIC_DROPPED_DATAGRAMS_TOTAL: Final = f"{METRIC_PREFIX}_quic_dropped_datagrams"
+"""Counter of datagrams dropped without routing, by reason."""
+
+READY_TARGETS: Final = f"{METRIC_PREFIX}_ready_targets"
+"""Gauge of pods in the current snapshot."""
+
+DECISION_LATENCY_SECONDS: Final = f"{METRIC_PREFIX}_decision_latency_seconds"
+"""Histogram of first byte to routing decision, by protocol."""
+
+DIAL_LATENCY_SECONDS: Final = f"{METRIC_PREFIX}_dial_latency_seconds"
+"""Histogram of pod dial time, by protocol."""
+
+DISCOVERY_UPDATES_TOTAL: Final = f"{METRIC_PREFIX}_discovery_updates"
+"""Counter of snapshots published, by source and result."""
+
+DISCOVERY_LAST_SYNC_AGE_SECONDS: Final = f"{METRIC_PREFIX}_discovery_last_sync_age_seconds"
+"""Gauge of seconds since the discovery source last synced successfully."""
+
+BUILD_INFO: Final = f"{METRIC_PREFIX}_build_info"
+"""Constant 1 gauge labelled with the version."""
+
+TCP_PROTOCOLS: Final = ("h2c", "tls")
+"""Label values of ``protocol`` on the gRPC connection counter."""
+
+GRPC_OUTCOMES: Final = (
+    "accepted",
+    "missing_authority",
+    "unknown_authority",
+    "target_unavailable",
+    "connect_error",
+    "protocol_error",
+    "peek_timeout",
+    "completed",
+    "relay_error",
+)
+"""Outcomes of a TCP connection; every one is exported at 0 before traffic."""
+
+QUIC_OUTCOMES: Final = (
+    "accepted",
+    "missing_sni",
+    "unknown_sni",
+    "target_unavailable",
+    "completed",
+    "relay_error",
+)
+"""Outcomes of a QUIC flow (the Rust router's names)."""
+
+QUIC_DROP_REASONS: Final = (
+    "not_initial",
+    "short_initial",
+    "malformed",
+    "pending_full",
+    "flow_table_full",
+    "pending_timeout",
+    "rate_limited",
+)
+"""Why a datagram was dropped without routing."""
+
+RELAY_PROTOCOLS: Final = ("h2c", "tls", "quic")
+"""Label values of ``protocol`` on byte and active-connection metrics."""
+
+RELAY_DIRECTIONS: Final = ("client_to_pod", "pod_to_client")
+"""Label values of ``direction`` on the relayed-bytes counter."""
+
+DISCOVERY_SOURCES: Final = ("kubernetes", "file")
+"""Label values of ``source`` on discovery metrics."""
+
+DISCOVERY_RESULTS: Final = ("published", "unchanged", "error")
+"""Label values of ``result`` on the discovery updates counter."""
+
+LATENCY_BUCKETS_S: Final = (
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+)
+"""Histogram buckets from 100 µs (loopback dial) to 5 s (the default timeouts)."""
+
+# ---------------------------------------------------------------------------
+# Rejection wording (the Rust router's reason phrases, reused for gRPC and QUIC)
+# ---------------------------------------------------------------------------
+REASON_MISSING_SNI: Final = "missing target SNI"
+"""QUIC CONNECTION_CLOSE reason when the ClientHello has no server_name."""
+
+REASON_UNKNOWN_SNI: Final = "unknown target SNI"
+"""QUIC CONNECTION_CLOSE reason when the SNI names no pod of the snapshot."""
+
+REASON_TARGET_NOT_READY: Final = "target stargate not ready"
+"""Reason when the named pod is known by name but not routable (no port / dial failed)."""
+
+GRPC_STATUS_INVALID_ARGUMENT: Final = 3
+"""grpc-status for a missing or non-matching :authority."""
+
+GRPC_STATUS_UNAVAILABLE: Final = 14
+"""grpc-status when the pod is not ready or the dial fails."""
+
+TLS_ALERT_UNRECOGNIZED_NAME: Final = 112
+"""Fatal alert for missing or unknown SNI (RFC 6066 section 3)."""
+
+TLS_ALERT_INTERNAL_ERROR: Final = 80
+"""Fatal alert when the named pod is unavailable (no TLS alert says 'try later')."""
+
+QUIC_CLOSE_CONNECTION_REFUSED: Final = 0x2
+"""CONNECTION_REFUSED (RFC 9000 section 20.1): the server refuses to accept the connection."""

@@ -1,0 +1,102 @@
+"""Prometheus families of the router, on its own registry, every series present at 0.
+
+Dashboards and alerts divide rates of outcomes; a series that appears only after its
+first event makes those ratios jump from "no data" to a value, and hides rejections
+that never happened yet. So every declared label combination is created up front.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from router import constants as c
+
+
+class RouterMetrics:
+    """All metric families of one router process."""
+
+    def __init__(self, version: str = "0.0.0", registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.grpc_connections = Counter(
+            c.GRPC_CONNECTIONS_TOTAL, "TCP (gRPC) connections by protocol and outcome.",
+            ["protocol", "outcome"], registry=r,
+        )
+        self.quic_connections = Counter(
+            c.QUIC_CONNECTIONS_TOTAL, "QUIC flows by outcome.", ["outcome"], registry=r,
+        )
+        self.relayed_bytes = Counter(
+            c.RELAYED_BYTES_TOTAL, "Bytes spliced between clients and pods.",
+            ["protocol", "direction"], registry=r,
+        )
+        self.active_connections = Gauge(
+            c.ACTIVE_CONNECTIONS, "Spliced TCP connections and UDP flows now open.",
+            ["protocol"], registry=r,
+        )
+        self.pending_flows = Gauge(
+            c.PENDING_FLOWS, "UDP flows waiting for a complete ClientHello.", registry=r,
+        )
+        self.quic_dropped = Counter(
+            c.QUIC_DROPPED_DATAGRAMS_TOTAL, "Datagrams dropped without routing, by reason.",
+            ["reason"], registry=r,
+        )
+        self.ready_targets = Gauge(
+            c.READY_TARGETS, "Pods in the current routing snapshot.", registry=r,
+        )
+        self.decision_latency = Histogram(
+            c.DECISION_LATENCY_SECONDS, "First byte to routing decision.", ["protocol"],
+            buckets=c.LATENCY_BUCKETS_S, registry=r,
+        )
+        self.dial_latency = Histogram(
+            c.DIAL_LATENCY_SECONDS, "Time to connect to the pod.", ["protocol"],
+            buckets=c.LATENCY_BUCKETS_S, registry=r,
+        )
+        self.discovery_updates = Counter(
+            c.DISCOVERY_UPDATES_TOTAL, "Discovery events by source and result.",
+            ["source", "result"], registry=r,
+        )
+        self.discovery_last_sync_age = Gauge(
+            c.DISCOVERY_LAST_SYNC_AGE_SECONDS,
+            "Seconds since discovery last synced successfully (-1 before the first sync).",
+            registry=r,
+        )
+        self.discovery_last_sync_age.set(-1)
+        self.build_info = Gauge(c.BUILD_INFO, "Build information.", ["version"], registry=r)
+        self.build_info.labels(version=version).set(1)
+        self._zero_init()
+
+    def _zero_init(self) -> None:
+        for protocol in c.TCP_PROTOCOLS:
+            for outcome in c.GRPC_OUTCOMES:
+                self.grpc_connections.labels(protocol=protocol, outcome=outcome)
+        for outcome in c.QUIC_OUTCOMES:
+            self.quic_connections.labels(outcome=outcome)
+        for protocol in c.RELAY_PROTOCOLS:
+            for direction in c.RELAY_DIRECTIONS:
+                self.relayed_bytes.labels(protocol=protocol, direction=direction)
+            self.active_connections.labels(protocol=protocol)
+            self.decision_latency.labels(protocol=protocol)
+            self.dial_latency.labels(protocol=protocol)
+        for reason in c.QUIC_DROP_REASONS:
+            self.quic_dropped.labels(reason=reason)
+        for source in c.DISCOVERY_SOURCES:
+            for result in c.DISCOVERY_RESULTS:
+                self.discovery_updates.labels(source=source, result=result)
+
+    def grpc_outcome(self, protocol: str, outcome: str) -> None:
+        self.grpc_connections.labels(protocol=protocol, outcome=outcome).inc()
+
+    def quic_outcome(self, outcome: str) -> None:
+        self.quic_connections.labels(outcome=outcome).inc()
+
+    def add_collector(self, collector: Collector) -> None:
+        self.registry.register(collector)
+
+    def render(self) -> bytes:
+        """Prometheus text exposition of every family."""
+        return generate_latest(self.registry)
+
+
+__all__ = ["GaugeMetricFamily", "RouterMetrics"]
