@@ -1,0 +1,177 @@
+"""Bounded TLS ClientHello walker, shared by TLS-over-TCP and QUIC Initial peeking.
+
+Sans-IO: one complete handshake message in, a small frozen fact out. The router only
+needs the SNI host_name (to pick a pod) and ALPN (for logs), but it walks every field so
+that a malformed hello is refused rather than half-trusted. Untrusted input can only
+raise :class:`ClientHelloError`; every read goes through a bounds-checked reader.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import IntEnum
+
+from router.constants import MAX_TLS_CLIENT_HELLO_BYTES
+
+HANDSHAKE_HEADER_BYTES = 4
+"""msg_type(1) + uint24 length (RFC 8446 section 4)."""
+
+RANDOM_BYTES = 32
+MAX_SESSION_ID_BYTES = 32
+
+
+class HandshakeType(IntEnum):
+    CLIENT_HELLO = 1
+
+
+class ExtensionType(IntEnum):
+    SERVER_NAME = 0
+    ALPN = 16
+
+
+class NameType(IntEnum):
+    HOST_NAME = 0
+
+
+class ClientHelloError(ValueError):
+    """The bytes are not a well-formed ClientHello; the only error this module raises."""
+
+
+@dataclass(frozen=True, slots=True)
+class ClientHelloInfo:
+    """What the router learns from a ClientHello."""
+
+    server_name: str | None
+    """host_name from server_name (ASCII, undecodable bytes replaced); None if absent."""
+    alpn: tuple[str, ...]
+    """ALPN protocol names in client order; () if the extension is absent."""
+
+
+class _Reader:
+    """Bounds-checked cursor over bytes: every overrun is a ClientHelloError."""
+
+    __slots__ = ("_data", "_end", "_pos")
+
+    def __init__(self, data: bytes, start: int = 0, end: int | None = None) -> None:
+        self._data = data
+        self._pos = start
+        self._end = len(data) if end is None else end
+
+    @property
+    def remaining(self) -> int:
+        return self._end - self._pos
+
+    def take(self, n: int, what: str) -> bytes:
+        if n < 0 or n > self.remaining:
+            raise ClientHelloError(f"truncated {what}")
+        out = self._data[self._pos : self._pos + n]
+        self._pos += n
+        return out
+
+    def uint(self, n: int, what: str) -> int:
+        return int.from_bytes(self.take(n, what), "big")
+
+    def vector(self, length_bytes: int, what: str) -> _Reader:
+        """A sub-reader over a length-prefixed vector; this reader skips past it."""
+        n = self.uint(length_bytes, f"{what} length")
+        if n > self.remaining:
+            raise ClientHelloError(f"truncated {what}")
+        sub = _Reader(self._data, self._pos, self._pos + n)
+        self._pos += n
+        return sub
+
+    def take_rest(self) -> bytes:
+        return self.take(self.remaining, "rest")
+
+    def expect_end(self, what: str) -> None:
+        if self.remaining:
+            raise ClientHelloError(f"{self.remaining} trailing bytes after {what}")
+
+
+def client_hello_length(prefix: bytes) -> int | None:
+    """Total size (header + body) of the handshake message starting ``prefix``.
+
+    None until the 4-byte header is known. Lets a caller stop buffering at the exact end
+    of the hello and refuse an oversized claim before storing it.
+    """
+    if not prefix:
+        return None
+    if prefix[0] != HandshakeType.CLIENT_HELLO:
+        raise ClientHelloError(f"handshake type {prefix[0]} is not client_hello")
+    if len(prefix) < HANDSHAKE_HEADER_BYTES:
+        return None
+    total = HANDSHAKE_HEADER_BYTES + int.from_bytes(prefix[1:4], "big")
+    if total > MAX_TLS_CLIENT_HELLO_BYTES:
+        raise ClientHelloError(f"client_hello of {total} bytes exceeds {MAX_TLS_CLIENT_HELLO_BYTES}")
+    return total
+
+
+def parse_client_hello(handshake: bytes) -> ClientHelloInfo:
+    """Walk one complete handshake message (type 1, uint24 length, body) to its facts."""
+    total = client_hello_length(handshake)
+    if total is None:
+        raise ClientHelloError("truncated handshake header")
+    if len(handshake) != total:
+        raise ClientHelloError(f"handshake is {len(handshake)} bytes, header says {total}")
+    r = _Reader(handshake, HANDSHAKE_HEADER_BYTES)
+    r.take(2, "legacy_version")
+    r.take(RANDOM_BYTES, "random")
+    session_id = r.vector(1, "legacy_session_id")
+    if session_id.remaining > MAX_SESSION_ID_BYTES:
+        raise ClientHelloError("legacy_session_id longer than 32 bytes")
+    suites = r.vector(2, "cipher_suites")
+    if suites.remaining < 2 or suites.remaining % 2:
+        raise ClientHelloError("cipher_suites length must be even and >= 2")
+    compression = r.vector(1, "legacy_compression_methods")
+    if compression.remaining < 1:
+        raise ClientHelloError("empty legacy_compression_methods")
+    server_name: str | None = None
+    alpn: tuple[str, ...] = ()
+    if r.remaining:  # extensions are optional in a TLS 1.2 hello
+        extensions = r.vector(2, "extensions")
+        r.expect_end("extensions")
+        seen: set[int] = set()
+        while extensions.remaining:
+            ext_type = extensions.uint(2, "extension type")
+            body = extensions.vector(2, "extension body")
+            if ext_type in seen:
+                raise ClientHelloError(f"duplicate extension {ext_type}")
+            seen.add(ext_type)
+            if ext_type == ExtensionType.SERVER_NAME:
+                server_name = _parse_server_name(body)
+            elif ext_type == ExtensionType.ALPN:
+                alpn = _parse_alpn(body)
+    return ClientHelloInfo(server_name=server_name, alpn=alpn)
+
+
+def _parse_server_name(body: _Reader) -> str | None:
+    """RFC 6066 section 3: a list of (name_type, name); at most one host_name."""
+    names = body.vector(2, "server_name_list")
+    body.expect_end("server_name_list")
+    host: str | None = None
+    while names.remaining:
+        name_type = names.uint(1, "name_type")
+        name = names.vector(2, "server name").take_rest()
+        if name_type != NameType.HOST_NAME:
+            continue
+        if host is not None:
+            raise ClientHelloError("more than one host_name in server_name")
+        # Replacement characters (and NUL) are kept: the hostname matcher rejects them,
+        # which answers "unknown name" instead of a protocol error.
+        host = name.decode("ascii", errors="replace")
+    return host
+
+
+def _parse_alpn(body: _Reader) -> tuple[str, ...]:
+    """RFC 7301 section 3.1: a non-empty list of non-empty protocol names."""
+    protocols = body.vector(2, "protocol_name_list")
+    body.expect_end("protocol_name_list")
+    out: list[str] = []
+    while protocols.remaining:
+        name = protocols.vector(1, "protocol name").take_rest()
+        if not name:
+            raise ClientHelloError("empty ALPN protocol name")
+        out.append(name.decode("ascii", errors="replace"))
+    if not out:
+        raise ClientHelloError("empty ALPN protocol list")
+    return tuple(out)

@@ -1,0 +1,107 @@
+"""Hostname template matching: ``{pod_name}.stargate.external`` <-> ``stargate-0``.
+
+Stricter than the Rust matcher, which took whatever sat between prefix and suffix: here
+the pod name must be exactly one DNS-1123 label, so ``x.stargate-0.stargate.external``,
+an IP literal, userinfo (``a@b``), NUL or non-ASCII never name a pod. Matching never
+raises on input: any hostname either yields a valid label or None ("unknown name").
+
+Punycode labels (``xn--...``) are valid ASCII DNS-1123 labels and are accepted as they
+are (not decoded): Kubernetes pod names may legally have that form, and the lookup in the
+snapshot decides whether such a pod exists.
+"""
+
+from __future__ import annotations
+
+import re
+import string
+from dataclasses import dataclass
+
+from router.constants import MAX_HOSTNAME_LENGTH, MAX_POD_NAME_LENGTH
+
+POD_NAME_FIELD = "pod_name"
+NAMESPACE_FIELD = "namespace"
+
+_DNS1123_LABEL = re.compile(r"[a-z0-9](?:[-a-z0-9]*[a-z0-9])?")
+"""RFC 1123 label as Kubernetes validates it (lower-case only, checked after lowering)."""
+
+
+class TemplateError(ValueError):
+    """The configured hostname template cannot identify a pod."""
+
+
+def is_pod_label(name: str) -> bool:
+    """True if ``name`` is one DNS-1123 label of at most MAX_POD_NAME_LENGTH characters."""
+    return len(name) <= MAX_POD_NAME_LENGTH and _DNS1123_LABEL.fullmatch(name) is not None
+
+
+@dataclass(frozen=True, slots=True)
+class HostnameTemplate:
+    """A template split around ``{pod_name}`` into a lower-cased prefix and suffix."""
+
+    prefix: str
+    suffix: str
+
+    @classmethod
+    def parse(cls, template: str, namespace: str) -> HostnameTemplate:
+        """Accept exactly one ``{pod_name}``, substitute ``{namespace}``, refuse other fields."""
+        prefix_parts: list[str] = []
+        suffix_parts: list[str] = []
+        pod_fields = 0
+        try:
+            parsed = list(string.Formatter().parse(template))
+        except ValueError as exc:
+            raise TemplateError(f"invalid hostname template {template!r}: {exc}") from exc
+        for literal, field, spec, conversion in parsed:
+            (suffix_parts if pod_fields else prefix_parts).append(literal)
+            if field is None:
+                continue
+            if spec or conversion:
+                raise TemplateError(f"template field {{{field}}} may not carry a format spec")
+            if field == POD_NAME_FIELD:
+                pod_fields += 1
+                if pod_fields > 1:
+                    raise TemplateError(f"template {template!r} has more than one {{pod_name}}")
+            elif field == NAMESPACE_FIELD:
+                (suffix_parts if pod_fields else prefix_parts).append(namespace)
+            else:
+                raise TemplateError(f"template {template!r} has unknown field {{{field}}}")
+        if pod_fields != 1:
+            raise TemplateError(f"template {template!r} must contain exactly one {{pod_name}}")
+        prefix, suffix = "".join(prefix_parts).lower(), "".join(suffix_parts).lower()
+        if not (prefix + suffix).isascii():
+            raise TemplateError(f"template {template!r} is not ASCII (use the punycode form)")
+        # Hostnames are matched without their trailing dot, so the template is too.
+        return cls(prefix, suffix.removesuffix("."))
+
+    def pod_name_for(self, hostname: str) -> str | None:
+        """The pod a worker names in ``:authority`` / SNI, or None if it names none."""
+        host = _strip_port(hostname)
+        if host is None:
+            return None
+        if host.endswith("."):
+            host = host[:-1]
+        if len(host) > MAX_HOSTNAME_LENGTH or not host.isascii():
+            return None
+        host = host.lower()
+        if len(host) < len(self.prefix) + len(self.suffix):
+            return None
+        if not (host.startswith(self.prefix) and host.endswith(self.suffix)):
+            return None
+        middle = host[len(self.prefix) : len(host) - len(self.suffix)]
+        return middle if is_pod_label(middle) else None
+
+    def hostname_for(self, pod_name: str) -> str:
+        """The hostname that names ``pod_name`` (what Stargate advertises to workers)."""
+        return f"{self.prefix}{pod_name}{self.suffix}"
+
+
+def _strip_port(hostname: str) -> str | None:
+    """Drop a ``:port`` (digits only); IPv6 literals and bad ports yield None."""
+    if hostname.startswith("["):
+        return None
+    host, sep, port = hostname.rpartition(":")
+    if not sep:
+        return hostname
+    if not port or not (port.isascii() and port.isdigit()) or ":" in host:
+        return None
+    return host

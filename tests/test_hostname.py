@@ -1,0 +1,149 @@
+"""Hostname template: parse rules, a match table of hostile names, and a round-trip fuzz."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from router.constants import DEFAULT_ADVERTISED_HOSTNAME_TEMPLATE, MAX_HOSTNAME_LENGTH
+from router.hostname import HostnameTemplate, TemplateError, is_pod_label
+
+DEFAULT = HostnameTemplate.parse(DEFAULT_ADVERTISED_HOSTNAME_TEMPLATE, "stargate")
+
+
+def test_parse_splits_around_pod_name() -> None:
+    assert (DEFAULT.prefix, DEFAULT.suffix) == ("", ".stargate.external")
+
+
+def test_parse_substitutes_namespace_on_both_sides() -> None:
+    t = HostnameTemplate.parse("{namespace}-{pod_name}.{namespace}.svc", "prod")
+    assert (t.prefix, t.suffix) == ("prod-", ".prod.svc")
+    assert t.pod_name_for("prod-stargate-2.prod.svc") == "stargate-2"
+
+
+def test_parse_lowercases_and_drops_a_trailing_dot() -> None:
+    t = HostnameTemplate.parse("{pod_name}.Stargate.External.", "ns")
+    assert t.suffix == ".stargate.external"
+    assert t.pod_name_for("stargate-0.stargate.external.") == "stargate-0"
+
+
+@pytest.mark.parametrize(
+    "template",
+    [
+        "stargate.external",
+        "{pod_name}.{pod_name}.external",
+        "{pod}.stargate.external",
+        "{pod_name}.{cluster}.external",
+        "{pod_name!r}.stargate.external",
+        "{pod_name:>10}.stargate.external",
+        "{pod_name.x}.stargate.external",
+        "{pod_name[0]}.stargate.external",
+        "{pod_name}.stargate.external}",
+        "{{pod_name}}.stargate.external",
+        "{pod_name}.stärgate.external",
+        "{}.stargate.external",
+    ],
+)
+def test_parse_refuses(template: str) -> None:
+    with pytest.raises(TemplateError):
+        HostnameTemplate.parse(template, "ns")
+
+
+def test_non_ascii_namespace_is_refused() -> None:
+    with pytest.raises(TemplateError):
+        HostnameTemplate.parse("{pod_name}.{namespace}", "nä")
+
+
+@pytest.mark.parametrize(
+    ("hostname", "pod"),
+    [
+        ("stargate-0.stargate.external", "stargate-0"),
+        ("stargate-0.stargate.external:50071", "stargate-0"),
+        ("stargate-0.stargate.external.", "stargate-0"),
+        ("stargate-0.stargate.external.:443", "stargate-0"),
+        ("STARGATE-0.Stargate.EXTERNAL", "stargate-0"),
+        ("0.stargate.external", "0"),
+        ("a" * 63 + ".stargate.external", "a" * 63),
+        ("xn--bcher-kva.stargate.external", "xn--bcher-kva"),
+        ("x.stargate-0.stargate.external", None),
+        ("stargate-0.stargate.external.evil", None),
+        ("stargate-0.stargate.externa", None),
+        ("stargate-0stargate.external", None),
+        (".stargate.external", None),
+        ("stargate.external", None),
+        ("", None),
+        (":", None),
+        ("stargate-0.stargate.external:", None),
+        ("stargate-0.stargate.external:x1", None),
+        ("stargate-0.stargate.external:1:2", None),
+        ("stargate-0.stargate.external:\u0661", None),
+        ("stargate-0.stargate.external..", None),
+        ("-stargate.stargate.external", None),
+        ("stargate-.stargate.external", None),
+        ("stargate_0.stargate.external", None),
+        ("a" * 64 + ".stargate.external", None),
+        ("10.0.0.1", None),
+        ("10.0.0.1:50071", None),
+        ("[::1]:50071", None),
+        ("[fe80::1].stargate.external", None),
+        ("user@stargate-0.stargate.external", None),
+        ("a@b.stargate.external", None),
+        ("stargate\x00.stargate.external", None),
+        ("stargate-0\x00.stargate.external", None),
+        ("stärgate-0.stargate.external", None),
+        ("stargate-\ufffd.stargate.external", None),
+        ("stargate-0.stargate.external\n", None),
+        (" stargate-0.stargate.external", None),
+        ("stargate-0.stargate.external/", None),
+        ("stargate-\u212a.stargate.external", None),  # Kelvin sign lowercases to ASCII "k"
+        ("s" * 300 + ".stargate.external", None),
+    ],
+)
+def test_pod_name_for(hostname: str, pod: str | None) -> None:
+    assert DEFAULT.pod_name_for(hostname) == pod
+
+
+def test_total_length_cap_applies_before_matching() -> None:
+    t = HostnameTemplate.parse("{pod_name}." + "x" * 200 + ".y", "ns")
+    assert t.pod_name_for("a" * 40 + t.suffix) == "a" * 40
+    assert len("a" * 60 + t.suffix) > MAX_HOSTNAME_LENGTH
+    assert t.pod_name_for("a" * 60 + t.suffix) is None
+
+
+def test_bare_pod_name_template() -> None:
+    t = HostnameTemplate.parse("{pod_name}", "ns")
+    assert t.pod_name_for("stargate-0:50071") == "stargate-0"
+    assert t.pod_name_for("stargate-0.stargate.external") is None
+
+
+def test_hostname_for() -> None:
+    assert DEFAULT.hostname_for("stargate-3") == "stargate-3.stargate.external"
+
+
+def test_is_pod_label() -> None:
+    assert is_pod_label("a-b-1")
+    assert not is_pod_label("A")
+    assert not is_pod_label("a" * 64)
+
+
+_hostish = st.text(
+    alphabet=st.sampled_from("abcxyzSTG019-._:@[]\x00\u00e4\u212a\ufffd"), max_size=80
+).map(lambda s: s + ".stargate.external")
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.one_of(st.text(max_size=300), _hostish))
+def test_fuzz_none_or_round_tripping_label(hostname: str) -> None:
+    pod = DEFAULT.pod_name_for(hostname)
+    if pod is not None:
+        assert is_pod_label(pod)
+        assert DEFAULT.pod_name_for(DEFAULT.hostname_for(pod)) == pod
+        assert DEFAULT.hostname_for(pod) == hostname.lower().split(":")[0].removesuffix(".")
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.from_regex(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", fullmatch=True))
+def test_fuzz_every_label_round_trips(pod: str) -> None:
+    assert DEFAULT.pod_name_for(DEFAULT.hostname_for(pod)) == pod
+    assert DEFAULT.pod_name_for(DEFAULT.hostname_for(pod).upper() + ":1") == pod
