@@ -1,0 +1,205 @@
+"""Command-line flags -> a validated, immutable ``RouterConfig``.
+
+Flag names and defaults are the Rust router's, so an existing Deployment's args work
+unchanged. Every bad value becomes one ``ConfigError`` line naming the flag; the CLI
+turns that into exit status 2, like argparse does for unknown flags.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from router import constants as c
+
+
+class ConfigError(ValueError):
+    """A bad flag value; the message starts with the flag's name."""
+
+
+@dataclass(frozen=True, slots=True)
+class SocketAddress:
+    host: str
+    port: int
+
+    def __str__(self) -> str:
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+
+@dataclass(frozen=True, slots=True)
+class RouterConfig:
+    listen_addr: SocketAddress
+    reverse_tunnel_listen_addr: SocketAddress
+    health_listen_addr: SocketAddress
+    target_namespace: str
+    target_service_name: str
+    advertised_hostname_template: str
+    grpc_port_name: str
+    quic_port_name: str
+    connect_timeout_s: float
+    relay_idle_timeout_s: float
+    peek_timeout_s: float
+    endpoints_file: Path | None
+    kubeconfig: Path | None
+    round_robin_paths: frozenset[str]
+    shutdown_delay_s: float
+    drain_timeout_s: float
+    log_format: str
+    log_level: str
+    workers: int
+    quic_cid_length: int | None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The router's flags (``stargate-router [flags]``); ``demo`` is a separate subcommand."""
+    p = argparse.ArgumentParser(
+        prog="stargate-router",
+        description="Route worker gRPC (h2c/TLS) and QUIC to the Stargate pod named in "
+        ":authority / SNI, splicing bytes without terminating TLS.",
+    )
+    add = p.add_argument
+    add("--listen-addr", default=c.DEFAULT_LISTEN_ADDR, help="TCP listener for worker gRPC (h2c or TLS)")
+    add(
+        "--reverse-tunnel-listen-addr", default=c.DEFAULT_REVERSE_TUNNEL_LISTEN_ADDR,
+        help="UDP listener for QUIC reverse tunnels",
+    )
+    add("--health-listen-addr", default=c.DEFAULT_HEALTH_LISTEN_ADDR, help="HTTP /healthz /readyz /metrics")
+    add("--target-namespace", default=None, help=f"namespace of the Stargate pods (env {c.TARGET_NAMESPACE_ENV})")
+    add("--target-service-name", default=c.DEFAULT_TARGET_SERVICE_NAME, help="Service whose EndpointSlices list the pods")
+    add(
+        "--advertised-hostname-template", default=c.DEFAULT_ADVERTISED_HOSTNAME_TEMPLATE,
+        help="hostname workers use; {pod_name} required, {namespace} substituted",
+    )
+    add("--grpc-port-name", default=c.DEFAULT_GRPC_PORT_NAME, help="named TCP port in the EndpointSlices")
+    add("--quic-port-name", default=c.DEFAULT_QUIC_PORT_NAME, help="named UDP port in the EndpointSlices")
+    add("--connect-timeout-ms", default=str(c.DEFAULT_CONNECT_TIMEOUT_MS), help="dial timeout to the pod")
+    add(
+        "--relay-idle-timeout-ms", default=str(c.DEFAULT_RELAY_IDLE_TIMEOUT_MS),
+        help="close a spliced connection or UDP flow idle this long",
+    )
+    add("--peek-timeout-ms", default=str(c.DEFAULT_PEEK_TIMEOUT_MS), help="time allowed to present the hostname")
+    add("--endpoints-file", default=None, help="static EndpointSlice file (else Kubernetes discovery)")
+    add("--kubeconfig", default=None, help="kubeconfig for Kubernetes discovery (else in-cluster / KUBECONFIG)")
+    add(
+        "--round-robin-paths", default=",".join(c.DEFAULT_ROUND_ROBIN_PATHS),
+        help="comma-separated h2c paths routed round-robin when the authority names no pod",
+    )
+    add("--shutdown-delay-ms", default=str(c.DEFAULT_SHUTDOWN_DELAY_MS), help="keep accepting this long after SIGTERM")
+    add("--drain-timeout-ms", default=str(c.DEFAULT_DRAIN_TIMEOUT_MS), help="then let open flows finish this long")
+    add("--log-format", default=c.DEFAULT_LOG_FORMAT, help="text or json")
+    add("--log-level", default=None, help=f"debug, info, warning, error (env {c.LOG_LEVEL_ENV})")
+    add("--workers", default=str(c.DEFAULT_WORKERS), help="processes sharing the listeners (SO_REUSEPORT)")
+    add("--quic-cid-length", default=None, help="pod connection ID length (default: learned from long headers)")
+    return p
+
+
+def parse_socket_address(flag: str, value: str) -> SocketAddress:
+    """``host:port`` or ``[v6]:port`` with a numeric host; port 0 allowed (tests)."""
+    host, sep, port_text = value.rpartition(":")
+    if not sep or not host:
+        raise ConfigError(f"{flag}: expected HOST:PORT, got {value!r}")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        if host != "localhost":
+            raise ConfigError(f"{flag}: {host!r} is not an IP address") from None
+    if not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
+        raise ConfigError(f"{flag}: port must be 0-65535, got {port_text!r}")
+    return SocketAddress(host, int(port_text))
+
+
+def _positive_ms(flag: str, value: str) -> float:
+    try:
+        ms = int(value)
+    except ValueError:
+        raise ConfigError(f"{flag}: expected a whole number of milliseconds, got {value!r}") from None
+    if ms <= 0:
+        raise ConfigError(f"{flag}: must be positive, got {ms}")
+    return ms / 1000.0
+
+
+def _non_negative_ms(flag: str, value: str) -> float:
+    if value.strip() == "0":
+        return 0.0
+    return _positive_ms(flag, value)
+
+
+def _port_name(flag: str, value: str) -> str:
+    if not value or len(value) > 15:
+        raise ConfigError(f"{flag}: a port name is 1-15 characters, got {value!r}")
+    return value
+
+
+def config_from_args(
+    argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None
+) -> RouterConfig:
+    """Parse and validate; raise ``ConfigError`` (one line naming the flag) on any bad value.
+
+    Unknown flags make argparse exit 2 itself, which is the same contract.
+    """
+    env = os.environ if environ is None else environ
+    ns = build_parser().parse_args(argv)
+    namespace = ns.target_namespace or env.get(c.TARGET_NAMESPACE_ENV, "")
+    if not namespace:
+        raise ConfigError(f"--target-namespace: required (or set {c.TARGET_NAMESPACE_ENV})")
+    template = ns.advertised_hostname_template
+    if template.count("{pod_name}") != 1:
+        raise ConfigError("--advertised-hostname-template: must contain {pod_name} exactly once")
+    try:
+        template.replace("{pod_name}", "x").replace("{namespace}", "y").format()
+    except (IndexError, KeyError, ValueError):
+        raise ConfigError(
+            "--advertised-hostname-template: only {pod_name} and {namespace} may be substituted"
+        ) from None
+    endpoints_file = Path(ns.endpoints_file) if ns.endpoints_file else None
+    if endpoints_file is not None and not os.access(endpoints_file, os.R_OK):
+        raise ConfigError(f"--endpoints-file: cannot read {str(endpoints_file)!r}")
+    kubeconfig = Path(ns.kubeconfig) if ns.kubeconfig else None
+    if kubeconfig is not None and not os.access(kubeconfig, os.R_OK):
+        raise ConfigError(f"--kubeconfig: cannot read {str(kubeconfig)!r}")
+    if ns.log_format not in ("text", "json"):
+        raise ConfigError(f"--log-format: expected text or json, got {ns.log_format!r}")
+    log_level = (ns.log_level or env.get(c.LOG_LEVEL_ENV) or c.DEFAULT_LOG_LEVEL).lower()
+    if log_level not in ("debug", "info", "warning", "error", "critical"):
+        raise ConfigError(f"--log-level: expected debug, info, warning or error, got {log_level!r}")
+    if not ns.workers.isdigit() or not 1 <= int(ns.workers) <= 64:
+        raise ConfigError(f"--workers: expected 1-64, got {ns.workers!r}")
+    cid_length: int | None = None
+    if ns.quic_cid_length is not None:
+        if not ns.quic_cid_length.isdigit() or not 1 <= int(ns.quic_cid_length) <= 20:
+            raise ConfigError(f"--quic-cid-length: expected 1-20, got {ns.quic_cid_length!r}")
+        cid_length = int(ns.quic_cid_length)
+    paths = frozenset(p.strip() for p in ns.round_robin_paths.split(",") if p.strip())
+    for path in paths:
+        if not path.startswith("/"):
+            raise ConfigError(f"--round-robin-paths: {path!r} is not an absolute path")
+    return RouterConfig(
+        listen_addr=parse_socket_address("--listen-addr", ns.listen_addr),
+        reverse_tunnel_listen_addr=parse_socket_address(
+            "--reverse-tunnel-listen-addr", ns.reverse_tunnel_listen_addr
+        ),
+        health_listen_addr=parse_socket_address("--health-listen-addr", ns.health_listen_addr),
+        target_namespace=namespace,
+        target_service_name=ns.target_service_name,
+        advertised_hostname_template=template,
+        grpc_port_name=_port_name("--grpc-port-name", ns.grpc_port_name),
+        quic_port_name=_port_name("--quic-port-name", ns.quic_port_name),
+        connect_timeout_s=_positive_ms("--connect-timeout-ms", ns.connect_timeout_ms),
+        relay_idle_timeout_s=_positive_ms("--relay-idle-timeout-ms", ns.relay_idle_timeout_ms),
+        peek_timeout_s=_positive_ms("--peek-timeout-ms", ns.peek_timeout_ms),
+        endpoints_file=endpoints_file,
+        kubeconfig=kubeconfig,
+        round_robin_paths=paths,
+        shutdown_delay_s=_non_negative_ms("--shutdown-delay-ms", ns.shutdown_delay_ms),
+        drain_timeout_s=_non_negative_ms("--drain-timeout-ms", ns.drain_timeout_ms),
+        log_format=ns.log_format,
+        log_level=log_level,
+        workers=int(ns.workers),
+        quic_cid_length=cid_length,
+    )

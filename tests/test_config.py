@@ -1,0 +1,93 @@
+"""CLI contract: the Rust router's flags and defaults; bad values exit 2 with one line naming the flag."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from router import constants as c
+from router.config import ConfigError, config_from_args, parse_socket_address
+
+
+def test_defaults_match_the_rust_router() -> None:
+    cfg = config_from_args([], environ={"POD_NAMESPACE": "nvcf"})
+    assert str(cfg.listen_addr) == c.DEFAULT_LISTEN_ADDR == "0.0.0.0:50071"
+    assert str(cfg.reverse_tunnel_listen_addr) == c.DEFAULT_REVERSE_TUNNEL_LISTEN_ADDR == "0.0.0.0:50072"
+    assert str(cfg.health_listen_addr) == c.DEFAULT_HEALTH_LISTEN_ADDR == "0.0.0.0:8080"
+    assert cfg.target_namespace == "nvcf"
+    assert cfg.target_service_name == "stargate-headless"
+    assert cfg.advertised_hostname_template == "{pod_name}.stargate.external"
+    assert (cfg.grpc_port_name, cfg.quic_port_name) == ("grpc", "quic")
+    assert cfg.connect_timeout_s == 5.0
+    assert cfg.relay_idle_timeout_s == 300.0
+    assert cfg.peek_timeout_s == 5.0
+    assert cfg.round_robin_paths == frozenset({"/stargate.StargateControlPlane/WatchStargates"})
+    assert cfg.endpoints_file is None
+    assert cfg.log_level == "info"
+
+
+def test_flag_overrides_environment_namespace() -> None:
+    cfg = config_from_args(["--target-namespace", "a"], environ={"POD_NAMESPACE": "b"})
+    assert cfg.target_namespace == "a"
+
+
+def test_log_level_from_environment() -> None:
+    assert config_from_args([], environ={"POD_NAMESPACE": "x", "LOG_LEVEL": "DEBUG"}).log_level == "debug"
+
+
+def test_ipv6_listen_address() -> None:
+    assert parse_socket_address("--listen-addr", "[::]:50071").host == "::"
+
+
+@pytest.mark.parametrize(
+    ("args", "flag"),
+    [
+        (["--listen-addr", "nonsense"], "--listen-addr"),
+        (["--listen-addr", "0.0.0.0:99999"], "--listen-addr"),
+        (["--health-listen-addr", "example.com:80"], "--health-listen-addr"),
+        (["--reverse-tunnel-listen-addr", "1.2.3.4:x"], "--reverse-tunnel-listen-addr"),
+        (["--advertised-hostname-template", "stargate.external"], "--advertised-hostname-template"),
+        (["--advertised-hostname-template", "{pod_name}.{cluster}.x"], "--advertised-hostname-template"),
+        (["--connect-timeout-ms", "0"], "--connect-timeout-ms"),
+        (["--relay-idle-timeout-ms", "-5"], "--relay-idle-timeout-ms"),
+        (["--peek-timeout-ms", "soon"], "--peek-timeout-ms"),
+        (["--endpoints-file", "/nonexistent/endpoints.yaml"], "--endpoints-file"),
+        (["--log-format", "xml"], "--log-format"),
+        (["--log-level", "loud"], "--log-level"),
+        (["--workers", "0"], "--workers"),
+        (["--round-robin-paths", "relative/path"], "--round-robin-paths"),
+        (["--quic-cid-length", "21"], "--quic-cid-length"),
+    ],
+)
+def test_bad_value_names_its_flag(args: list[str], flag: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        config_from_args(args, environ={"POD_NAMESPACE": "x"})
+    assert str(err.value).startswith(flag)
+    assert "\n" not in str(err.value)
+
+
+def test_namespace_is_required() -> None:
+    with pytest.raises(ConfigError, match="^--target-namespace"):
+        config_from_args([], environ={})
+
+
+def test_process_exits_2_with_one_line(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "router", "--connect-timeout-ms", "0"],
+        capture_output=True, text=True, timeout=30, env={"POD_NAMESPACE": "x", "PATH": "/usr/bin:/bin"},
+    )
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1
+    assert "--connect-timeout-ms" in lines[0]
+
+
+def test_unknown_flag_exits_2() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "router", "--no-such-flag"],
+        capture_output=True, text=True, timeout=30,
+    )
+    assert proc.returncode == 2
