@@ -136,6 +136,20 @@ def _port_name(flag: str, value: str) -> str:
     return value
 
 
+def _log_level(value: str) -> str:
+    """A level name (Python's or the Rust router's ``trace``/``warn``). A Rust env-filter such as
+    ``info,kube=warn`` is accepted for drop-in compatibility: its bare default level is used."""
+    from router.logging_setup import LOG_LEVELS
+
+    level = value.strip().lower()
+    if "," in level or "=" in level:
+        bare = [d for d in level.split(",") if d and "=" not in d]
+        level = bare[-1] if bare else c.DEFAULT_LOG_LEVEL
+    if level not in LOG_LEVELS:
+        raise ConfigError(f"--log-level: expected one of {', '.join(LOG_LEVELS)}, got {value!r}")
+    return level
+
+
 def config_from_args(
     argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None
 ) -> RouterConfig:
@@ -165,9 +179,7 @@ def config_from_args(
         raise ConfigError(f"--kubeconfig: cannot read {str(kubeconfig)!r}")
     if ns.log_format not in ("text", "json"):
         raise ConfigError(f"--log-format: expected text or json, got {ns.log_format!r}")
-    log_level = (ns.log_level or env.get(c.LOG_LEVEL_ENV) or c.DEFAULT_LOG_LEVEL).lower()
-    if log_level not in ("debug", "info", "warning", "error", "critical"):
-        raise ConfigError(f"--log-level: expected debug, info, warning or error, got {log_level!r}")
+    log_level = _log_level(ns.log_level or env.get(c.LOG_LEVEL_ENV) or c.DEFAULT_LOG_LEVEL)
     if not ns.workers.isdigit() or not 1 <= int(ns.workers) <= 64:
         raise ConfigError(f"--workers: expected 1-64, got {ns.workers!r}")
     cid_length: int | None = None

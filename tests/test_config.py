@@ -38,6 +38,11 @@ def test_log_level_from_environment() -> None:
     assert config_from_args([], environ={"POD_NAMESPACE": "x", "LOG_LEVEL": "DEBUG"}).log_level == "debug"
 
 
+@pytest.mark.parametrize(("given", "level"), [("warn", "warn"), ("TRACE", "trace"), ("info,kube=warn", "info")])
+def test_rust_router_log_levels_are_accepted(given: str, level: str) -> None:
+    assert config_from_args(["--log-level", given], environ={"POD_NAMESPACE": "x"}).log_level == level
+
+
 def test_ipv6_listen_address() -> None:
     assert parse_socket_address("--listen-addr", "[::]:50071").host == "::"
 

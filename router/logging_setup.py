@@ -1,0 +1,151 @@
+"""Process-wide logging: one line per event on stderr, as ``text`` or ``json``.
+
+Log pipelines split on newlines, so neither format ever emits a raw newline: messages
+and tracebacks are escaped. Fields passed with ``extra=`` (``outcome``, ``hostname``,
+``pod``, ``peer``, ``protocol``...) become JSON keys or ``key=value`` pairs, so a
+rejection can be filtered by outcome without parsing the message.
+
+    text: 2025-01-02T03:04:05.678Z info router.tcp rejected outcome=unknown_authority pod=sg-9
+    json: {"ts":"2025-01-02T03:04:05.678Z","level":"info","logger":"router.tcp","msg":"rejected",...}
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from types import MappingProxyType
+from typing import Final, Literal, TextIO
+
+LOG_LEVELS: Final[Mapping[str, int]] = MappingProxyType(
+    {
+        "trace": logging.DEBUG,
+        "debug": logging.DEBUG,
+        "info": logging.INFO,
+        "warn": logging.WARNING,
+        "warning": logging.WARNING,
+        "error": logging.ERROR,
+        "critical": logging.CRITICAL,
+    }
+)
+"""Accepted ``--log-level`` names: Python's, plus the Rust router's ``trace`` and ``warn``."""
+
+_LEVEL_NAMES: Final[Mapping[int, str]] = MappingProxyType(
+    {
+        logging.DEBUG: "debug",
+        logging.INFO: "info",
+        logging.WARNING: "warning",
+        logging.ERROR: "error",
+        logging.CRITICAL: "critical",
+    }
+)
+
+_RESERVED_KEYS: Final = ("ts", "level", "logger", "msg")
+"""Keys every line has; an ``extra=`` field with one of these names is written as ``extra_<name>``."""
+
+_RECORD_ATTRIBUTES: Final = frozenset(
+    logging.LogRecord("", logging.INFO, "", 0, "", None, None).__dict__
+) | {"message", "asctime", "taskName"}
+"""Attributes every LogRecord has; anything else on a record came from ``extra=``."""
+
+_TEXT_QUOTE_CHARS: Final = frozenset(' "=\\\t\r\n')
+"""A text value containing one of these is written as a JSON string literal."""
+
+
+def parse_log_level(level: str) -> int:
+    """The ``logging`` level for a ``--log-level`` name (case-insensitive); ValueError names the flag."""
+    number = LOG_LEVELS.get(level.strip().lower())
+    if number is None:
+        raise ValueError(
+            f"--log-level: unknown level {level!r} (expected one of {', '.join(LOG_LEVELS)})"
+        )
+    return number
+
+
+def _timestamp(record: logging.LogRecord) -> str:
+    whole = datetime.fromtimestamp(record.created, tz=UTC).strftime("%Y-%m-%dT%H:%M:%S")
+    return f"{whole}.{int(record.msecs):03d}Z"
+
+
+def _level_name(record: logging.LogRecord) -> str:
+    return _LEVEL_NAMES.get(record.levelno, record.levelname.lower())
+
+
+def _one_line(text: str) -> str:
+    return text.replace("\r", "\\r").replace("\n", "\\n")
+
+
+class _EventFormatter(logging.Formatter):
+    """Shared part of both formats: the fields of one event, in a fixed order."""
+
+    def fields(self, record: logging.LogRecord) -> dict[str, object]:
+        out: dict[str, object] = {
+            "ts": _timestamp(record),
+            "level": _level_name(record),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        for key, value in record.__dict__.items():
+            if key in _RECORD_ATTRIBUTES or key.startswith("_"):
+                continue
+            out[f"extra_{key}" if key in _RESERVED_KEYS else key] = value
+        if record.exc_info:
+            out["exc"] = self.formatException(record.exc_info)
+        elif record.exc_text:
+            out["exc"] = record.exc_text
+        if record.stack_info:
+            out["stack"] = self.formatStack(record.stack_info)
+        return out
+
+
+class JsonFormatter(_EventFormatter):
+    """One JSON object per line; values that JSON cannot hold are written with ``str()``."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return json.dumps(self.fields(record), ensure_ascii=False, default=str, separators=(",", ":"))
+
+
+class TextFormatter(_EventFormatter):
+    """``ts level logger msg key=value ...``; values with spaces, quotes or newlines are quoted."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        fields = self.fields(record)
+        head = f"{fields.pop('ts')} {fields.pop('level')} {fields.pop('logger')} "
+        parts = [head + _one_line(str(fields.pop("msg")))]
+        for key, value in fields.items():
+            text = str(value)
+            if not text or not _TEXT_QUOTE_CHARS.isdisjoint(text):
+                text = json.dumps(text, ensure_ascii=False)
+            parts.append(f"{key}={text}")
+        return " ".join(parts)
+
+
+class _RouterLogHandler(logging.StreamHandler[TextIO]):
+    """The handler ``configure_logging`` installs; found and replaced on the next call."""
+
+
+def configure_logging(
+    fmt: Literal["text", "json"], level: str, *, stream: TextIO | None = None
+) -> None:
+    """Send every log event to ``stream`` (stderr) as one line; safe to call again.
+
+    A repeated call replaces the handler this function installed (so the format and
+    level can change) and leaves other handlers, such as pytest's, alone.
+    """
+    number = parse_log_level(level)
+    if fmt == "json":
+        formatter: logging.Formatter = JsonFormatter()
+    elif fmt == "text":
+        formatter = TextFormatter()
+    else:
+        raise ValueError(f"--log-format: expected text or json, got {fmt!r}")
+    root = logging.getLogger()
+    for old in [h for h in root.handlers if isinstance(h, _RouterLogHandler)]:
+        root.removeHandler(old)
+        old.close()
+    handler = _RouterLogHandler(sys.stderr if stream is None else stream)
+    handler.setFormatter(formatter)
+    root.addHandler(handler)
+    root.setLevel(number)

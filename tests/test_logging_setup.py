@@ -1,0 +1,165 @@
+"""router.logging_setup: one line per event, text and json, extras, level parsing, idempotence."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import re
+from collections.abc import Iterator
+
+import pytest
+
+from router import constants as c
+from router.logging_setup import LOG_LEVELS, configure_logging, parse_log_level
+
+TS = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z"
+
+
+@pytest.fixture(autouse=True)
+def _restore_root_logger() -> Iterator[None]:
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    for handler in list(root.handlers):
+        if handler not in handlers:
+            root.removeHandler(handler)
+            handler.close()
+    root.setLevel(level)
+
+
+def _lines(stream: io.StringIO) -> list[str]:
+    text = stream.getvalue()
+    assert text.endswith("\n")
+    return text[:-1].split("\n")
+
+
+def test_json_line_has_ts_level_logger_msg_and_extra_fields() -> None:
+    out = io.StringIO()
+    configure_logging("json", "info", stream=out)
+    logging.getLogger("router.tcp").info(
+        "rejected %s", "connection",
+        extra={"outcome": "unknown_authority", "hostname": "sg-9.stargate.external",
+               "pod": "sg-9", "peer": ("10.0.0.7", 41000), "protocol": "h2c"},
+    )
+    [line] = _lines(out)
+    event = json.loads(line)
+    assert re.fullmatch(TS, event.pop("ts"))
+    assert event == {
+        "level": "info", "logger": "router.tcp", "msg": "rejected connection",
+        "outcome": "unknown_authority", "hostname": "sg-9.stargate.external",
+        "pod": "sg-9", "peer": ["10.0.0.7", 41000], "protocol": "h2c",
+    }
+
+
+def test_text_line_is_ts_level_logger_msg_then_key_values() -> None:
+    out = io.StringIO()
+    configure_logging("text", "info", stream=out)
+    logging.getLogger("router.quic").warning(
+        "flow dropped", extra={"outcome": "unknown_sni", "pod": "sg-1", "protocol": "quic"}
+    )
+    [line] = _lines(out)
+    assert re.fullmatch(
+        TS + r" warning router\.quic flow dropped outcome=unknown_sni pod=sg-1 protocol=quic", line
+    ), line
+
+
+def test_text_quotes_values_with_spaces_quotes_or_newlines() -> None:
+    out = io.StringIO()
+    configure_logging("text", "info", stream=out)
+    logging.getLogger("t").info("m", extra={"reason": 'a "b"\nc', "empty": "", "n": 3})
+    [line] = _lines(out)
+    assert line.endswith(' m reason="a \\"b\\"\\nc" empty="" n=3'), line
+
+
+@pytest.mark.parametrize("fmt", ["text", "json"])
+def test_multiline_message_and_traceback_stay_on_one_line(fmt: str) -> None:
+    out = io.StringIO()
+    configure_logging(fmt, "info", stream=out)  # type: ignore[arg-type]
+    try:
+        raise RuntimeError("boom")
+    except RuntimeError:
+        logging.getLogger("t").exception("first\nsecond")
+    [line] = _lines(out)
+    assert "first\\nsecond" in line
+    assert "RuntimeError: boom" in line
+    if fmt == "json":
+        event = json.loads(line)
+        assert event["msg"] == "first\nsecond"
+        assert event["exc"].startswith("Traceback") and event["level"] == "error"
+
+
+def test_extra_named_like_a_reserved_key_does_not_overwrite_it() -> None:
+    out = io.StringIO()
+    configure_logging("json", "info", stream=out)
+    logging.getLogger("real").info("m", extra={"logger": "fake", "level": "x"})
+    event = json.loads(_lines(out)[0])
+    assert (event["logger"], event["level"]) == ("real", "info")
+    assert (event["extra_logger"], event["extra_level"]) == ("fake", "x")
+
+
+def test_unserialisable_extra_is_written_as_str_in_json() -> None:
+    out = io.StringIO()
+    configure_logging("json", "info", stream=out)
+    logging.getLogger("t").info("m", extra={"blob": b"\x00\xff", "obj": object()})
+    event = json.loads(_lines(out)[0])
+    assert event["blob"] == str(b"\x00\xff")
+    assert event["obj"].startswith("<object object")
+
+
+def test_level_filters_events() -> None:
+    out = io.StringIO()
+    configure_logging("text", "warning", stream=out)
+    log = logging.getLogger("t")
+    log.info("hidden")
+    log.debug("hidden")
+    log.error("shown")
+    assert [line.split(" ", 3)[1:] for line in _lines(out)] == [["error", "t", "shown"]]
+
+
+def test_default_level_and_rust_aliases_are_accepted_case_insensitively() -> None:
+    assert parse_log_level(c.DEFAULT_LOG_LEVEL) == logging.INFO
+    assert parse_log_level("WARN") == logging.WARNING
+    assert parse_log_level(" trace ") == logging.DEBUG
+    assert set(LOG_LEVELS) >= {"debug", "info", "warning", "error", "critical"}
+
+
+@pytest.mark.parametrize("bad", ["verbose", "", "5", "info,kube=warn"])
+def test_invalid_level_raises_value_error_naming_the_flag(bad: str) -> None:
+    with pytest.raises(ValueError, match="--log-level"):
+        configure_logging("text", bad)
+
+
+def test_invalid_format_raises_value_error_naming_the_flag() -> None:
+    with pytest.raises(ValueError, match="--log-format"):
+        configure_logging("xml", "info")  # type: ignore[arg-type]
+
+
+def test_second_call_replaces_the_handler_instead_of_adding_one() -> None:
+    first, second = io.StringIO(), io.StringIO()
+    root = logging.getLogger()
+    before = len(root.handlers)
+    configure_logging("text", "info", stream=first)
+    configure_logging("json", "debug", stream=second)
+    assert len(root.handlers) == before + 1
+    logging.getLogger("t").debug("once")
+    assert first.getvalue() == ""
+    [line] = _lines(second)
+    assert json.loads(line)["msg"] == "once"
+
+
+def test_other_handlers_are_left_alone() -> None:
+    root = logging.getLogger()
+    foreign = logging.StreamHandler(io.StringIO())
+    root.addHandler(foreign)
+    configure_logging("text", "info", stream=io.StringIO())
+    configure_logging("text", "info", stream=io.StringIO())
+    assert foreign in root.handlers
+
+
+def test_default_stream_is_stderr(capsys: pytest.CaptureFixture[str]) -> None:
+    configure_logging("json", "info")
+    logging.getLogger("t").info("to stderr", extra={"outcome": "accepted"})
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert json.loads(captured.err.strip().splitlines()[-1])["outcome"] == "accepted"
