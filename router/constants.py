@@ -276,3 +276,90 @@ TLS_ALERT_INTERNAL_ERROR: Final = 80
 
 QUIC_CLOSE_CONNECTION_REFUSED: Final = 0x2
 """CONNECTION_REFUSED (RFC 9000 section 20.1): the server refuses to accept the connection."""
+
+# ---------------------------------------------------------------------------
+# Discovery sources (appended by the discovery helper)
+# ---------------------------------------------------------------------------
+ENDPOINTS_FILE_MAX_BYTES: Final = 32 * 1024 * 1024
+"""Larger endpoints files are refused unread; a 10,000-pod EndpointSlice dump is about 10 MiB."""
+
+KUBE_API_CONNECT_TIMEOUT_S: Final = 10.0
+"""Connect timeout to the API server; a blackholed server fails here and is retried with backoff."""
+
+KUBE_LIST_TIMEOUT_S: Final = 60.0
+"""Whole-request cap on one EndpointSlice list; a loaded API server answers big lists in seconds."""
+
+WATCH_READ_SLACK_S: Final = 30.0
+"""A watch stream silent for WATCH_TIMEOUT_S plus this is dead (the server's own timeout fires first)."""
+
+WATCH_HEALTHY_AFTER_S: Final = 5.0
+"""An event-less watch open this long resets the backoff; shorter ones back off, so never a hot loop."""
+
+# ---------------------------------------------------------------------------
+# QUIC flow table (appended by the UDP router helper)
+# ---------------------------------------------------------------------------
+QUIC_REJECTION_MEMORY_MS: Final = 10_000
+"""A refused attempt (address + DCID) is remembered this long, past a client's first PTO backoffs."""
+
+QUIC_MAX_REMEMBERED_REJECTIONS: Final = 4_096
+"""Refused attempts remembered at once (oldest forgotten first); bounds a spoofed-source flood."""
+
+QUIC_ANSWERS_PER_REJECTION: Final = 3
+"""CONNECTION_CLOSE answers per refused attempt: the first plus two for lost ones, then silence."""
+
+QUIC_FLOW_SWEEP_INTERVAL_MS: Final = 500
+"""How often pending deadlines, idle flows and batched byte counters are swept/flushed."""
+
+QUIC_ROUTER_SCID_BYTES: Final = 8
+"""Random SCID length of the router's refusal Initial: 8 bytes, like aioquic's and most servers' CIDs."""
+
+QUIC_MAX_CLOSE_REASON_BYTES: Final = 256
+"""Reason phrases are cut to this, so a refusal stays far below the client's 1200-byte Initial."""
+
+# ---------------------------------------------------------------------------
+# Relay (router/relay.py)
+# ---------------------------------------------------------------------------
+RELAY_REPORT_BYTES: Final = 1024 * 1024
+"""on_bytes is called after this many bytes per direction (and at close): metrics stay cheap."""
+
+RELAY_RELEASE_QUIET_S: Final = 1.0
+"""A relay direction quiet this long gives back its pipe/buffer: idle connections hold ~no memory."""
+
+RELAY_ROUNDS_PER_WAKEUP: Final = 8
+"""Read/write rounds one readiness callback may do before yielding to other connections."""
+
+# ---------------------------------------------------------------------------
+# Worker processes (--workers N; router/workers.py, router/metrics_merge.py)
+# ---------------------------------------------------------------------------
+WORKER_ENV: Final = "STARGATE_ROUTER_WORKER"
+"""Set to the worker index in each child of the supervisor; its presence means 'share the listeners'."""
+
+WORKER_HEALTH_HOST: Final = "127.0.0.1"
+"""Children serve /readyz and /metrics on a private loopback port only the supervisor reads."""
+
+WORKER_RESTART_BACKOFF_INITIAL_S: Final = 0.5
+"""First delay before restarting a dead worker: quick enough that capacity returns at once."""
+
+WORKER_RESTART_BACKOFF_MAX_S: Final = 10.0
+"""Restart delay cap: a crash-looping worker costs a fork every 10 s, not a hot loop."""
+
+WORKER_STABLE_AFTER_S: Final = 10.0
+"""A worker that lived this long died of something new: its next restart starts from the initial delay."""
+
+WORKER_PROBE_TIMEOUT_S: Final = 2.0
+"""Per-child /readyz and /metrics fetch timeout; well under a kubelet probe's and a scrape's 10 s."""
+
+WORKER_MAX_RESPONSE_BYTES: Final = 8 * 1024 * 1024
+"""A child's /metrics is ~40 KiB; a larger answer is a bug and is refused, not buffered."""
+
+WORKER_STOP_GRACE_S: Final = 10.0
+"""After SIGTERM a child gets shutdown delay + drain timeout + this before SIGKILL."""
+
+WORKER_LOG_LINE_MAX_BYTES: Final = 1024 * 1024
+"""A child's stderr line longer than this is passed on in pieces rather than buffered whole."""
+
+WORKER_RESTARTS_TOTAL: Final = f"{METRIC_PREFIX}_worker_restarts"
+"""Counter (``_total`` added by prometheus-client) of dead worker processes the supervisor restarted."""
+
+PER_PROCESS_IDENTICAL_GAUGES: Final = frozenset({READY_TARGETS, DISCOVERY_LAST_SYNC_AGE_SECONDS, BUILD_INFO})
+"""Gauges every worker reports about the same thing: merged with max, not summed (2 workers != 2x pods)."""

@@ -1,0 +1,200 @@
+"""Initial packet protection for QUIC v1 (RFC 9001 section 5) and v2 (RFC 9369 section 3.3).
+
+Initial keys derive from public values (a per-version salt and the client's first DCID),
+so anyone on the path can open Initials: that is what lets the router read the SNI
+without terminating QUIC, and answer a refused client the way its server would.
+Keys are derived per flow and never cached: a cache keyed by spoofable DCIDs would
+only churn. Crypto is ``cryptography`` (AES-128-GCM, AES-ECB) and stdlib HMAC.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from dataclasses import dataclass
+
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from cryptography.hazmat.primitives.kdf.hkdf import HKDFExpand
+
+from quic.packet import (
+    MAX_CID_LENGTH,
+    QUIC_V1,
+    QUIC_V2,
+    LongHeader,
+    PacketType,
+    QuicPacketError,
+    encode_varint,
+    packet_type_bits,
+)
+
+_SALTS = {
+    QUIC_V1: bytes.fromhex("38762cf7f55934b34d179ae6a4c80cadccbb7f0a"),  # RFC 9001 section 5.2
+    QUIC_V2: bytes.fromhex("0dede3def700a6db819381be6e269dcbf9bd2ed9"),  # RFC 9369 section 3.3.1
+}
+_LABELS = {  # RFC 9369 section 3.3.2 renames the v1 labels
+    QUIC_V1: (b"quic key", b"quic iv", b"quic hp"),
+    QUIC_V2: (b"quicv2 key", b"quicv2 iv", b"quicv2 hp"),
+}
+KEY_BYTES = 16
+"""AES-128-GCM key (Initials always use TLS_AES_128_GCM_SHA256)."""
+IV_BYTES = 12
+TAG_BYTES = 16
+"""AEAD expansion of every protected payload."""
+SAMPLE_BYTES = 16
+"""Header protection samples 16 ciphertext bytes, 4 bytes after the packet number start."""
+MAX_PN_BYTES = 4
+
+
+@dataclass(frozen=True, slots=True)
+class InitialKeys:
+    """Packet key, IV and header protection key of one direction's Initial space."""
+
+    key: bytes
+    iv: bytes
+    hp: bytes
+
+
+def _expand_label(secret: bytes, label: bytes, length: int) -> bytes:
+    """TLS 1.3 HKDF-Expand-Label with an empty context (RFC 8446 section 7.1)."""
+    full = b"tls13 " + label
+    info = length.to_bytes(2, "big") + bytes((len(full),)) + full + b"\x00"
+    return HKDFExpand(hashes.SHA256(), length, info).derive(secret)
+
+
+def _initial_keys(version: int, original_dcid: bytes, direction: bytes) -> InitialKeys:
+    salt = _SALTS.get(version)
+    if salt is None:
+        raise QuicPacketError(f"no Initial keys for QUIC version 0x{version:08x}")
+    initial_secret = hmac.new(salt, original_dcid, hashlib.sha256).digest()  # HKDF-Extract
+    secret = _expand_label(initial_secret, direction, hashlib.sha256().digest_size)
+    key_label, iv_label, hp_label = _LABELS[version]
+    return InitialKeys(
+        key=_expand_label(secret, key_label, KEY_BYTES),
+        iv=_expand_label(secret, iv_label, IV_BYTES),
+        hp=_expand_label(secret, hp_label, KEY_BYTES),
+    )
+
+
+def client_initial_keys(version: int, original_dcid: bytes) -> InitialKeys:
+    """Keys protecting client Initials (what the router decrypts)."""
+    return _initial_keys(version, original_dcid, b"client in")
+
+
+def server_initial_keys(version: int, original_dcid: bytes) -> InitialKeys:
+    """Keys protecting server Initials (what the router encrypts a refusal with)."""
+    return _initial_keys(version, original_dcid, b"server in")
+
+
+def _mask(hp: bytes, sample: bytes) -> bytes:
+    encryptor = Cipher(algorithms.AES(hp), modes.ECB()).encryptor()
+    return encryptor.update(sample)[:5]
+
+
+def _nonce(iv: bytes, packet_number: int) -> bytes:
+    return (int.from_bytes(iv, "big") ^ packet_number).to_bytes(IV_BYTES, "big")
+
+
+def decode_packet_number(truncated: int, pn_bits: int, largest_pn: int) -> int:
+    """Full packet number from its truncated encoding (RFC 9000 appendix A.3)."""
+    expected = largest_pn + 1
+    win = 1 << pn_bits
+    hwin = win >> 1
+    candidate = (expected & ~(win - 1)) | truncated
+    if candidate <= expected - hwin and candidate < (1 << 62) - win:
+        return candidate + win
+    if candidate > expected + hwin and candidate >= win:
+        return candidate - win
+    return candidate
+
+
+def decrypt_initial(
+    datagram: bytes, header: LongHeader, keys: InitialKeys, largest_pn: int = -1
+) -> tuple[int, bytes]:
+    """(packet number, plaintext payload) of the Initial ``header`` locates in ``datagram``.
+
+    ``largest_pn`` is the largest packet number already received in this space (-1 for
+    none). Header-protection and AEAD failures raise QuicPacketError.
+    """
+    if header.packet_type is not PacketType.INITIAL:
+        raise QuicPacketError("not an Initial packet")
+    pn_offset = header.header_length
+    end = header.end
+    if end > len(datagram) or pn_offset + MAX_PN_BYTES + SAMPLE_BYTES > end:
+        raise QuicPacketError("Initial too short to sample for header protection")
+    mask = _mask(keys.hp, datagram[pn_offset + MAX_PN_BYTES : pn_offset + MAX_PN_BYTES + SAMPLE_BYTES])
+    first = datagram[header.offset] ^ (mask[0] & 0x0F)
+    pn_length = (first & 0x03) + 1
+    pn_field = datagram[pn_offset : pn_offset + pn_length]
+    pn_bytes = bytes(b ^ m for b, m in zip(pn_field, mask[1:], strict=False))
+    packet_number = decode_packet_number(int.from_bytes(pn_bytes, "big"), pn_length * 8, largest_pn)
+    aad = bytes((first,)) + datagram[header.offset + 1 : pn_offset] + pn_bytes
+    try:
+        payload = AESGCM(keys.key).decrypt(
+            _nonce(keys.iv, packet_number), datagram[pn_offset + pn_length : end], aad
+        )
+    except InvalidTag as exc:
+        raise QuicPacketError("Initial packet failed authentication") from exc
+    return packet_number, payload
+
+
+def packet_number_length(packet_number: int) -> int:
+    """Bytes needed to send ``packet_number`` when nothing was acknowledged yet.
+
+    RFC 9000 section 17.1: twice the distance to the largest acknowledged (none: -1).
+    """
+    for size in (1, 2, 3, 4):
+        if packet_number < 1 << (8 * size - 1):
+            return size
+    raise QuicPacketError(f"packet number {packet_number} needs more than 4 bytes")
+
+
+def encrypt_initial(
+    version: int,
+    dcid: bytes,
+    scid: bytes,
+    packet_number: int,
+    payload: bytes,
+    keys: InitialKeys,
+    token: bytes = b"",
+    pn_length: int | None = None,
+) -> bytes:
+    """A protected Initial packet carrying ``payload`` (frames).
+
+    The payload is extended with PADDING only as far as header protection needs a
+    sample; padding the datagram to 1200 bytes is the caller's business.
+    ``pn_length`` overrides the shortest packet number encoding (1-4 bytes).
+    """
+    if version not in _SALTS:
+        raise QuicPacketError(f"no Initial packets for QUIC version 0x{version:08x}")
+    if len(dcid) > MAX_CID_LENGTH or len(scid) > MAX_CID_LENGTH:
+        raise QuicPacketError("connection ID longer than 20 bytes")
+    if packet_number < 0:
+        raise QuicPacketError("negative packet number")
+    size = packet_number_length(packet_number) if pn_length is None else pn_length
+    if not 1 <= size <= MAX_PN_BYTES or packet_number >= 1 << (8 * size):
+        raise QuicPacketError(f"packet number {packet_number} does not fit {size} bytes")
+    short = MAX_PN_BYTES - size - len(payload)
+    if short > 0:
+        payload += bytes(short)
+    header = b"".join((
+        bytes((0xC0 | packet_type_bits(version, PacketType.INITIAL) | (size - 1),)),
+        version.to_bytes(4, "big"),
+        bytes((len(dcid),)), dcid,
+        bytes((len(scid),)), scid,
+        encode_varint(len(token)), token,
+        encode_varint(size + len(payload) + TAG_BYTES),
+        packet_number.to_bytes(size, "big"),
+    ))
+    protected = AESGCM(keys.key).encrypt(_nonce(keys.iv, packet_number), payload, header)
+    sample_at = MAX_PN_BYTES - size
+    mask = _mask(keys.hp, protected[sample_at : sample_at + SAMPLE_BYTES])
+    pn_offset = len(header) - size
+    out = bytearray(header)
+    out[0] ^= mask[0] & 0x0F
+    for i in range(size):
+        out[pn_offset + i] ^= mask[1 + i]
+    out += protected
+    return bytes(out)

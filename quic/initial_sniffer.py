@@ -1,0 +1,134 @@
+"""Reads the ClientHello (SNI, ALPN) out of a client's Initial datagrams, sans-IO.
+
+One sniffer per pending UDP flow. The router feeds it the client's datagrams in
+arrival order and forwards them untouched once the SNI is known; the sniffer only
+decrypts copies. Clients split large ClientHellos over several Initial datagrams,
+which may arrive reordered or duplicated, coalesced with 0-RTT packets, or followed
+by junk; CRYPTO data may come in small shuffled pieces. All of that is handled here.
+
+Error policy, so that an off-path injector cannot kill a flow it does not own:
+
+* While the sniffer knows nothing (no Initial decrypted yet), a useless datagram raises:
+  :class:`NotInitial`, :class:`ShortInitial`, :class:`UnsupportedVersion` or a plain
+  :class:`QuicPacketError` (malformed, failed authentication).
+* Once the first Initial fixed the version and original DCID, useless datagrams (other
+  DCID or version, failed authentication, garbage) are ignored: ``feed`` returns None.
+* Errors inside authenticated data are fatal for the flow and always raise: a frame not
+  allowed in an Initial, CRYPTO beyond ``max_crypto_bytes`` or conflicting, and a bad
+  ClientHello (:class:`InvalidClientHello`, which wraps the ``ClientHelloError``).
+"""
+
+from __future__ import annotations
+
+from quic.clienthello import ClientHelloError, ClientHelloInfo, client_hello_length, parse_client_hello
+from quic.frames import CryptoReassembler, walk_initial_frames
+from quic.initial_keys import InitialKeys, client_initial_keys, decrypt_initial
+from quic.packet import (
+    QUIC_VERSION_NEGOTIATION,
+    SUPPORTED_VERSIONS,
+    PacketType,
+    QuicPacketError,
+    UnsupportedVersion,
+    is_long_header,
+    iter_long_headers,
+)
+from router.constants import QUIC_MAX_CRYPTO_BYTES, QUIC_MIN_INITIAL_DATAGRAM_BYTES
+
+_HANDSHAKE_HEADER_BYTES = 4
+
+
+class NotInitial(QuicPacketError):
+    """The datagram carries no Initial packet (short header, 0-RTT or Handshake only)."""
+
+
+class ShortInitial(QuicPacketError):
+    """An Initial in a datagram under 1200 bytes, which servers must discard (RFC 9000 14.1)."""
+
+
+class InvalidClientHello(QuicPacketError):
+    """The reassembled CRYPTO stream is not a valid ClientHello (wraps ClientHelloError)."""
+
+
+class InitialSniffer:
+    """One per pending UDP flow: feed the client's datagrams in arrival order; returns the
+    ClientHelloInfo once the CRYPTO stream holds a complete ClientHello."""
+
+    def __init__(
+        self,
+        max_crypto_bytes: int = QUIC_MAX_CRYPTO_BYTES,
+        min_datagram_bytes: int = QUIC_MIN_INITIAL_DATAGRAM_BYTES,
+    ) -> None:
+        self.version: int | None = None
+        self.original_dcid: bytes | None = None
+        self.client_scid: bytes | None = None
+        self.client_hello: ClientHelloInfo | None = None
+        """Set once complete; later ``feed`` calls return it without reading anything."""
+        self._min_datagram = min_datagram_bytes
+        self._keys: InitialKeys | None = None
+        self._largest_pn = -1
+        self._crypto = CryptoReassembler(max_crypto_bytes)
+
+    def feed(self, datagram: bytes) -> ClientHelloInfo | None:
+        """Take one client datagram; the ClientHello facts once complete, else None."""
+        if self.client_hello is not None:
+            return self.client_hello
+        try:
+            payloads = self._open(datagram)
+        except QuicPacketError:
+            if self.version is None:
+                raise
+            return None
+        for payload in payloads:
+            for offset, data in walk_initial_frames(payload):
+                self._crypto.add(offset, data)
+        return self._complete_client_hello()
+
+    def _open(self, datagram: bytes) -> list[bytes]:
+        """Decrypted payloads of this flow's Initials in ``datagram``; raises if none."""
+        if not is_long_header(datagram):
+            raise NotInitial("short header packet")
+        payloads: list[bytes] = []
+        failure: QuicPacketError | None = None
+        for header in iter_long_headers(datagram):
+            if header.version not in SUPPORTED_VERSIONS:
+                if header.offset:
+                    break  # a coalesced packet of another version: trailing junk
+                if header.version == QUIC_VERSION_NEGOTIATION:
+                    raise QuicPacketError("Version Negotiation packet from a client")
+                raise UnsupportedVersion(header.version, header.dcid, header.scid)
+            if header.packet_type is not PacketType.INITIAL:
+                continue
+            if self.version is not None and (
+                header.version != self.version or header.dcid != self.original_dcid
+            ):
+                continue
+            if len(datagram) < self._min_datagram:
+                raise ShortInitial(f"Initial in a {len(datagram)}-byte datagram")
+            keys = self._keys or client_initial_keys(header.version, header.dcid)
+            try:
+                packet_number, payload = decrypt_initial(datagram, header, keys, self._largest_pn)
+            except QuicPacketError as exc:
+                failure = failure or exc
+                continue
+            if self.version is None:
+                self.version, self.original_dcid, self.client_scid = header.version, header.dcid, header.scid
+                self._keys = keys
+            self._largest_pn = max(self._largest_pn, packet_number)
+            payloads.append(payload)
+        if not payloads:
+            raise failure or NotInitial("no Initial packet in the datagram")
+        return payloads
+
+    def _complete_client_hello(self) -> ClientHelloInfo | None:
+        available = self._crypto.contiguous_length
+        if not available:
+            return None
+        try:
+            total = client_hello_length(self._crypto.contiguous(_HANDSHAKE_HEADER_BYTES))
+            if total is None or available < total:
+                return None
+            info = parse_client_hello(self._crypto.contiguous(total))
+        except ClientHelloError as exc:
+            raise InvalidClientHello(str(exc)) from exc
+        self.client_hello = info
+        return info

@@ -1,0 +1,200 @@
+"""QUIC long/short header parsing (RFC 8999 invariants, RFC 9000 section 17, RFC 9369).
+
+Sans-IO and read-only: bytes in, a small frozen fact out. The router never terminates
+QUIC, so it only needs what the invariants and the v1/v2 Initial layout expose in the
+clear: version, connection IDs, token, and where each coalesced packet ends. Every read
+is bounds-checked; untrusted input can only raise :class:`QuicPacketError`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from enum import IntEnum
+
+QUIC_V1 = 0x00000001
+"""RFC 9000."""
+QUIC_V2 = 0x6B3343CF
+"""RFC 9369: same protocol as v1, different wire image (types, salt, labels)."""
+QUIC_VERSION_NEGOTIATION = 0x00000000
+"""A long header with version 0 is a Version Negotiation packet (RFC 8999 section 6)."""
+SUPPORTED_VERSIONS = (QUIC_V1, QUIC_V2)
+"""Versions whose Initials the router can open, in server preference order."""
+
+MAX_CID_LENGTH = 20
+"""v1/v2 connection IDs are at most 20 bytes (RFC 9000 section 17.2); invariants allow 255."""
+VARINT_MAX = (1 << 62) - 1
+"""Largest value a QUIC variable-length integer can carry (RFC 9000 section 16)."""
+
+_LONG_FORM = 0x80
+_LONG_HEADER_MIN = 7  # first byte + version(4) + dcid length(1) + scid length(1)
+
+
+class QuicPacketError(ValueError):
+    """Bytes that are not a usable QUIC packet; the one error type of all of ``quic/``."""
+
+
+class UnsupportedVersion(QuicPacketError):
+    """A long header of a version other than v1/v2: answer with Version Negotiation.
+
+    Carries the client's connection IDs so the caller can build the VN packet directly.
+    """
+
+    def __init__(self, version: int, dcid: bytes = b"", scid: bytes = b"") -> None:
+        super().__init__(f"unsupported QUIC version 0x{version:08x}")
+        self.version = version
+        self.dcid = dcid
+        self.scid = scid
+
+
+class PacketType(IntEnum):
+    """Long header packet types, normalised across versions (v1 wire values)."""
+
+    INITIAL = 0
+    ZERO_RTT = 1
+    HANDSHAKE = 2
+    RETRY = 3
+
+
+_V2_TYPES = (PacketType.RETRY, PacketType.INITIAL, PacketType.ZERO_RTT, PacketType.HANDSHAKE)
+"""RFC 9369 section 3.2: v2 wire type bits 0b00..0b11 -> normalised type."""
+
+
+def packet_type_bits(version: int, packet_type: PacketType) -> int:
+    """The two type bits (already shifted to bits 4-5) of ``packet_type`` in ``version``."""
+    wire = _V2_TYPES.index(packet_type) if version == QUIC_V2 else int(packet_type)
+    return wire << 4
+
+
+@dataclass(frozen=True, slots=True)
+class LongHeader:
+    """The cleartext part of one long-header packet, positioned inside its datagram."""
+
+    version: int
+    packet_type: PacketType | None
+    """None for Version Negotiation (version 0) and versions other than v1/v2."""
+    dcid: bytes
+    scid: bytes
+    token: bytes
+    """Initial only, else b""."""
+    header_length: int
+    """Offset in the datagram of the (protected) packet number; for VN/Retry/unknown
+    versions, of the first byte after the SCID."""
+    packet_length: int
+    """Bytes of this packet (header + the Length field's payload); for Retry, VN and
+    unknown versions the rest of the datagram."""
+    offset: int = 0
+    """Offset in the datagram of this packet's first byte (non-zero when coalesced)."""
+
+    @property
+    def end(self) -> int:
+        """Offset just past this packet: where a coalesced next packet starts."""
+        return self.offset + self.packet_length
+
+
+def decode_varint(data: bytes, pos: int) -> tuple[int, int]:
+    """(value, position after it) of the QUIC varint at ``pos``; bounds-checked."""
+    if pos >= len(data):
+        raise QuicPacketError("truncated varint")
+    first = data[pos]
+    size = 1 << (first >> 6)
+    if pos + size > len(data):
+        raise QuicPacketError("truncated varint")
+    value = first & 0x3F
+    for i in range(1, size):
+        value = (value << 8) | data[pos + i]
+    return value, pos + size
+
+
+def encode_varint(value: int) -> bytes:
+    """Shortest QUIC varint encoding of ``value``."""
+    if value < 0 or value > VARINT_MAX:
+        raise QuicPacketError(f"varint out of range: {value}")
+    if value < 0x40:
+        return bytes((value,))
+    if value < 0x4000:
+        return (value | 0x4000).to_bytes(2, "big")
+    if value < 0x4000_0000:
+        return (value | 0x8000_0000).to_bytes(4, "big")
+    return (value | 0xC000_0000_0000_0000).to_bytes(8, "big")
+
+
+def is_long_header(datagram: bytes) -> bool:
+    """True when the first byte has the header form bit set (RFC 8999 section 5.1)."""
+    return bool(datagram) and bool(datagram[0] & _LONG_FORM)
+
+
+def parse_long_header(datagram: bytes, offset: int = 0) -> LongHeader:
+    """Parse the long header starting at ``offset``; QuicPacketError if malformed."""
+    n = len(datagram)
+    if offset < 0 or offset + _LONG_HEADER_MIN > n:
+        raise QuicPacketError("truncated long header")
+    first = datagram[offset]
+    if not first & _LONG_FORM:
+        raise QuicPacketError("not a long header")
+    version = int.from_bytes(datagram[offset + 1 : offset + 5], "big")
+    known = version in SUPPORTED_VERSIONS
+    pos = offset + 5
+    dcid, pos = _cid(datagram, pos, known, "DCID")
+    scid, pos = _cid(datagram, pos, known, "SCID")
+    if not known:
+        return LongHeader(version, None, dcid, scid, b"", pos, n - offset, offset)
+    packet_type = _V2_TYPES[(first >> 4) & 3] if version == QUIC_V2 else PacketType((first >> 4) & 3)
+    if packet_type is PacketType.RETRY:
+        return LongHeader(version, packet_type, dcid, scid, b"", pos, n - offset, offset)
+    token = b""
+    if packet_type is PacketType.INITIAL:
+        token_length, pos = decode_varint(datagram, pos)
+        if token_length > n - pos:
+            raise QuicPacketError("truncated token")
+        token = datagram[pos : pos + token_length]
+        pos += token_length
+    length, pos = decode_varint(datagram, pos)
+    if length > n - pos:
+        raise QuicPacketError(f"Length {length} exceeds the {n - pos} bytes left in the datagram")
+    return LongHeader(version, packet_type, dcid, scid, token, pos, pos + length - offset, offset)
+
+
+def _cid(data: bytes, pos: int, known: bool, what: str) -> tuple[bytes, int]:
+    if pos >= len(data):
+        raise QuicPacketError(f"truncated {what} length")
+    length = data[pos]
+    pos += 1
+    if known and length > MAX_CID_LENGTH:
+        raise QuicPacketError(f"{what} of {length} bytes exceeds {MAX_CID_LENGTH}")
+    if pos + length > len(data):
+        raise QuicPacketError(f"truncated {what}")
+    return data[pos : pos + length], pos + length
+
+
+def iter_long_headers(datagram: bytes) -> Iterator[LongHeader]:
+    """Every coalesced long-header packet of a datagram (RFC 9000 section 12.2).
+
+    A malformed first packet raises QuicPacketError. Iteration stops quietly at a short
+    header, at padding/junk that does not parse, and after a packet that runs to the end
+    of the datagram (Retry, VN, unknown versions): receivers discard such trailing bytes.
+    """
+    header = parse_long_header(datagram, 0)
+    while True:
+        yield header
+        if header.packet_type in (None, PacketType.RETRY) or header.end >= len(datagram):
+            return
+        if not datagram[header.end] & _LONG_FORM:
+            return
+        try:
+            header = parse_long_header(datagram, header.end)
+        except QuicPacketError:
+            return
+
+
+def short_header_dcid(datagram: bytes, cid_length: int) -> bytes:
+    """The DCID of a short-header (1-RTT) packet, whose length only the receiver knows."""
+    if not 0 <= cid_length <= MAX_CID_LENGTH:
+        raise QuicPacketError(f"connection ID length {cid_length} out of range")
+    if not datagram:
+        raise QuicPacketError("empty datagram")
+    if datagram[0] & _LONG_FORM:
+        raise QuicPacketError("not a short header")
+    if len(datagram) < 1 + cid_length:
+        raise QuicPacketError("truncated short header")
+    return datagram[1 : 1 + cid_length]

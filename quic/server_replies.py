@@ -1,0 +1,78 @@
+"""Packets the router sends a QUIC client it refuses, shaped the way its server would.
+
+A client that names no known pod must learn why at once (not after a handshake
+timeout), so the router answers its Initial with a server Initial carrying a transport
+CONNECTION_CLOSE, or, for a version it cannot open, with Version Negotiation. Both are
+tiny next to the >= 1200-byte Initial that triggers them, so the router never
+amplifies; the caller still enforces "never more bytes than received" and a rate budget.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Iterable
+
+from quic.frames import FrameType
+from quic.initial_keys import encrypt_initial, server_initial_keys
+from quic.packet import QUIC_V1, QUIC_V2, QUIC_VERSION_NEGOTIATION, QuicPacketError, encode_varint
+from router.constants import (
+    QUIC_CLOSE_CONNECTION_REFUSED,
+    QUIC_MAX_CLOSE_REASON_BYTES,
+    QUIC_ROUTER_SCID_BYTES,
+)
+
+
+def connection_close_frame(error_code: int, reason: str, frame_type: int = 0) -> bytes:
+    """A transport CONNECTION_CLOSE (0x1c) frame; the reason is cut to a whole UTF-8 prefix."""
+    phrase = reason.encode("utf-8")[:QUIC_MAX_CLOSE_REASON_BYTES].decode("utf-8", "ignore").encode("utf-8")
+    return b"".join((
+        encode_varint(FrameType.CONNECTION_CLOSE),
+        encode_varint(error_code),
+        encode_varint(frame_type),
+        encode_varint(len(phrase)),
+        phrase,
+    ))
+
+
+def build_initial_close(
+    version: int,
+    original_dcid: bytes,
+    client_scid: bytes,
+    reason: str,
+    error_code: int = QUIC_CLOSE_CONNECTION_REFUSED,
+    scid: bytes | None = None,
+) -> bytes:
+    """A server Initial closing the connection the client's ``original_dcid`` opened.
+
+    Protected with the server Initial keys of ``original_dcid``, addressed to the
+    client's SCID, from ``scid`` (default: QUIC_ROUTER_SCID_BYTES random bytes). Not
+    padded: CONNECTION_CLOSE is not ack-eliciting, so RFC 9000 14.1 does not require it.
+    """
+    if scid is None:
+        scid = secrets.token_bytes(QUIC_ROUTER_SCID_BYTES)
+    payload = connection_close_frame(error_code, reason)
+    keys = server_initial_keys(version, original_dcid)
+    return encrypt_initial(version, client_scid, scid, 0, payload, keys)
+
+
+def build_version_negotiation(
+    client_dcid: bytes, client_scid: bytes, versions: Iterable[int] = (QUIC_V1, QUIC_V2)
+) -> bytes:
+    """Version Negotiation (RFC 9000 section 17.2.1) listing ``versions``.
+
+    The connection IDs are echoed swapped, at any invariant size (RFC 8999: up to 255
+    bytes, since the client's version may allow longer CIDs than v1). Unused first-byte
+    bits are random, with 0x40 set as RFC 9000 recommends (QUIC-bit-checking middleboxes).
+    """
+    if len(client_dcid) > 255 or len(client_scid) > 255:
+        raise QuicPacketError("connection ID longer than 255 bytes")
+    listed = tuple(versions)
+    if not listed or any(not 0 < v < 1 << 32 for v in listed):
+        raise QuicPacketError("Version Negotiation needs non-zero 32-bit versions")
+    return b"".join((
+        bytes((0xC0 | secrets.randbits(6),)),
+        QUIC_VERSION_NEGOTIATION.to_bytes(4, "big"),
+        bytes((len(client_scid),)), client_scid,
+        bytes((len(client_dcid),)), client_dcid,
+        *(v.to_bytes(4, "big") for v in listed),
+    ))

@@ -1,0 +1,138 @@
+"""Stargate-like QUIC pods for the tests and the demo: real aioquic servers that say who they are.
+
+A client opens a bidirectional stream, sends a payload and FIN; the pod answers
+``<pod_name>:<payload>`` and FIN. So one round trip proves the handshake, both directions
+of a stream, and which pod the router picked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from pathlib import Path
+
+from aioquic.asyncio.client import connect
+from aioquic.asyncio.protocol import QuicConnectionProtocol
+from aioquic.asyncio.server import serve
+from aioquic.asyncio.server import QuicServer
+from aioquic.quic.configuration import QuicConfiguration
+from aioquic.quic.packet import QuicProtocolVersion
+
+ALPN = "stargate-whoami"
+"""ALPN both sides offer; any value works since the router only reads the SNI."""
+
+WHOAMI = b"whoami"
+REQUEST_TIMEOUT_S = 5.0
+MAX_REQUEST_BYTES = 64 * 1024
+
+QUIC_V1 = int(QuicProtocolVersion.VERSION_1)
+QUIC_V2 = int(QuicProtocolVersion.VERSION_2)
+
+
+StreamHandler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], None]
+
+
+def _answer(pod_name: str) -> StreamHandler:
+    tasks: set[asyncio.Task[None]] = set()
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            payload = await asyncio.wait_for(reader.read(MAX_REQUEST_BYTES), REQUEST_TIMEOUT_S)
+        except (TimeoutError, ConnectionError):
+            writer.close()
+            return
+        writer.write(pod_name.encode() + b":" + payload)
+        writer.write_eof()
+
+    def on_stream(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.get_running_loop().create_task(handle(reader, writer))
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+
+    return on_stream
+
+
+async def start_quic_pod(
+    pod_name: str,
+    host: str,
+    port: int,
+    cert_path: str | Path,
+    key_path: str | Path,
+    *,
+    retry: bool = False,
+    idle_timeout_s: float = 30.0,
+    versions: tuple[int, ...] | None = None,
+) -> QuicServer:
+    """Serve ``pod_name`` on ``host:port`` (0 = any); ``server.close()`` stops it.
+
+    ``retry`` makes the pod validate addresses with Retry; ``versions`` limits the QUIC
+    versions it accepts (others get Version Negotiation from the pod itself).
+
+    The bound port is ``server._transport.get_extra_info("sockname")[1]``; see ``bound_port``.
+    """
+    config = QuicConfiguration(is_client=False, alpn_protocols=[ALPN], idle_timeout=idle_timeout_s)
+    if versions is not None:
+        config.supported_versions = list(versions)
+    config.load_cert_chain(str(cert_path), str(key_path))
+    return await serve(host, port, configuration=config, stream_handler=_answer(pod_name), retry=retry)
+
+
+def bound_port(server: QuicServer) -> int:
+    """The UDP port a pod started with ``port=0`` listens on."""
+    transport = server._transport
+    assert transport is not None
+    return int(transport.get_extra_info("sockname")[1])
+
+
+def client_configuration(
+    server_name: str | None,
+    cafile: str | Path,
+    version: int = QUIC_V1,
+    idle_timeout_s: float = 30.0,
+    extra_alpn: tuple[str, ...] = (),
+) -> QuicConfiguration:
+    """Client settings: trust the test CA, offer our ALPN (then ``extra_alpn``), start with ``version``.
+
+    Long ``extra_alpn`` names make the ClientHello span several Initial datagrams.
+    """
+    config = QuicConfiguration(
+        is_client=True,
+        alpn_protocols=[ALPN, *extra_alpn],
+        server_name=server_name,
+        idle_timeout=idle_timeout_s,
+        supported_versions=[version, *(v for v in (QUIC_V1, QUIC_V2) if v != version)],
+    )
+    config.load_verify_locations(cafile=str(cafile))
+    return config
+
+
+async def request(
+    client: QuicConnectionProtocol, payload: bytes, timeout_s: float = REQUEST_TIMEOUT_S
+) -> bytes:
+    """One stream round trip on an open connection: ``payload`` out, the pod's answer back."""
+    reader, writer = await client.create_stream()
+    writer.write(payload)
+    writer.write_eof()
+    return await asyncio.wait_for(reader.read(MAX_REQUEST_BYTES), timeout_s)
+
+
+async def quic_whoami(
+    host: str,
+    port: int,
+    server_name: str | None,
+    cafile: str | Path,
+    version: int = QUIC_V1,
+    timeout_s: float = REQUEST_TIMEOUT_S,
+) -> str:
+    """Connect, ask the pod its name on one stream, close; the pod name it answered."""
+
+    async def run() -> str:
+        config = client_configuration(server_name, cafile, version)
+        async with connect(host, port, configuration=config) as client:
+            answer = await request(client, WHOAMI, timeout_s)
+        name, sep, echoed = answer.partition(b":")
+        if not sep or echoed != WHOAMI:
+            raise ConnectionError(f"unexpected answer {answer!r}")
+        return name.decode()
+
+    return await asyncio.wait_for(run(), timeout_s)

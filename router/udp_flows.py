@@ -1,0 +1,389 @@
+"""The QUIC router's flow table: who is pending, who is spliced to which pod, and for how long.
+
+Sans-IO on purpose: no sockets, no clock. Every method that depends on time takes ``now``
+(seconds, any monotonic origin), so bounds and expiry are tested on plain values. The
+asyncio edge (``router/udp_router.py``) owns the sockets and keeps an opaque ``handle`` per
+flow (its pod-side transport) and an opaque ``sniffer`` per pending flow.
+
+A flow is keyed by the client address. NAT rebinding and connection migration change that
+address mid-connection, so the table also indexes the pod's connection IDs, learned from
+the Source Connection ID of the pod's long-header packets: a datagram from an unknown
+address whose Destination Connection ID is a learned one belongs to that flow. CIDs the
+pod issues later in (encrypted) NEW_CONNECTION_ID frames cannot be seen by an L4 router,
+so a client that migrates *and* switches to such a CID at the same time is not followed.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Generic, TypeVar
+
+from quic.packet import (
+    QUIC_VERSION_NEGOTIATION,
+    SUPPORTED_VERSIONS,
+    LongHeader,
+    PacketType,
+    QuicPacketError,
+    parse_long_header,
+    short_header_dcid,
+)
+from router import constants as c
+
+Address = tuple[Any, ...]
+"""A socket address as asyncio reports it: ``(host, port)`` or ``(host, port, flow, scope)``."""
+
+S = TypeVar("S")
+H = TypeVar("H")
+
+
+class FlowTableError(ValueError):
+    """Limits that cannot bound anything (zero or negative); names the offending field."""
+
+
+@dataclass(frozen=True, slots=True)
+class FlowLimits:
+    """Every bound of the table, so a spoofed-source flood costs bounded memory."""
+
+    max_pending_flows: int = c.QUIC_MAX_PENDING_FLOWS
+    max_pending_datagrams_per_flow: int = c.QUIC_MAX_PENDING_DATAGRAMS_PER_FLOW
+    max_pending_bytes_per_flow: int = c.QUIC_MAX_PENDING_BYTES_PER_FLOW
+    pending_flow_timeout_s: float = c.QUIC_PENDING_FLOW_TIMEOUT_MS / 1000
+    max_flows: int = c.QUIC_MAX_FLOWS
+    idle_timeout_s: float = c.DEFAULT_RELAY_IDLE_TIMEOUT_MS / 1000
+    max_learned_cids_per_flow: int = c.QUIC_MAX_LEARNED_CIDS_PER_FLOW
+    rejection_memory_s: float = c.QUIC_REJECTION_MEMORY_MS / 1000
+    max_remembered_rejections: int = c.QUIC_MAX_REMEMBERED_REJECTIONS
+    answers_per_rejection: int = c.QUIC_ANSWERS_PER_REJECTION
+
+    def __post_init__(self) -> None:
+        for name in self.__dataclass_fields__:
+            if not getattr(self, name) > 0:
+                raise FlowTableError(f"{name} must be > 0, got {getattr(self, name)!r}")
+
+
+@dataclass(slots=True, eq=False)
+class PendingFlow(Generic[S]):
+    """A client address whose ClientHello is incomplete; its datagrams wait here, in order."""
+
+    address: Address
+    created_at: float
+    sniffer: S
+    datagrams: list[bytes] = field(default_factory=list)
+    buffered_bytes: int = 0
+    decided: bool = False
+    """The pod is chosen and its socket is being opened; datagrams still queue here."""
+
+
+@dataclass(slots=True, eq=False)
+class Flow(Generic[H]):
+    """A client address spliced to one pod through ``handle`` (the pod-side socket)."""
+
+    address: Address
+    pod_name: str
+    handle: H
+    last_active: float
+    cids: deque[bytes] = field(default_factory=deque)
+    """Learned pod connection IDs, oldest first (bounded)."""
+
+
+@dataclass(slots=True, eq=False)
+class Rejection:
+    """A refused connection attempt, remembered so its retransmits cost a dict lookup."""
+
+    dcid: bytes
+    expires_at: float
+    answer: bytes
+    answers_left: int
+
+
+@dataclass(frozen=True, slots=True)
+class Expired(Generic[S, H]):
+    """What one sweep removed: pending flows that never completed, and idle flows."""
+
+    pending: tuple[PendingFlow[S], ...]
+    flows: tuple[Flow[H], ...]
+
+
+class UdpFlowTable(Generic[S, H]):
+    """Pending and established flows by client address, plus a learned-CID index."""
+
+    def __init__(self, limits: FlowLimits | None = None) -> None:
+        self.limits = limits if limits is not None else FlowLimits()
+        self._pending: dict[Address, PendingFlow[S]] = {}
+        self._flows: dict[Address, Flow[H]] = {}
+        self._by_cid: dict[bytes, Flow[H]] = {}
+        self._cid_lengths: dict[int, int] = {}
+        self._rejections: OrderedDict[Address, Rejection] = OrderedDict()
+
+    # -- lookups (the per-datagram path: plain dict gets) ---------------------------------
+    def flow(self, address: Address) -> Flow[H] | None:
+        return self._flows.get(address)
+
+    def pending(self, address: Address) -> PendingFlow[S] | None:
+        return self._pending.get(address)
+
+    def flow_for_cid(self, cid: bytes) -> Flow[H] | None:
+        return self._by_cid.get(cid)
+
+    def flow_for_short_header(self, datagram: bytes, cid_length: int | None) -> Flow[H] | None:
+        """The flow whose learned CID a short header carries (``cid_length`` None: any learned)."""
+        for length in (cid_length,) if cid_length is not None else tuple(self._cid_lengths):
+            try:
+                flow = self._by_cid.get(short_header_dcid(datagram, length))
+            except QuicPacketError:
+                continue
+            if flow is not None:
+                return flow
+        return None
+
+    @property
+    def cid_lengths(self) -> tuple[int, ...]:
+        """Lengths of the learned CIDs (usually one), to cut short-header DCIDs with."""
+        return tuple(self._cid_lengths)
+
+    @property
+    def pending_count(self) -> int:
+        return len(self._pending)
+
+    @property
+    def flow_count(self) -> int:
+        return len(self._flows)
+
+    def flows(self) -> tuple[Flow[H], ...]:
+        return tuple(self._flows.values())
+
+    def pending_flows(self) -> tuple[PendingFlow[S], ...]:
+        return tuple(self._pending.values())
+
+    # -- pending flows ------------------------------------------------------------------
+    def open_pending(self, address: Address, sniffer: S, now: float) -> PendingFlow[S] | str:
+        """Start buffering for a new address, or say (a drop reason) why not."""
+        if address in self._pending or address in self._flows:
+            raise FlowTableError(f"address {address!r} already has a flow")
+        if len(self._flows) + len(self._pending) >= self.limits.max_flows:
+            return "flow_table_full"
+        if len(self._pending) >= self.limits.max_pending_flows:
+            return "pending_full"
+        pending = PendingFlow(address, now, sniffer)
+        self._pending[address] = pending
+        return pending
+
+    def can_buffer(self, pending: PendingFlow[S], size: int) -> bool:
+        """Would one more datagram of ``size`` bytes stay within the per-flow bounds?"""
+        limits = self.limits
+        return (
+            len(pending.datagrams) < limits.max_pending_datagrams_per_flow
+            and pending.buffered_bytes + size <= limits.max_pending_bytes_per_flow
+        )
+
+    def buffer(self, pending: PendingFlow[S], datagram: bytes) -> bool:
+        """Queue a datagram for the pod; False (nothing queued) if over the bounds."""
+        if not self.can_buffer(pending, len(datagram)):
+            return False
+        pending.datagrams.append(datagram)
+        pending.buffered_bytes += len(datagram)
+        return True
+
+    def discard_pending(self, pending: PendingFlow[S]) -> None:
+        if self._pending.get(pending.address) is pending:
+            del self._pending[pending.address]
+
+    def establish(self, pending: PendingFlow[S], pod_name: str, handle: H, now: float) -> Flow[H]:
+        """Turn a pending flow into a spliced one; its datagrams stay on ``pending`` to flush."""
+        if self._pending.get(pending.address) is not pending:
+            raise FlowTableError(f"address {pending.address!r} is not pending")
+        del self._pending[pending.address]
+        flow: Flow[H] = Flow(pending.address, pod_name, handle, now)
+        self._flows[pending.address] = flow
+        return flow
+
+    # -- established flows ----------------------------------------------------------------
+    def learn_cid(self, flow: Flow[H], cid: bytes) -> None:
+        """Index a pod connection ID for ``flow``; the oldest is forgotten beyond the bound."""
+        if not cid or self._by_cid.get(cid) is flow:
+            return
+        old_owner = self._by_cid.get(cid)
+        if old_owner is not None:
+            self._forget_cid(old_owner, cid)
+            old_owner.cids.remove(cid)
+        flow.cids.append(cid)
+        self._by_cid[cid] = flow
+        self._cid_lengths[len(cid)] = self._cid_lengths.get(len(cid), 0) + 1
+        if len(flow.cids) > self.limits.max_learned_cids_per_flow:
+            self._forget_cid(flow, flow.cids.popleft())
+
+    def learn_from_pod(self, flow: Flow[H], datagram: bytes, cid_length: int | None) -> None:
+        """Learn the SCID of a pod's v1/v2 long header: a migrated client's DCID will be it."""
+        try:
+            header = parse_long_header(datagram)
+        except QuicPacketError:
+            return
+        if header.packet_type is not None and (cid_length is None or len(header.scid) == cid_length):
+            self.learn_cid(flow, header.scid)
+
+    def migrate(self, flow: Flow[H], address: Address) -> bool:
+        """Re-key ``flow`` to the client's new address; False if that address is taken."""
+        if self._flows.get(flow.address) is not flow:
+            return False
+        if address in self._flows or address in self._pending:
+            return False
+        del self._flows[flow.address]
+        flow.address = address
+        self._flows[address] = flow
+        return True
+
+    def remove(self, flow: Flow[H]) -> bool:
+        """Forget a flow and its CIDs; False if it was already gone (idempotent)."""
+        if self._flows.get(flow.address) is not flow:
+            return False
+        del self._flows[flow.address]
+        for cid in flow.cids:
+            self._forget_cid(flow, cid)
+        flow.cids.clear()
+        return True
+
+    def _forget_cid(self, flow: Flow[H], cid: bytes) -> None:
+        if self._by_cid.get(cid) is not flow:
+            return
+        del self._by_cid[cid]
+        remaining = self._cid_lengths[len(cid)] - 1
+        if remaining:
+            self._cid_lengths[len(cid)] = remaining
+        else:
+            del self._cid_lengths[len(cid)]
+
+    # -- rejections ---------------------------------------------------------------------
+    def remember_rejection(self, address: Address, dcid: bytes, answer: bytes, now: float) -> None:
+        """Remember a refused attempt (its first answer already sent); oldest evicted first."""
+        self._rejections.pop(address, None)
+        while len(self._rejections) >= self.limits.max_remembered_rejections:
+            self._rejections.popitem(last=False)
+        expires_at = now + self.limits.rejection_memory_s
+        left = self.limits.answers_per_rejection - 1
+        self._rejections[address] = Rejection(dcid, expires_at, answer, left)
+
+    def rejection(self, address: Address, dcid: bytes, now: float) -> Rejection | None:
+        """The remembered refusal of this attempt, if any; a new DCID is a new attempt."""
+        rejection = self._rejections.get(address)
+        if rejection is None:
+            return None
+        if rejection.dcid != dcid or rejection.expires_at <= now:
+            del self._rejections[address]
+            return None
+        return rejection
+
+    @property
+    def rejection_count(self) -> int:
+        return len(self._rejections)
+
+    # -- time ---------------------------------------------------------------------------
+    def expire(self, now: float) -> Expired[S, H]:
+        """Remove pending flows past their deadline, idle flows, and stale rejections."""
+        limits = self.limits
+        stale: list[PendingFlow[S]] = []
+        for pending in self._pending.values():  # insertion order is creation order
+            if now - pending.created_at < limits.pending_flow_timeout_s:
+                break
+            stale.append(pending)
+        for pending in stale:
+            del self._pending[pending.address]
+        idle = [f for f in self._flows.values() if now - f.last_active >= limits.idle_timeout_s]
+        for flow in idle:
+            self.remove(flow)
+        while self._rejections:
+            address, rejection = next(iter(self._rejections.items()))
+            if rejection.expires_at > now:
+                break
+            del self._rejections[address]
+        return Expired(tuple(stale), tuple(idle))
+
+
+@dataclass(slots=True)
+class ByteBudget:
+    """Token bucket of bytes per second (time passed in): caps what refusals may send."""
+
+    rate_per_s: float
+    burst: float
+    tokens: float = -1.0
+    updated_at: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.rate_per_s <= 0 or self.burst <= 0:
+            raise FlowTableError(f"rate_per_s and burst must be > 0, got {self.rate_per_s}, {self.burst}")
+        if self.tokens < 0:
+            self.tokens = self.burst
+
+    def take(self, size: int, now: float) -> bool:
+        """Spend ``size`` bytes if the bucket holds them; refill by elapsed time first."""
+        if self.updated_at is not None and now > self.updated_at:
+            self.tokens = min(self.burst, self.tokens + (now - self.updated_at) * self.rate_per_s)
+        if self.updated_at is None or now > self.updated_at:
+            self.updated_at = now
+        if size > self.tokens:
+            return False
+        self.tokens -= size
+        return True
+
+
+class Verdict(Enum):
+    """What the edge does with a datagram from an address that has no flow."""
+
+    DROP = "drop"
+    """Count it under ``Unrouted.drop_reason`` and forget it."""
+    JOIN = "join"
+    """It carries a learned pod CID: re-key ``Unrouted.flow`` to this address (migration)."""
+    NEGOTIATE = "negotiate"
+    """Unknown version, big enough to start a connection: answer Version Negotiation."""
+    REANSWER = "reanswer"
+    """A retransmit of a refused attempt: resend ``Unrouted.rejection.answer`` if allowed."""
+    OPEN = "open"
+    """A client Initial of a new attempt: start a pending flow and sniff it."""
+
+
+@dataclass(frozen=True, slots=True)
+class Unrouted(Generic[H]):
+    """The verdict on one unrouted datagram, with what the edge needs to carry it out."""
+
+    verdict: Verdict
+    drop_reason: str = ""
+    flow: Flow[H] | None = None
+    header: LongHeader | None = None
+    rejection: Rejection | None = None
+
+
+def classify_unrouted(
+    table: UdpFlowTable[S, H], datagram: bytes, address: Address, now: float, cid_length: int | None
+) -> Unrouted[H]:
+    """Judge a datagram from an address with neither a flow nor a pending flow.
+
+    Cheap checks first: only a well-formed v1/v2 Initial of at least 1200 bytes may cost
+    a pending flow (RFC 9000 14.1), so short or non-Initial datagrams are never buffered.
+    """
+    if not datagram:
+        return Unrouted(Verdict.DROP, "malformed")
+    if not datagram[0] & 0x80:
+        flow = table.flow_for_short_header(datagram, cid_length)
+        return Unrouted(Verdict.JOIN, flow=flow) if flow else Unrouted(Verdict.DROP, "not_initial")
+    try:
+        header = parse_long_header(datagram)
+    except QuicPacketError:
+        return Unrouted(Verdict.DROP, "malformed")
+    flow = table.flow_for_cid(header.dcid) if header.dcid else None
+    if flow is not None:
+        return Unrouted(Verdict.JOIN, flow=flow)
+    big_enough = len(datagram) >= c.QUIC_MIN_INITIAL_DATAGRAM_BYTES
+    if header.version not in SUPPORTED_VERSIONS:
+        # RFC 9000 6.1: never answer a VN, nor a datagram too small to start a connection.
+        if header.version == QUIC_VERSION_NEGOTIATION or not big_enough:
+            return Unrouted(Verdict.DROP, "not_initial")
+        return Unrouted(Verdict.NEGOTIATE, header=header)
+    if header.packet_type is not PacketType.INITIAL:
+        return Unrouted(Verdict.DROP, "not_initial")
+    rejection = table.rejection(address, header.dcid, now)
+    if rejection is not None:
+        return Unrouted(Verdict.REANSWER, header=header, rejection=rejection)
+    if not big_enough:
+        return Unrouted(Verdict.DROP, "short_initial")
+    return Unrouted(Verdict.OPEN, header=header)

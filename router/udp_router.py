@@ -1,0 +1,476 @@
+"""The QUIC reverse-tunnel edge: one UDP listener, one connected UDP socket per routed flow.
+
+The router never terminates QUIC. A new client address is buffered (bounded) while its
+Initial datagrams are decrypted for the SNI; then a connected socket to the named pod's
+``quic`` port is opened, the buffered datagrams are sent in arrival order, and from then
+on datagrams are spliced both ways. Pod replies leave through the listener, so workers only
+ever see the router's address, and the pod sees one stable peer (the flow's socket) even
+when the worker's NAT rebinds. All bookkeeping is in the sans-IO ``UdpFlowTable``; this
+module only adapts sockets, the clock and metrics to it.
+
+Refusals (missing/unknown SNI, pod not ready, draining) are answered with an Initial
+CONNECTION_CLOSE so the worker fails fast: never larger than what provoked it, under a
+global byte budget, at most a few times per attempt. An unknown version gets a Version
+Negotiation under the same rules.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+
+from discovery.targets import Target, TargetSnapshot
+from quic.clienthello import ClientHelloInfo
+from quic.initial_sniffer import InitialSniffer
+from quic.packet import LongHeader, QuicPacketError
+from quic.server_replies import build_initial_close, build_version_negotiation
+from router import constants as c
+from router.hostname import HostnameTemplate
+from router.metrics import RouterMetrics
+from router.udp_flows import (
+    Address,
+    ByteBudget,
+    Flow,
+    FlowLimits,
+    PendingFlow,
+    UdpFlowTable,
+    Verdict,
+    classify_unrouted,
+)
+
+log = logging.getLogger(__name__)
+
+PROTOCOL = "quic"
+
+
+@dataclass(frozen=True)
+class UdpRouterSettings:
+    """Knobs of the QUIC side; every default comes from ``router/constants.py``."""
+
+    relay_idle_timeout_s: float = c.DEFAULT_RELAY_IDLE_TIMEOUT_MS / 1000
+    cid_length: int | None = None
+    """Length of the pod's connection IDs in short headers; None learns it from long headers."""
+    max_crypto_bytes: int = c.QUIC_MAX_CRYPTO_BYTES
+    max_pending_flows: int = c.QUIC_MAX_PENDING_FLOWS
+    max_pending_datagrams_per_flow: int = c.QUIC_MAX_PENDING_DATAGRAMS_PER_FLOW
+    max_pending_bytes_per_flow: int = c.QUIC_MAX_PENDING_BYTES_PER_FLOW
+    pending_flow_timeout_s: float = c.QUIC_PENDING_FLOW_TIMEOUT_MS / 1000
+    max_flows: int = c.QUIC_MAX_FLOWS
+    max_learned_cids_per_flow: int = c.QUIC_MAX_LEARNED_CIDS_PER_FLOW
+    reject_budget_bytes_per_s: float = c.QUIC_REJECT_BUDGET_BYTES_PER_S
+    rejection_memory_s: float = c.QUIC_REJECTION_MEMORY_MS / 1000
+    max_remembered_rejections: int = c.QUIC_MAX_REMEMBERED_REJECTIONS
+    answers_per_rejection: int = c.QUIC_ANSWERS_PER_REJECTION
+    sweep_interval_s: float = c.QUIC_FLOW_SWEEP_INTERVAL_MS / 1000
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name == "cid_length":
+                if value is not None and not 1 <= value <= 20:
+                    raise ValueError(f"cid_length must be None or 1..20, got {value!r}")
+            elif not value > 0:
+                raise ValueError(f"{f.name} must be > 0, got {value!r}")
+
+    def flow_limits(self) -> FlowLimits:
+        return FlowLimits(
+            max_pending_flows=self.max_pending_flows,
+            max_pending_datagrams_per_flow=self.max_pending_datagrams_per_flow,
+            max_pending_bytes_per_flow=self.max_pending_bytes_per_flow,
+            pending_flow_timeout_s=self.pending_flow_timeout_s,
+            max_flows=self.max_flows,
+            idle_timeout_s=self.relay_idle_timeout_s,
+            max_learned_cids_per_flow=self.max_learned_cids_per_flow,
+            rejection_memory_s=self.rejection_memory_s,
+            max_remembered_rejections=self.max_remembered_rejections,
+            answers_per_rejection=self.answers_per_rejection,
+        )
+
+
+class _Endpoint(asyncio.DatagramProtocol):
+    """A socket of the router; while its send buffer is over the high-water mark, UDP drops."""
+
+    def __init__(self, router: UdpRouter) -> None:
+        self.router = router
+        self.paused = False
+
+    def pause_writing(self) -> None:
+        self.paused = True
+
+    def resume_writing(self) -> None:
+        self.paused = False
+
+
+class _Listener(_Endpoint):
+    """The public socket: client datagrams in, pod replies out."""
+
+    def datagram_received(self, data: bytes, addr: Address) -> None:
+        self.router._from_client(data, addr)
+
+    def error_received(self, exc: Exception) -> None:
+        log.debug("quic listener socket error: %s", exc)
+
+
+class _PodLink(_Endpoint):
+    """One flow's connected socket to its pod; the table keeps it as the flow's handle."""
+
+    def __init__(self, router: UdpRouter) -> None:
+        super().__init__(router)
+        self.flow: Flow[_PodLink] | None = None
+        self.transport: asyncio.DatagramTransport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def datagram_received(self, data: bytes, addr: Address) -> None:
+        if self.flow is not None:
+            self.router._from_pod(self.flow, data)
+
+    def error_received(self, exc: Exception) -> None:
+        if self.flow is not None:
+            self.router._flow_failed(self.flow, exc)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if exc is not None and self.flow is not None:
+            self.router._flow_failed(self.flow, exc)
+
+    def close(self) -> None:
+        self.flow = None
+        if self.transport is not None:
+            self.transport.close()
+
+
+def _peer(addr: Address) -> str:
+    host, port = addr[0], addr[1]
+    return f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
+
+
+class UdpRouter:
+    """Routes QUIC flows by ClientHello SNI to the named pod and splices their datagrams."""
+
+    def __init__(
+        self,
+        settings: UdpRouterSettings,
+        template: HostnameTemplate,
+        snapshot: Callable[[], TargetSnapshot],
+        metrics: RouterMetrics,
+    ) -> None:
+        self.settings = settings
+        self._template = template
+        self._snapshot = snapshot
+        self._metrics = metrics
+        self._table: UdpFlowTable[InitialSniffer, _PodLink] = UdpFlowTable(settings.flow_limits())
+        budget = settings.reject_budget_bytes_per_s
+        self._budget = ByteBudget(budget, budget)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._listener: _Listener | None = None
+        self._transport: asyncio.DatagramTransport | None = None
+        self._accepting = True
+        self._sweeper: asyncio.Task[None] | None = None
+        self._dials: set[asyncio.Task[None]] = set()
+        self._empty = asyncio.Event()
+        self._empty.set()
+        self._client_bytes = 0  # batched into relayed_bytes at each sweep
+        self._pod_bytes = 0
+
+    # -- lifecycle ------------------------------------------------------------------------
+    async def start(self, host: str, port: int, *, reuse_port: bool = False) -> tuple[str, int]:
+        """Bind the listener and start the sweeper; returns the bound (host, port)."""
+        self._loop = loop = asyncio.get_running_loop()
+        transport, listener = await loop.create_datagram_endpoint(
+            lambda: _Listener(self), local_addr=(host, port), reuse_port=reuse_port or None
+        )
+        self._transport, self._listener = transport, listener
+        self._sweeper = loop.create_task(self._sweep_forever(), name="quic-flow-sweeper")
+        sockname = transport.get_extra_info("sockname")
+        return str(sockname[0]), int(sockname[1])
+
+    def stop_accepting(self) -> None:
+        """Refuse new flows from now on (they get CONNECTION_CLOSE); routed ones keep going."""
+        self._accepting = False
+
+    async def drain(self, timeout_s: float) -> None:
+        """Stop accepting, wait up to ``timeout_s`` for flows to end, then close the rest."""
+        self.stop_accepting()
+        if self._table.flow_count or self._table.pending_count:
+            self._empty.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._empty.wait(), timeout_s)
+        self._close_flows()
+
+    async def close(self) -> None:
+        """Close every flow and the listener; idempotent."""
+        self._accepting = False
+        tasks = [t for t in (self._sweeper, *self._dials) if t is not None]
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._sweeper = None
+        self._close_flows()
+        if self._transport is not None:
+            self._transport.close()
+            self._transport = None
+        self._flush_byte_counters()
+
+    @property
+    def active_flows(self) -> int:
+        return self._table.flow_count
+
+    @property
+    def pending_flows(self) -> int:
+        return self._table.pending_count
+
+    def flush_metrics(self) -> None:
+        """Push batched byte counts to Prometheus now (the sweeper does it periodically)."""
+        self._flush_byte_counters()
+
+    # -- the per-datagram paths -----------------------------------------------------------
+    def _now(self) -> float:
+        assert self._loop is not None
+        return self._loop.time()
+
+    def _from_client(self, data: bytes, addr: Address) -> None:
+        flow = self._table.flow(addr)
+        if flow is not None:
+            self._to_pod(flow, data, self._now())
+            return
+        self._from_new_address(data, addr, self._now())
+
+    def _to_pod(self, flow: Flow[_PodLink], data: bytes, now: float) -> None:
+        flow.last_active = now
+        link = flow.handle
+        if link.transport is not None and not link.paused:
+            self._client_bytes += len(data)
+            link.transport.sendto(data)
+
+    def _from_pod(self, flow: Flow[_PodLink], data: bytes) -> None:
+        flow.last_active = self._now()
+        if data and data[0] & 0x80:
+            self._table.learn_from_pod(flow, data, self.settings.cid_length)
+        listener = self._listener
+        if self._transport is not None and listener is not None and not listener.paused:
+            self._pod_bytes += len(data)
+            self._transport.sendto(data, flow.address)
+
+    def _from_new_address(self, data: bytes, addr: Address, now: float) -> None:
+        pending = self._table.pending(addr)
+        if pending is not None:
+            self._feed(pending, data, now)
+            return
+        unrouted = classify_unrouted(self._table, data, addr, now, self.settings.cid_length)
+        verdict, header = unrouted.verdict, unrouted.header
+        if verdict is Verdict.JOIN and unrouted.flow is not None:
+            self._join(unrouted.flow, data, addr, now)
+        elif verdict is Verdict.REANSWER and unrouted.rejection is not None:
+            rejection = unrouted.rejection
+            if rejection.answers_left > 0 and self._answer(rejection.answer, len(data), addr, now):
+                rejection.answers_left -= 1
+            else:
+                self._drop("rate_limited")
+        elif verdict is Verdict.NEGOTIATE and header is not None:
+            self._drop("not_initial")
+            self._negotiate_version(header.dcid, header.scid, len(data), addr, now)
+        elif verdict is Verdict.OPEN and header is not None:
+            self._open(header, data, addr, now)
+        else:
+            self._drop(unrouted.drop_reason or "malformed")
+
+    def _join(self, flow: Flow[_PodLink], data: bytes, addr: Address, now: float) -> None:
+        """A known pod CID from a new address: NAT rebinding or migration; follow the client."""
+        old = flow.address
+        if not self._table.migrate(flow, addr):
+            self._drop("not_initial")
+            return
+        log.debug("quic flow to %s moved from %s to %s", flow.pod_name, _peer(old), _peer(addr))
+        self._to_pod(flow, data, now)
+
+    def _open(self, header: LongHeader, data: bytes, addr: Address, now: float) -> None:
+        if not self._accepting:
+            self._refuse(addr, header.version, header.dcid, header.scid, len(data), now,
+                         None, "target_unavailable", c.REASON_TARGET_NOT_READY)
+            return
+        opened = self._table.open_pending(addr, InitialSniffer(self.settings.max_crypto_bytes), now)
+        if isinstance(opened, str):
+            self._drop(opened)
+            return
+        self._metrics.pending_flows.set(self._table.pending_count)
+        self._feed(opened, data, now)
+
+    def _feed(self, pending: PendingFlow[InitialSniffer], data: bytes, now: float) -> None:
+        """One more datagram of a pending flow: buffer it and look for the ClientHello."""
+        if not self._table.can_buffer(pending, len(data)):
+            self._drop("pending_full")
+            return
+        if pending.decided:
+            self._table.buffer(pending, data)
+            return
+        try:
+            info = pending.sniffer.feed(data)
+        except QuicPacketError as exc:
+            log.debug("quic Initial from %s unusable: %s", _peer(pending.address), exc)
+            self._drop("malformed", 1 + len(pending.datagrams))
+            self._discard(pending)
+            return
+        self._table.buffer(pending, data)
+        if info is not None:
+            self._route(pending, info, now)
+
+    # -- decisions ------------------------------------------------------------------------
+    def _route(self, pending: PendingFlow[InitialSniffer], info: ClientHelloInfo, now: float) -> None:
+        self._metrics.decision_latency.labels(protocol=PROTOCOL).observe(now - pending.created_at)
+        hostname = info.server_name
+        if not hostname:
+            self._refuse_pending(pending, None, "missing_sni", c.REASON_MISSING_SNI, now)
+            return
+        pod_name = self._template.pod_name_for(hostname)
+        if pod_name is None:
+            self._refuse_pending(pending, hostname, "unknown_sni", c.REASON_UNKNOWN_SNI, now)
+            return
+        target = self._snapshot().get(pod_name)
+        if target is None or not 0 < target.quic_port < 65536:
+            self._refuse_pending(pending, hostname, "target_unavailable", c.REASON_TARGET_NOT_READY, now)
+            return
+        pending.decided = True
+        assert self._loop is not None
+        task = self._loop.create_task(self._dial(pending, target, hostname))
+        self._dials.add(task)
+        task.add_done_callback(self._dials.discard)
+
+    async def _dial(self, pending: PendingFlow[InitialSniffer], target: Target, hostname: str) -> None:
+        """Open the flow's socket to the pod, then flush the buffered datagrams in order."""
+        assert self._loop is not None
+        started = self._now()
+        try:
+            transport, link = await self._loop.create_datagram_endpoint(
+                lambda: _PodLink(self), remote_addr=(target.address, target.quic_port)
+            )
+        except OSError as exc:
+            log.info("quic dial to %s for %s failed: %s", target.quic_endpoint, _peer(pending.address), exc)
+            self._refuse_pending(pending, hostname, "target_unavailable", c.REASON_TARGET_NOT_READY,
+                                 self._now())
+            return
+        now = self._now()
+        self._metrics.dial_latency.labels(protocol=PROTOCOL).observe(now - started)
+        if self._table.pending(pending.address) is not pending:  # expired or closed meanwhile
+            transport.close()
+            return
+        flow = self._table.establish(pending, target.pod_name, link, now)
+        link.flow = flow
+        self._metrics.pending_flows.set(self._table.pending_count)
+        self._metrics.quic_outcome("accepted")
+        self._metrics.active_connections.labels(protocol=PROTOCOL).inc()
+        log.debug("quic flow %s -> %s (%s)", _peer(flow.address), target.quic_endpoint, hostname)
+        for datagram in pending.datagrams:
+            self._to_pod(flow, datagram, now)
+        pending.datagrams.clear()
+
+    def _refuse_pending(
+        self, pending: PendingFlow[InitialSniffer], hostname: str | None, outcome: str, reason: str,
+        now: float,
+    ) -> None:
+        sniffer = pending.sniffer
+        self._discard(pending)
+        if sniffer.version is None or sniffer.original_dcid is None or sniffer.client_scid is None:
+            self._metrics.quic_outcome(outcome)
+            return
+        self._refuse(pending.address, sniffer.version, sniffer.original_dcid, sniffer.client_scid,
+                     pending.buffered_bytes, now, hostname, outcome, reason)
+
+    def _refuse(
+        self, addr: Address, version: int, dcid: bytes, scid: bytes, received: int, now: float,
+        hostname: str | None, outcome: str, reason: str,
+    ) -> None:
+        """Count, log, remember and (budget permitting) answer a refused attempt."""
+        self._metrics.quic_outcome(outcome)
+        log.info("quic flow refused: hostname=%r peer=%s outcome=%s", hostname, _peer(addr), outcome)
+        try:
+            answer = build_initial_close(version, dcid, scid, reason, c.QUIC_CLOSE_CONNECTION_REFUSED)
+        except QuicPacketError:  # CIDs no close can be built for: nothing to answer
+            self._drop("malformed")
+            return
+        self._table.remember_rejection(addr, dcid, answer, now)
+        if not self._answer(answer, received, addr, now):
+            self._drop("rate_limited")
+
+    def _negotiate_version(self, dcid: bytes, scid: bytes, received: int, addr: Address, now: float) -> None:
+        try:
+            answer = build_version_negotiation(dcid, scid)
+        except QuicPacketError:
+            return
+        self._answer(answer, received, addr, now)
+
+    def _answer(self, answer: bytes, received: int, addr: Address, now: float) -> bool:
+        """Send a refusal answer if it is no larger than what provoked it and within budget."""
+        if len(answer) > received or self._transport is None or not self._budget.take(len(answer), now):
+            return False
+        self._transport.sendto(answer, addr)
+        return True
+
+    # -- ending flows ---------------------------------------------------------------------
+    def _flow_failed(self, flow: Flow[_PodLink], exc: Exception) -> None:
+        log.info("quic flow %s -> %s failed: %s", _peer(flow.address), flow.pod_name, exc)
+        if self._table.remove(flow):
+            self._finish(flow, "relay_error")
+
+    def _finish(self, flow: Flow[_PodLink], outcome: str) -> None:
+        """Account for a flow the table no longer holds and close its socket."""
+        flow.handle.close()
+        self._metrics.quic_outcome(outcome)
+        self._metrics.active_connections.labels(protocol=PROTOCOL).dec()
+        self._note_if_empty()
+
+    def _discard(self, pending: PendingFlow[InitialSniffer]) -> None:
+        self._table.discard_pending(pending)
+        self._metrics.pending_flows.set(self._table.pending_count)
+        self._note_if_empty()
+
+    def _note_if_empty(self) -> None:
+        if not self._table.flow_count and not self._table.pending_count:
+            self._empty.set()
+
+    def _close_flows(self) -> None:
+        for pending in self._table.pending_flows():
+            self._discard(pending)
+        for flow in self._table.flows():
+            if self._table.remove(flow):
+                self._finish(flow, "completed")
+
+    def _drop(self, reason: str, count: int = 1) -> None:
+        self._metrics.quic_dropped.labels(reason=reason).inc(count)
+
+    # -- time -----------------------------------------------------------------------------
+    def sweep(self, now: float) -> None:
+        """Expire pending and idle flows, flush byte counters (the sweeper calls this)."""
+        expired = self._table.expire(now)
+        for pending in expired.pending:
+            self._drop("pending_timeout", max(1, len(pending.datagrams)))
+        if expired.pending:
+            self._metrics.pending_flows.set(self._table.pending_count)
+        for flow in expired.flows:
+            self._finish(flow, "completed")
+        self._note_if_empty()
+        self._flush_byte_counters()
+
+    async def _sweep_forever(self) -> None:
+        s = self.settings
+        interval = min(s.sweep_interval_s, s.relay_idle_timeout_s / 4, s.pending_flow_timeout_s / 4)
+        while True:
+            await asyncio.sleep(interval)
+            self.sweep(self._now())
+
+    def _flush_byte_counters(self) -> None:
+        if self._client_bytes:
+            self._metrics.relayed_bytes.labels(protocol=PROTOCOL, direction="client_to_pod").inc(
+                self._client_bytes
+            )
+            self._client_bytes = 0
+        if self._pod_bytes:
+            self._metrics.relayed_bytes.labels(protocol=PROTOCOL, direction="pod_to_client").inc(
+                self._pod_bytes
+            )
+            self._pod_bytes = 0

@@ -1,0 +1,244 @@
+"""The Initial sniffer against RFC vectors, real aioquic clients and rewritten hard flights."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import pytest
+from aioquic.quic import events
+from aioquic.quic.configuration import QuicConfiguration
+from aioquic.quic.connection import QuicConnection
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from quic.clienthello import ClientHelloError, ClientHelloInfo
+from quic.initial_keys import client_initial_keys, encrypt_initial
+from quic.initial_sniffer import InitialSniffer, InvalidClientHello, NotInitial, ShortInitial
+from quic.packet import QUIC_V1, QUIC_V2, QuicPacketError, UnsupportedVersion, encode_varint
+from router.demo_pki import DemoPki, make_pki
+from tests.quic_initial_rewriter import (
+    ALPN,
+    BIG_HELLO_ALPN,
+    CASES,
+    SERVER_NAME,
+    client_first_flight,
+    crypto_frame,
+    open_flight,
+    rewrite_flight,
+)
+from tests.test_quic_frames import ack
+from tests.test_quic_initial_keys import RFC_CLIENT_HELLO, RFC_DCID, V1_CLIENT_INITIAL, V2_CLIENT_INITIAL
+
+VERSIONS = [QUIC_V1, QUIC_V2]
+DCID = bytes.fromhex("0011223344556677")
+SCID = bytes.fromhex("8899aabbccddeeff")
+SERVER_ADDR = ("127.0.0.2", 50072)
+CLIENT_ADDR = ("127.0.0.1", 40001)
+
+
+def initial(frames: bytes, *, version: int = QUIC_V1, dcid: bytes = DCID, scid: bytes = SCID, pn: int = 0,
+            size: int = 1200) -> bytes:
+    """A client Initial carrying ``frames``, PADDING-extended to ``size`` bytes."""
+    keys = client_initial_keys(version, dcid)
+    packet = encrypt_initial(version, dcid, scid, pn, frames, keys)
+    if len(packet) < size:
+        packet = encrypt_initial(version, dcid, scid, pn, frames + bytes(size - len(packet)), keys)
+    return packet
+
+
+def feed_all(sniffer: InitialSniffer, datagrams: Sequence[bytes]) -> list[ClientHelloInfo | None]:
+    return [sniffer.feed(d) for d in datagrams]
+
+
+@pytest.mark.parametrize("packet", [V1_CLIENT_INITIAL, V2_CLIENT_INITIAL])
+def test_rfc_client_initials(packet: bytes) -> None:
+    sniffer = InitialSniffer()
+    assert sniffer.feed(packet) == ClientHelloInfo(server_name="example.com", alpn=("alpn",))
+    assert sniffer.original_dcid == RFC_DCID and sniffer.client_scid == b""
+    assert sniffer.version == (QUIC_V1 if packet is V1_CLIENT_INITIAL else QUIC_V2)
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("big_hello", [False, True])
+def test_real_aioquic_client_first_flight(version: int, big_hello: bool) -> None:
+    _, datagrams = client_first_flight(version, alpn_protocols=("stargate", "h3"), big_hello=big_hello)
+    assert len(datagrams) == (3 if big_hello else 1)
+    sniffer = InitialSniffer()
+    results = feed_all(sniffer, datagrams)
+    assert results[:-1] == [None] * (len(datagrams) - 1)
+    info = results[-1]
+    assert info is not None and info.server_name == SERVER_NAME
+    assert info.alpn == ("stargate", "h3") + (BIG_HELLO_ALPN if big_hello else ())
+    flight = open_flight(datagrams)
+    assert sniffer.version == version
+    assert (sniffer.original_dcid, sniffer.client_scid) == (flight.dcid, flight.scid)
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("big_hello", [False, True])
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_sniffer_reads_every_rewritten_flight(version: int, big_hello: bool, case: str) -> None:
+    _, flight = client_first_flight(version, big_hello=big_hello)
+    datagrams = rewrite_flight(flight, case, random.Random(f"{case}{version}{big_hello}"))
+    sniffer = InitialSniffer()
+    results = feed_all(sniffer, datagrams)
+    first = next(i for i, r in enumerate(results) if r is not None)
+    assert all(r is None for r in results[:first])
+    assert all(r == results[first] for r in results[first:])  # later feeds repeat the answer
+    assert results[first] == ClientHelloInfo(SERVER_NAME, ALPN + (BIG_HELLO_ALPN if big_hello else ()))
+    assert sniffer.client_hello == results[first]
+
+
+def _pump(client: QuicConnection, server: QuicConnection, first: Sequence[bytes]) -> bool:
+    """Exchange datagrams (sans-IO) until both ends complete the handshake, or give up."""
+    done: set[str] = set()
+    to_server = list(first)
+    now = 0.0
+    for _ in range(8):
+        now += 0.01
+        for datagram in to_server:
+            server.receive_datagram(datagram, CLIENT_ADDR, now)
+        for datagram, _ in server.datagrams_to_send(now):
+            client.receive_datagram(datagram, SERVER_ADDR, now)
+        to_server = [d for d, _ in client.datagrams_to_send(now)]
+        for name, connection in (("client", client), ("server", server)):
+            for event in iter(connection.next_event, None):
+                if isinstance(event, events.HandshakeCompleted):
+                    done.add(name)
+        if len(done) == 2:
+            return True
+    return False
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> DemoPki:
+    return make_pki(Path(tmp_path_factory.mktemp("pki")))
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("big_hello", [False, True])
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_real_server_completes_exactly_the_documented_cases(
+    pki: DemoPki, version: int, big_hello: bool, case: str
+) -> None:
+    ca = str(pki.ca_path)
+    client, flight = client_first_flight(version, big_hello=big_hello, cafile=ca, addr=SERVER_ADDR)
+    configuration = QuicConfiguration(is_client=False, alpn_protocols=[*ALPN], supported_versions=[version])
+    configuration.load_cert_chain(pki.cert_path, pki.key_path)
+    dcid = open_flight(flight).dcid
+    server = QuicConnection(configuration=configuration, original_destination_connection_id=dcid)
+    rewritten = rewrite_flight(flight, case, random.Random(case))
+    assert _pump(client, server, rewritten) is CASES[case].server_completes
+
+
+def test_second_half_first_and_dcid_of_another_flow_ignored() -> None:
+    hello = RFC_CLIENT_HELLO
+    part1, part2 = initial(crypto_frame(0, hello[:100])), initial(crypto_frame(100, hello[100:]), pn=1)
+    sniffer = InitialSniffer()
+    assert sniffer.feed(part2) is None
+    assert (sniffer.original_dcid, sniffer.client_scid, sniffer.version) == (DCID, SCID, QUIC_V1)
+    other_flow = initial(crypto_frame(0, hello), dcid=b"another!")
+    assert sniffer.feed(other_flow) is None  # a different DCID is not this flow's
+    assert sniffer.feed(initial(crypto_frame(0, hello), version=QUIC_V2)) is None  # nor another version
+    assert sniffer.feed(part1) == ClientHelloInfo("example.com", ("alpn",))
+
+
+def test_useless_datagrams_raise_only_before_the_first_initial() -> None:
+    hello = RFC_CLIENT_HELLO
+    tampered = bytearray(initial(crypto_frame(0, hello[:50])))
+    tampered[-3] ^= 0xFF
+    short_header = b"\x41" + DCID + bytes(1200)
+    cases: list[tuple[bytes, type[QuicPacketError]]] = [
+        (short_header, NotInitial),
+        (b"\xe0" + QUIC_V1.to_bytes(4, "big") + b"\x08" + DCID + b"\x00" + encode_varint(1100) + bytes(1100),
+         NotInitial),  # a Handshake packet alone
+        (initial(crypto_frame(0, hello[:50]), size=600), ShortInitial),
+        (bytes(tampered), QuicPacketError),
+        (b"\xc0" + bytes(4) + b"\x00\x00" + QUIC_V1.to_bytes(4, "big"), QuicPacketError),  # VN from a client
+        (b"\xc0\x00", QuicPacketError),
+    ]
+    for datagram, error in cases:
+        with pytest.raises(error):
+            InitialSniffer().feed(datagram)
+    sniffer = InitialSniffer()
+    assert sniffer.feed(initial(crypto_frame(50, hello[50:]))) is None
+    for datagram, _ in cases:
+        assert sniffer.feed(datagram) is None
+    assert sniffer.feed(initial(crypto_frame(0, hello[:50]), pn=1)) is not None
+
+
+def test_unsupported_version_names_the_cids_for_version_negotiation() -> None:
+    datagram = b"\xc0" + (0x1A2A3A4A).to_bytes(4, "big") + b"\x04dcid\x04scid" + bytes(1200)
+    with pytest.raises(UnsupportedVersion) as caught:
+        InitialSniffer().feed(datagram)
+    assert (caught.value.version, caught.value.dcid, caught.value.scid) == (0x1A2A3A4A, b"dcid", b"scid")
+
+
+def test_coalesced_zero_rtt_and_trailing_junk_ignored() -> None:
+    zero_rtt = b"\xd0" + QUIC_V1.to_bytes(4, "big") + b"\x08" + DCID + b"\x08" + SCID + b"\x1e" + bytes(30)
+    datagram = initial(crypto_frame(0, RFC_CLIENT_HELLO)) + zero_rtt + b"\x45junk"
+    assert InitialSniffer().feed(datagram) == ClientHelloInfo("example.com", ("alpn",))
+
+
+def test_errors_inside_authenticated_initials_are_fatal() -> None:
+    hello = RFC_CLIENT_HELLO
+    sniffer = InitialSniffer()
+    sniffer.feed(initial(crypto_frame(100, hello[100:])))
+    with pytest.raises(QuicPacketError, match="not allowed"):
+        sniffer.feed(initial(b"\x08\x00\x01a", pn=1))  # a STREAM frame in an Initial
+    with pytest.raises(QuicPacketError, match="conflicting"):
+        sniffer.feed(initial(crypto_frame(100, b"X" + hello[101:]), pn=2))
+    with pytest.raises(QuicPacketError, match="exceeds"):
+        InitialSniffer(max_crypto_bytes=200).feed(initial(crypto_frame(0, hello)))
+
+
+def test_a_crypto_stream_that_is_no_client_hello_is_invalid() -> None:
+    with pytest.raises(InvalidClientHello) as caught:
+        InitialSniffer().feed(initial(crypto_frame(0, b"\x02\x00\x00\x04abcd")))  # a ServerHello type
+    assert isinstance(caught.value, QuicPacketError) and isinstance(caught.value.__cause__, ClientHelloError)
+    with pytest.raises(InvalidClientHello):
+        InitialSniffer().feed(initial(crypto_frame(0, b"\x01\x00\x00\x04abcd")))  # truncated body
+
+
+def test_chaos_pieces_with_ping_padding_and_acks_in_one_packet() -> None:
+    rng = random.Random(5)
+    hello = RFC_CLIENT_HELLO
+    frames = [crypto_frame(i, hello[i : i + 7]) + rng.choice([b"\x01", b"\x00\x00", ack(0)])
+              for i in range(0, len(hello), 7)]
+    rng.shuffle(frames)
+    assert InitialSniffer().feed(initial(b"".join(frames))) == ClientHelloInfo("example.com", ("alpn",))
+
+
+def test_retransmitted_initials_are_harmless() -> None:
+    first = initial(crypto_frame(0, RFC_CLIENT_HELLO[:120]))
+    sniffer = InitialSniffer()
+    assert feed_all(sniffer, [first, first, first]) == [None, None, None]
+    retransmission = initial(crypto_frame(0, RFC_CLIENT_HELLO), pn=1)
+    assert sniffer.feed(retransmission) == ClientHelloInfo("example.com", ("alpn",))
+
+
+def _hostile_datagrams() -> Iterator[st.SearchStrategy[bytes]]:
+    hello = RFC_CLIENT_HELLO
+    frame = st.one_of(
+        st.builds(lambda o, n: crypto_frame(o, hello[o : o + n]), st.integers(0, len(hello)),
+                  st.integers(0, 80)),
+        st.builds(lambda o, d: crypto_frame(o, d), st.integers(0, 70_000), st.binary(max_size=30)),
+        st.sampled_from([b"\x00", b"\x01", ack(2), b"\x1c\x00\x00\x00", b"\x1e", b"\x06\x80"]),
+        st.binary(max_size=8),
+    )
+    yield st.lists(frame, max_size=10).map(lambda fs: initial(b"".join(fs)))
+    yield st.binary(max_size=1300)
+    yield st.binary(max_size=1300).map(lambda b: V1_CLIENT_INITIAL[:18] + b)
+
+
+@settings(max_examples=300, deadline=None)
+@given(datagrams=st.lists(st.one_of(*_hostile_datagrams()), min_size=1, max_size=4))
+def test_fuzz_feed_raises_only_quic_packet_error(datagrams: list[bytes]) -> None:
+    sniffer = InitialSniffer()
+    for datagram in datagrams:
+        try:
+            sniffer.feed(datagram)
+        except QuicPacketError:
+            return
