@@ -69,7 +69,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add("--health-listen-addr", default=c.DEFAULT_HEALTH_LISTEN_ADDR, help="HTTP /healthz /readyz /metrics")
     add("--target-namespace", default=None, help=f"namespace of the Stargate pods (env {c.TARGET_NAMESPACE_ENV})")
-    add("--target-service-name", default=c.DEFAULT_TARGET_SERVICE_NAME, help="Service whose EndpointSlices list the pods")
+    add(
+        "--target-service-name", default=c.DEFAULT_TARGET_SERVICE_NAME,
+        help="Service whose EndpointSlices list the pods",
+    )
     add(
         "--advertised-hostname-template", default=c.DEFAULT_ADVERTISED_HOSTNAME_TEMPLATE,
         help="hostname workers use; {pod_name} required, {namespace} substituted",

@@ -33,7 +33,7 @@ def _name(cn: str) -> x509.Name:
 
 def make_pki(directory: Path, dns_names: tuple[str, ...] = ("*.stargate.external",)) -> DemoPki:
     """Write ca.pem, server.pem and server.key into ``directory`` and return them."""
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca_cert = (
         x509.CertificateBuilder()

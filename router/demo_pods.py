@@ -26,7 +26,7 @@ def _identity(b: bytes) -> bytes:
     return b
 
 
-class _PodHandler(grpc.GenericRpcHandler):
+class _PodHandler(grpc.GenericRpcHandler):  # type: ignore[misc]
     def __init__(self, pod_name: str) -> None:
         self._pod = pod_name.encode()
 

@@ -10,12 +10,13 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from aioquic.asyncio.client import connect
 from aioquic.asyncio.protocol import QuicConnectionProtocol
-from aioquic.asyncio.server import serve
-from aioquic.asyncio.server import QuicServer
+from aioquic.asyncio.server import QuicServer, serve
 from aioquic.quic.configuration import QuicConfiguration
+from aioquic.quic.events import ConnectionTerminated, QuicEvent
 from aioquic.quic.packet import QuicProtocolVersion
 
 ALPN = "stargate-whoami"
@@ -116,6 +117,19 @@ async def request(
     return await asyncio.wait_for(reader.read(MAX_REQUEST_BYTES), timeout_s)
 
 
+class _ReasonRecordingProtocol(QuicConnectionProtocol):
+    """Keeps the peer's CONNECTION_CLOSE reason phrase, which aioquic's ``connect`` drops."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.close_reason = ""
+
+    def quic_event_received(self, event: QuicEvent) -> None:
+        if isinstance(event, ConnectionTerminated):
+            self.close_reason = event.reason_phrase
+        super().quic_event_received(event)
+
+
 async def quic_whoami(
     host: str,
     port: int,
@@ -128,8 +142,18 @@ async def quic_whoami(
 
     async def run() -> str:
         config = client_configuration(server_name, cafile, version)
-        async with connect(host, port, configuration=config) as client:
-            answer = await request(client, WHOAMI, timeout_s)
+        made: list[_ReasonRecordingProtocol] = []
+
+        def factory(*args: Any, **kwargs: Any) -> _ReasonRecordingProtocol:
+            made.append(_ReasonRecordingProtocol(*args, **kwargs))
+            return made[-1]
+
+        try:
+            async with connect(host, port, configuration=config, create_protocol=factory) as client:
+                answer = await request(client, WHOAMI, timeout_s)
+        except ConnectionError as exc:
+            reason = made[-1].close_reason if made else ""
+            raise ConnectionError(reason or str(exc)) from None
         name, sep, echoed = answer.partition(b":")
         if not sep or echoed != WHOAMI:
             raise ConnectionError(f"unexpected answer {answer!r}")

@@ -75,7 +75,7 @@ def test_bad_value_names_its_flag(args: list[str], flag: str) -> None:
 
 
 def test_namespace_is_required() -> None:
-    with pytest.raises(ConfigError, match="^--target-namespace"):
+    with pytest.raises(ConfigError, match=r"^--target-namespace"):
         config_from_args([], environ={})
 
 

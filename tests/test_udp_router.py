@@ -20,10 +20,6 @@ from aioquic.quic.connection import QuicConnection
 from discovery.targets import Target, TargetSnapshot
 from router import constants as c
 from router.demo_pki import DemoPki, make_pki
-from router.hostname import HostnameTemplate
-from router.metrics import RouterMetrics
-from router.udp_router import UdpRouter, UdpRouterSettings
-from tests.quic_initial_rewriter import BIG_HELLO_ALPN, SERVER_COMPLETABLE, rewrite_flight
 from router.demo_quic_pods import (
     QUIC_V1,
     QUIC_V2,
@@ -34,6 +30,10 @@ from router.demo_quic_pods import (
     request,
     start_quic_pod,
 )
+from router.hostname import HostnameTemplate
+from router.metrics import RouterMetrics
+from router.udp_router import UdpRouter, UdpRouterSettings
+from tests.quic_initial_rewriter import BIG_HELLO_ALPN, SERVER_COMPLETABLE, rewrite_flight
 
 pytestmark = pytest.mark.timeout(30)
 

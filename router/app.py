@@ -1,0 +1,174 @@
+"""The router process: discovery, listeners, health, and the SIGTERM drain.
+
+Order matters for a rolling update behind a Gateway: on SIGTERM ``/readyz`` turns 503
+at once, the listeners keep accepting for ``--shutdown-delay-ms`` (the Gateway needs
+that long to stop sending), then stop; spliced connections and flows get
+``--drain-timeout-ms`` to finish, and the process exits 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import resource
+import signal
+import time
+from importlib import metadata
+from typing import Protocol
+
+from discovery.settings import DiscoverySettings
+from discovery.targets import EMPTY_SNAPSHOT, TargetSnapshot
+from router.config import ConfigError, RouterConfig
+from router.health import HealthServer
+from router.hostname import HostnameTemplate, TemplateError
+from router.metrics import RouterMetrics
+from router.tcp_router import TcpRouter, TcpRouterSettings
+from router.udp_router import UdpRouter, UdpRouterSettings
+
+log = logging.getLogger(__name__)
+
+
+class DiscoverySource(Protocol):
+    synced: asyncio.Event
+    last_sync_monotonic: float | None
+
+    async def run(self) -> None: ...
+
+
+def version() -> str:
+    try:
+        return metadata.version("stargate-router")
+    except metadata.PackageNotFoundError:
+        return "0.0.0"
+
+
+def raise_fd_limit() -> None:
+    """Each spliced connection holds 2 sockets (+2 pipes); lift the soft limit to the hard one."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+class RouterApp:
+    """One router process (one worker)."""
+
+    def __init__(self, config: RouterConfig, metrics: RouterMetrics | None = None) -> None:
+        self.config = config
+        self.metrics = metrics if metrics is not None else RouterMetrics(version())
+        try:
+            self.template = HostnameTemplate.parse(
+                config.advertised_hostname_template, config.target_namespace
+            )
+        except TemplateError as exc:
+            raise ConfigError(f"--advertised-hostname-template: {exc}") from None
+        self._snapshot: TargetSnapshot = EMPTY_SNAPSHOT
+        self._shutting_down = False
+        self._stop = asyncio.Event()
+        self.source = self._make_source()
+        self.tcp = TcpRouter(
+            TcpRouterSettings(
+                connect_timeout_s=config.connect_timeout_s,
+                relay_idle_timeout_s=config.relay_idle_timeout_s,
+                peek_timeout_s=config.peek_timeout_s,
+                round_robin_paths=config.round_robin_paths,
+            ),
+            self.template, self.snapshot, self.metrics,
+        )
+        self.udp = UdpRouter(
+            UdpRouterSettings(
+                relay_idle_timeout_s=config.relay_idle_timeout_s,
+                cid_length=config.quic_cid_length,
+            ),
+            self.template, self.snapshot, self.metrics,
+        )
+        self.health = HealthServer(self.metrics, self.is_ready)
+        self.metrics.discovery_last_sync_age.set_function(self._sync_age)
+
+    def _make_source(self) -> DiscoverySource:
+        settings = DiscoverySettings(
+            namespace=self.config.target_namespace,
+            service_name=self.config.target_service_name,
+            grpc_port_name=self.config.grpc_port_name,
+            quic_port_name=self.config.quic_port_name,
+        )
+        if self.config.endpoints_file is not None:
+            from discovery.file_source import EndpointsFileSource
+
+            return EndpointsFileSource(
+                settings, self.publish, self.metrics, path=self.config.endpoints_file
+            )
+        from discovery.kubernetes_source import KubernetesSource
+
+        return KubernetesSource(settings, self.publish, self.metrics, kubeconfig=self.config.kubeconfig)
+
+    def snapshot(self) -> TargetSnapshot:
+        return self._snapshot
+
+    def publish(self, snapshot: TargetSnapshot) -> None:
+        """Swap the routing table atomically (one reference assignment)."""
+        self._snapshot = snapshot
+        self.metrics.ready_targets.set(len(snapshot))
+        log.info("routing snapshot updated: %d ready pods", len(snapshot),
+                 extra={"pods": ",".join(t.pod_name for t in snapshot)})
+
+    def is_ready(self) -> bool:
+        return self.source.synced.is_set() and not self._shutting_down
+
+    def _sync_age(self) -> float:
+        last = self.source.last_sync_monotonic
+        return -1.0 if last is None else time.monotonic() - last
+
+    def request_stop(self) -> None:
+        """SIGTERM/SIGINT: readiness fails at once; the drain starts in ``run``."""
+        if not self._shutting_down:
+            log.info("shutdown requested: readiness now failing")
+        self._shutting_down = True
+        self._stop.set()
+
+    async def start(self) -> None:
+        cfg = self.config
+        self.health_addr = await self.health.start(cfg.health_listen_addr.host, cfg.health_listen_addr.port)
+        self.tcp_addr = await self.tcp.start(cfg.listen_addr.host, cfg.listen_addr.port)
+        self.udp_addr = await self.udp.start(
+            cfg.reverse_tunnel_listen_addr.host, cfg.reverse_tunnel_listen_addr.port, reuse_port=True
+        )
+        self._source_task = asyncio.create_task(self.source.run(), name="discovery")
+        log.info(
+            "listening grpc=%s:%d quic=%s:%d health=%s:%d",
+            *self.tcp_addr[:2], *self.udp_addr[:2], *self.health_addr[:2],
+        )
+
+    async def run(self) -> int:
+        """Serve until SIGTERM/SIGINT, then drain; returns the exit status."""
+        raise_fd_limit()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.add_signal_handler(sig, self.request_stop)
+        await self.start()
+        await self._stop.wait()
+        await self.shutdown()
+        return 0
+
+    async def shutdown(self) -> None:
+        cfg = self.config
+        self._shutting_down = True
+        if cfg.shutdown_delay_s > 0:
+            await asyncio.sleep(cfg.shutdown_delay_s)
+        self.tcp.stop_accepting()
+        self.udp.stop_accepting()
+        log.info(
+            "listeners closed; draining %d connections and %d flows for up to %.1fs",
+            self.tcp.active_connections, self.udp.active_flows, cfg.drain_timeout_s,
+        )
+        await asyncio.gather(
+            self.tcp.drain(cfg.drain_timeout_s), self.udp.drain(cfg.drain_timeout_s)
+        )
+        self._source_task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await self._source_task
+        await self.udp.close()
+        await self.health.close()
+        log.info("drained; exiting")

@@ -1,0 +1,338 @@
+"""The TCP edge: accept worker connections, peek the hostname, dial the pod, splice.
+
+The first bytes decide, with no configuration: a TLS ClientHello is routed by its SNI,
+an HTTP/2 prior-knowledge (h2c) connection by the ``:authority`` of its first request.
+The parsers are sans-IO (``tls_peek``, ``h2_peek``); this module owns the sockets, the
+timeouts and the answers a client understands when it cannot be routed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from discovery.targets import Target, TargetSnapshot
+from quic.clienthello import ClientHelloInfo
+from router import constants as c
+from router.h2_peek import (
+    EMPTY_SETTINGS_FRAME,
+    H2PeekError,
+    H2Request,
+    H2RequestReader,
+    SettingsAckStripper,
+    grpc_rejection,
+    looks_like_h2c,
+)
+from router.hostname import HostnameTemplate
+from router.metrics import RouterMetrics
+from router.relay import relay
+from router.tls_peek import ClientHelloReader, TlsPeekError, looks_like_tls, tls_alert
+
+log = logging.getLogger(__name__)
+
+ACCEPT_BATCH = 64
+"""Connections accepted per readiness callback; bounds one callback's latency under a burst."""
+
+REJECT_LINGER_S = 1.0
+"""After a rejection, read (and discard) this long so the client reads our answer, not a RST."""
+
+
+@dataclass(frozen=True, slots=True)
+class TcpRouterSettings:
+    connect_timeout_s: float = c.DEFAULT_CONNECT_TIMEOUT_MS / 1000
+    relay_idle_timeout_s: float = c.DEFAULT_RELAY_IDLE_TIMEOUT_MS / 1000
+    peek_timeout_s: float = c.DEFAULT_PEEK_TIMEOUT_MS / 1000
+    round_robin_paths: frozenset[str] = frozenset(c.DEFAULT_ROUND_ROBIN_PATHS)
+    use_splice: bool | None = None
+
+
+class _Rejected(Exception):
+    """Internal: the connection is answered and closed with ``outcome``."""
+
+    def __init__(self, outcome: str, detail: str) -> None:
+        super().__init__(detail)
+        self.outcome = outcome
+
+
+@dataclass(slots=True)
+class _Peeked:
+    protocol: str
+    buffered: bytes
+    hostname: str | None
+    h2_request: H2Request | None = None
+    tls_hello: ClientHelloInfo | None = None
+
+
+class TcpRouter:
+    """Routes each accepted TCP connection to the pod its hostname names."""
+
+    def __init__(
+        self,
+        settings: TcpRouterSettings,
+        template: HostnameTemplate,
+        snapshot: Callable[[], TargetSnapshot],
+        metrics: RouterMetrics,
+    ) -> None:
+        self._settings = settings
+        self._template = template
+        self._snapshot = snapshot
+        self._metrics = metrics
+        self._listener: socket.socket | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._rr = itertools.count()
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    @property
+    def active_connections(self) -> int:
+        return len(self._tasks)
+
+    async def start(self, host: str, port: int) -> tuple[str, int]:
+        self._loop = asyncio.get_running_loop()
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if hasattr(socket, "SO_REUSEPORT"):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind((host, port))
+        sock.listen(4096)
+        sock.setblocking(False)
+        self._listener = sock
+        self._loop.add_reader(sock.fileno(), self._on_acceptable)
+        name = sock.getsockname()
+        return name[0], name[1]
+
+    def stop_accepting(self) -> None:
+        if self._listener is not None and self._loop is not None:
+            self._loop.remove_reader(self._listener.fileno())
+            self._listener.close()
+            self._listener = None
+
+    async def drain(self, timeout_s: float) -> None:
+        """Let open connections finish for ``timeout_s``, then cut the rest."""
+        if self._tasks:
+            await asyncio.wait(set(self._tasks), timeout=timeout_s)
+        await self.close()
+
+    async def close(self) -> None:
+        self.stop_accepting()
+        tasks = set(self._tasks)
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=5.0)
+
+    # -- accepting -------------------------------------------------------------------------
+    def _on_acceptable(self) -> None:
+        listener = self._listener
+        if listener is None or self._loop is None:
+            return
+        for _ in range(ACCEPT_BATCH):
+            try:
+                conn, peer = listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:  # EMFILE and friends: log once per burst, keep serving
+                log.warning("accept failed: %s", exc)
+                return
+            conn.setblocking(False)
+            with contextlib.suppress(OSError):
+                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            task = self._loop.create_task(self._serve(conn, peer))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    # -- one connection --------------------------------------------------------------------
+    async def _serve(self, conn: socket.socket, peer: object) -> None:
+        protocol = "h2c"  # until the first bytes say TLS, an unidentified connection counts as h2c
+        try:
+            started = time.monotonic()
+            try:
+                peeked = await asyncio.wait_for(self._peek(conn), self._settings.peek_timeout_s)
+            except TimeoutError:
+                self._metrics.grpc_outcome(protocol, "peek_timeout")
+                log.info("peek timeout", extra={"peer": str(peer), "outcome": "peek_timeout"})
+                conn.close()
+                return
+            except _Rejected as rej:  # unparsable first bytes
+                self._metrics.grpc_outcome(protocol, rej.outcome)
+                log.info("rejected: %s", rej, extra={"peer": str(peer), "outcome": rej.outcome})
+                conn.close()
+                return
+            protocol = peeked.protocol
+            try:
+                target = self._decide(peeked)
+                self._metrics.decision_latency.labels(protocol=protocol).observe(
+                    time.monotonic() - started
+                )
+                pod = await self._dial(target, protocol)
+            except _Rejected as rej:
+                self._metrics.grpc_outcome(protocol, rej.outcome)
+                log.info(
+                    "rejected %s connection: %s", protocol, rej,
+                    extra={"peer": str(peer), "hostname": peeked.hostname, "outcome": rej.outcome},
+                )
+                await self._answer_rejection(conn, peeked, rej)
+                return
+            self._metrics.grpc_outcome(protocol, "accepted")
+            log.debug(
+                "routing %s connection to %s", protocol, target.pod_name,
+                extra={"peer": str(peer), "hostname": peeked.hostname, "pod": target.pod_name,
+                       "outcome": "accepted"},
+            )
+            await self._splice(conn, pod, peeked, protocol)
+        except asyncio.CancelledError:
+            conn.close()
+            raise
+        except Exception:  # a bug must cost one connection, never the listener
+            log.exception("unexpected error serving %s", peer)
+            conn.close()
+
+    async def _peek(self, conn: socket.socket) -> _Peeked:
+        loop = asyncio.get_running_loop()
+        buffered = bytearray()
+        tls: ClientHelloReader | None = None
+        h2: H2RequestReader | None = None
+        settings_sent = False
+        while True:
+            data = await loop.sock_recv(conn, c.MAX_PEEK_BYTES)
+            if not data:
+                raise _Rejected("protocol_error", "connection closed before the hostname")
+            buffered += data
+            if tls is None and h2 is None:
+                if looks_like_tls(bytes(buffered)):
+                    tls = ClientHelloReader(c.MAX_PEEK_BYTES)
+                    data = bytes(buffered)
+                elif looks_like_h2c(bytes(buffered)):
+                    h2 = H2RequestReader(c.MAX_PEEK_BYTES)
+                    data = bytes(buffered)
+                else:
+                    raise _Rejected("protocol_error", "neither TLS nor HTTP/2 prior knowledge")
+            try:
+                if tls is not None:
+                    hello = tls.feed(data)
+                    if hello is not None:
+                        return _Peeked("tls", bytes(buffered), hello.server_name, tls_hello=hello)
+                elif h2 is not None:
+                    request = h2.feed(data)
+                    if not settings_sent and h2.saw_preface:
+                        # grpcio waits for the server's SETTINGS before its first HEADERS.
+                        await loop.sock_sendall(conn, EMPTY_SETTINGS_FRAME)
+                        settings_sent = True
+                    if request is not None:
+                        return _Peeked("h2c", bytes(buffered), request.authority, h2_request=request)
+            except (TlsPeekError, H2PeekError) as exc:
+                raise _Rejected("protocol_error", str(exc)) from None
+
+    def _decide(self, peeked: _Peeked) -> Target:
+        snapshot = self._snapshot()
+        hostname = peeked.hostname
+        pod_name = self._template.pod_name_for(hostname) if hostname is not None else None
+        target = snapshot.get(pod_name) if pod_name is not None else None
+        if target is not None:
+            return target
+        request = peeked.h2_request
+        if request is not None and request.path in self._settings.round_robin_paths:
+            targets = list(snapshot)
+            if targets:
+                return targets[next(self._rr) % len(targets)]
+            raise _Rejected("target_unavailable", "no ready stargate for round-robin")
+        if hostname is None:
+            raise _Rejected("missing_authority", "missing authority")
+        if pod_name is None:
+            raise _Rejected("unknown_authority", f"unknown authority {hostname!r}")
+        raise _Rejected("target_unavailable", f"target stargate not ready for {hostname!r}")
+
+    async def _dial(self, target: Target, protocol: str) -> socket.socket:
+        loop = asyncio.get_running_loop()
+        family = socket.AF_INET6 if ":" in target.address else socket.AF_INET
+        pod = socket.socket(family, socket.SOCK_STREAM)
+        pod.setblocking(False)
+        pod.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        started = time.monotonic()
+        try:
+            await asyncio.wait_for(
+                loop.sock_connect(pod, (target.address, target.grpc_port)),
+                self._settings.connect_timeout_s,
+            )
+        except TimeoutError:
+            pod.close()
+            raise _Rejected("connect_error", f"dial {target.grpc_endpoint} timed out") from None
+        except OSError as exc:
+            pod.close()
+            raise _Rejected("connect_error", f"dial {target.grpc_endpoint}: {exc.strerror}") from None
+        except BaseException:
+            pod.close()
+            raise
+        self._metrics.dial_latency.labels(protocol=protocol).observe(time.monotonic() - started)
+        return pod
+
+    async def _splice(
+        self, conn: socket.socket, pod: socket.socket, peeked: _Peeked, protocol: str
+    ) -> None:
+        relayed = self._metrics.relayed_bytes
+        up = relayed.labels(protocol=protocol, direction="client_to_pod")
+        down = relayed.labels(protocol=protocol, direction="pod_to_client")
+
+        def on_bytes(to_pod: int, to_client: int) -> None:
+            if to_pod:
+                up.inc(to_pod)
+            if to_client:
+                down.inc(to_client)
+
+        stripper = SettingsAckStripper() if protocol == "h2c" else None
+        active = self._metrics.active_connections.labels(protocol=protocol)
+        active.inc()
+        try:
+            result = await relay(
+                conn, pod,
+                initial_to_pod=peeked.buffered,
+                client_filter=stripper.feed if stripper is not None else None,
+                client_filter_done=(lambda: stripper.done) if stripper is not None else None,
+                idle_timeout_s=self._settings.relay_idle_timeout_s,
+                on_bytes=on_bytes,
+                use_splice=self._settings.use_splice,
+            )
+        finally:
+            active.dec()
+        outcome = "relay_error" if result.outcome == "relay_error" else "completed"
+        self._metrics.grpc_outcome(protocol, outcome)
+        if result.error:
+            log.info("relay ended: %s", result.error, extra={"outcome": outcome})
+
+    async def _answer_rejection(self, conn: socket.socket, peeked: _Peeked, rej: _Rejected) -> None:
+        """Tell the client why, in its own protocol, then close without a RST."""
+        loop = asyncio.get_running_loop()
+        if peeked.protocol == "tls":
+            unavailable = rej.outcome in ("target_unavailable", "connect_error")
+            answer = tls_alert(
+                c.TLS_ALERT_INTERNAL_ERROR if unavailable else c.TLS_ALERT_UNRECOGNIZED_NAME
+            )
+        else:
+            request = peeked.h2_request
+            stream_id = request.stream_id if request is not None else 1
+            status = (
+                c.GRPC_STATUS_INVALID_ARGUMENT
+                if rej.outcome in ("missing_authority", "unknown_authority")
+                else c.GRPC_STATUS_UNAVAILABLE
+            )
+            answer = grpc_rejection(stream_id, status, str(rej))
+        try:
+            await asyncio.wait_for(loop.sock_sendall(conn, answer), REJECT_LINGER_S)
+            conn.shutdown(socket.SHUT_WR)
+            deadline = loop.time() + REJECT_LINGER_S
+            while loop.time() < deadline:
+                chunk = await asyncio.wait_for(
+                    loop.sock_recv(conn, 4096), max(0.0, deadline - loop.time())
+                )
+                if not chunk:
+                    break
+        except (OSError, TimeoutError):
+            pass
+        finally:
+            conn.close()

@@ -1,0 +1,130 @@
+"""Run the real router (``python -m router``) as a child process for end-to-end tests.
+
+Every listener binds port 0; the router's startup log line tells the test the ports.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from pathlib import Path
+
+from router.demo import endpoints_document
+
+LISTENING = re.compile(r"listening grpc=(\S+):(\d+) quic=(\S+):(\d+) health=(\S+):(\d+)")
+
+
+class RouterProcess:
+    """A router child process; ``stop()`` sends SIGTERM and returns the exit status."""
+
+    def __init__(self, args: Sequence[str], env: dict[str, str] | None = None) -> None:
+        full_env = dict(os.environ)
+        full_env.update(env or {})
+        full_env.setdefault("POD_NAMESPACE", "demo")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "router", *args],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            env=full_env,
+            text=True,
+        )
+        self.lines: list[str] = []
+        self._listening = threading.Event()
+        self.grpc_port = self.quic_port = self.health_port = 0
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            self.lines.append(line.rstrip("\n"))
+            m = LISTENING.search(line)
+            if m:
+                self.grpc_port, self.quic_port, self.health_port = int(m[2]), int(m[4]), int(m[6])
+                self._listening.set()
+
+    def wait_listening(self, timeout: float = 20.0) -> None:
+        if not self._listening.wait(timeout):
+            raise RuntimeError("router did not start:\n" + "\n".join(self.lines[-30:]))
+
+    def http_get(self, path: str, timeout: float = 5.0) -> tuple[int, str]:
+        url = f"http://127.0.0.1:{self.health_port}{path}"
+        try:
+            with urllib.request.urlopen(url, timeout=timeout) as resp:
+                return resp.status, resp.read().decode()
+        except urllib.error.HTTPError as err:
+            return err.code, err.read().decode()
+
+    def wait_ready(self, timeout: float = 20.0) -> None:
+        self.wait_listening(timeout)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.http_get("/readyz")[0] == 200:
+                return
+            time.sleep(0.05)
+        raise RuntimeError("router never became ready:\n" + "\n".join(self.lines[-30:]))
+
+    def metric(self, name: str, **labels: str) -> float:
+        """Value of one series from a live ``/metrics`` scrape (KeyError if absent)."""
+        _status, body = self.http_get("/metrics")
+        want = name + ("{" + ",".join(f'{k}="{v}"' for k, v in sorted(labels.items())) + "}" if labels else "")
+        for line in body.splitlines():
+            if line.startswith("#"):
+                continue
+            series, _, value = line.rpartition(" ")
+            if _canonical(series) == want:
+                return float(value)
+        raise KeyError(want)
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 20.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(5)
+            raise
+
+    def __enter__(self) -> RouterProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(5)
+
+
+def _canonical(series: str) -> str:
+    if "{" not in series:
+        return series
+    name, _, rest = series.partition("{")
+    labels = sorted(p for p in rest.rstrip("}").split(",") if p)
+    return name + "{" + ",".join(labels) + "}"
+
+
+def write_endpoints(path: Path, rows: Sequence[tuple[str, str, int, int]]) -> None:
+    """Atomically replace the endpoints file: ``(pod, ip, grpc_port, quic_port)`` rows."""
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(endpoints_document(rows))
+    os.replace(tmp, path)
+
+
+def router_args(endpoints: Path, *extra: str) -> list[str]:
+    return [
+        "--listen-addr", "127.0.0.1:0",
+        "--reverse-tunnel-listen-addr", "127.0.0.1:0",
+        "--health-listen-addr", "127.0.0.1:0",
+        "--endpoints-file", str(endpoints),
+        "--shutdown-delay-ms", "0",
+        "--drain-timeout-ms", "2000",
+        *extra,
+    ]
