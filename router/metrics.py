@@ -7,8 +7,7 @@ that never happened yet. So every declared label combination is created up front
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
 from prometheus_client.registry import Collector
 
 from router import constants as c
@@ -65,6 +64,7 @@ class RouterMetrics:
         self.discovery_last_sync_age.set(-1)
         self.build_info = Gauge(c.BUILD_INFO, "Build information.", ["version"], registry=r)
         self.build_info.labels(version=version).set(1)
+        ProcessCollector(registry=r)  # process_cpu_seconds_total, process_resident_memory_bytes, fds
         self._zero_init()
 
     def _zero_init(self) -> None:
@@ -98,5 +98,3 @@ class RouterMetrics:
         """Prometheus text exposition of every family."""
         return generate_latest(self.registry)
 
-
-__all__ = ["GaugeMetricFamily", "RouterMetrics"]

@@ -1,0 +1,449 @@
+"""router.relay on real loopback sockets: splice and buffered modes, asyncio and uvloop.
+
+The peers are blocking sockets driven from threads (with socket timeouts), so a relay bug
+shows up as a failed assertion or a timeout, never a hang. No test asserts on speed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import hashlib
+import os
+import random
+import socket
+import struct
+from collections.abc import Callable, Coroutine, Iterator
+from typing import Any
+
+import pytest
+import uvloop
+
+import router.relay as relay_module
+from router.constants import RELAY_CHUNK_BYTES, RELAY_REPORT_BYTES, SPLICE_PIPE_BYTES
+from router.relay import SPLICE_AVAILABLE, RelayResult, live_relays, relay
+
+pytestmark = pytest.mark.timeout(60)
+
+MIB = 1024 * 1024
+PEER_TIMEOUT_S = 20.0
+Runner = Callable[[Coroutine[Any, Any, None]], None]
+
+
+@pytest.fixture(params=["splice", "buffered"])
+def use_splice(request: pytest.FixtureRequest) -> bool:
+    if request.param == "splice" and not SPLICE_AVAILABLE:
+        pytest.skip("os.splice not available")
+    return bool(request.param == "splice")
+
+
+@pytest.fixture(params=["asyncio", "uvloop"])
+def run(request: pytest.FixtureRequest) -> Iterator[Runner]:
+    def runner(coro: Coroutine[Any, Any, None]) -> None:
+        (uvloop.run if request.param == "uvloop" else asyncio.run)(coro)
+
+    yield runner
+    assert not live_relays(), "a relay outlived its test"
+
+
+@pytest.fixture(scope="module")
+def payloads() -> tuple[bytes, bytes]:
+    return random.Random(1).randbytes(64 * MIB), random.Random(2).randbytes(64 * MIB)
+
+
+def tcp_pair(bufsize: int | None = None) -> tuple[socket.socket, socket.socket]:
+    """Two ends of a loopback TCP connection (optionally with small fixed kernel buffers)."""
+    with socket.socket() as listener:
+        if bufsize:
+            listener.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, bufsize)
+            listener.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, bufsize)
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
+        a = socket.socket()
+        if bufsize:
+            a.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, bufsize)
+            a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, bufsize)
+        a.connect(listener.getsockname())
+        b, _ = listener.accept()
+    return a, b
+
+
+class Link:
+    """client_peer <-tcp-> [relay] <-tcp-> pod_peer; the relay's two sockets are non-blocking."""
+
+    def __init__(self, bufsize: int | None = None) -> None:
+        self.client_peer, self.relay_client = tcp_pair(bufsize)
+        self.relay_pod, self.pod_peer = tcp_pair(bufsize)
+        for sock in (self.relay_client, self.relay_pod):
+            sock.setblocking(False)
+        for sock in (self.client_peer, self.pod_peer):
+            sock.settimeout(PEER_TIMEOUT_S)
+
+    def start(self, **kwargs: Any) -> asyncio.Task[RelayResult]:
+        kwargs.setdefault("idle_timeout_s", 30.0)
+        return asyncio.ensure_future(relay(self.relay_client, self.relay_pod, **kwargs))
+
+    def close_peers(self) -> None:
+        self.client_peer.close()
+        self.pod_peer.close()
+
+
+def recv_all(sock: socket.socket) -> bytes:
+    chunks = []
+    while chunk := sock.recv(MIB):
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def recv_exactly(sock: socket.socket, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        chunk = sock.recv(n - len(data))
+        assert chunk, f"EOF after {len(data)} of {n} bytes"
+        data += chunk
+    return data
+
+
+def hash_until_eof(sock: socket.socket) -> tuple[int, str]:
+    digest, total, buf = hashlib.sha256(), 0, bytearray(MIB)
+    while n := sock.recv_into(buf):
+        digest.update(memoryview(buf)[:n])
+        total += n
+    return total, digest.hexdigest()
+
+
+def send_and_shut(sock: socket.socket, data: bytes) -> None:
+    sock.sendall(data)
+    sock.shutdown(socket.SHUT_WR)
+
+
+def eof_or_reset(sock: socket.socket) -> str:
+    try:
+        return "eof" if sock.recv(MIB) == b"" else "data"
+    except ConnectionResetError:
+        return "reset"
+
+
+def thread(fn: Callable[..., Any], *args: Any) -> asyncio.Future[Any]:
+    return asyncio.ensure_future(asyncio.to_thread(fn, *args))
+
+
+async def finished(task: asyncio.Task[RelayResult]) -> RelayResult:
+    return await asyncio.wait_for(task, PEER_TIMEOUT_S)
+
+
+def only_state() -> relay_module.RelayState:
+    states = live_relays()
+    assert len(states) == 1
+    return states[0]
+
+
+# ---------------------------------------------------------------------------------------------
+def test_echo_with_peeked_bytes(run: Runner, use_splice: bool) -> None:
+    async def scenario() -> None:
+        link = Link()
+        task = link.start(initial_to_pod=b"peeked:", use_splice=use_splice)
+
+        def echo() -> None:  # the pod echoes everything until the client's EOF, then closes
+            while data := link.pod_peer.recv(65536):
+                link.pod_peer.sendall(data)
+            link.pod_peer.shutdown(socket.SHUT_WR)
+
+        pod = thread(echo)
+        await thread(link.client_peer.sendall, b"hello")
+        assert await thread(recv_exactly, link.client_peer, 12) == b"peeked:hello"
+        await thread(link.client_peer.shutdown, socket.SHUT_WR)
+        assert await thread(recv_all, link.client_peer) == b""
+        await pod
+        assert await finished(task) == RelayResult(12, 12, "completed", None)
+        assert link.relay_client.fileno() == -1 and link.relay_pod.fileno() == -1
+        link.close_peers()
+
+    run(scenario())
+
+
+def test_64_mib_each_way_concurrently(
+    run: Runner, use_splice: bool, payloads: tuple[bytes, bytes]
+) -> None:
+    up, down = payloads
+    reports: list[tuple[int, int]] = []
+
+    async def scenario() -> None:
+        link = Link()
+        task = link.start(use_splice=use_splice, on_bytes=lambda a, b: reports.append((a, b)))
+        senders = [thread(send_and_shut, link.client_peer, up), thread(send_and_shut, link.pod_peer, down)]
+        at_pod, at_client = await asyncio.gather(
+            thread(hash_until_eof, link.pod_peer), thread(hash_until_eof, link.client_peer)
+        )
+        await asyncio.gather(*senders)
+        assert at_pod == (len(up), hashlib.sha256(up).hexdigest())
+        assert at_client == (len(down), hashlib.sha256(down).hexdigest())
+        assert await finished(task) == RelayResult(len(up), len(down), "completed", None)
+        link.close_peers()
+
+    run(scenario())
+    assert (sum(r[0] for r in reports), sum(r[1] for r in reports)) == (len(up), len(down))
+    assert len(reports) <= (len(up) + len(down)) // RELAY_REPORT_BYTES + 1  # batched, not per chunk
+
+
+def test_client_half_close_then_pod_keeps_sending(run: Runner, use_splice: bool) -> None:
+    async def scenario() -> None:
+        link = Link()
+        task = link.start(use_splice=use_splice)
+        await thread(send_and_shut, link.client_peer, b"request")
+        assert await thread(recv_all, link.pod_peer) == b"request"  # EOF reached the pod
+        response = random.Random(3).randbytes(3 * MIB)
+        for part in (response[: MIB // 2], response[MIB // 2 :]):  # after the client's EOF
+            await thread(link.pod_peer.sendall, part)
+        link.pod_peer.close()
+        assert await thread(recv_all, link.client_peer) == response
+        assert await finished(task) == RelayResult(7, len(response), "completed", None)
+        link.client_peer.close()
+
+    run(scenario())
+
+
+def test_pod_half_close_then_client_keeps_sending(run: Runner, use_splice: bool) -> None:
+    async def scenario() -> None:
+        link = Link()
+        task = link.start(use_splice=use_splice)
+        await thread(send_and_shut, link.pod_peer, b"greeting")
+        assert await thread(recv_all, link.client_peer) == b"greeting"
+        upload = random.Random(4).randbytes(3 * MIB)
+        got = thread(recv_all, link.pod_peer)
+        await thread(send_and_shut, link.client_peer, upload)
+        assert await got == upload
+        link.pod_peer.close()
+        assert await finished(task) == RelayResult(len(upload), 8, "completed", None)
+        link.client_peer.close()
+
+    run(scenario())
+
+
+def test_slow_reader_bounds_what_the_relay_holds(run: Runner, use_splice: bool) -> None:
+    payload = random.Random(5).randbytes(32 * MIB)
+    limit = SPLICE_PIPE_BYTES if use_splice else RELAY_CHUNK_BYTES
+
+    async def scenario() -> None:
+        link = Link(bufsize=64 * 1024)
+        task = link.start(use_splice=use_splice)
+        sent = [0]
+
+        def sender() -> None:
+            view = memoryview(payload)
+            while sent[0] < len(payload):
+                sent[0] += link.client_peer.send(view[sent[0] : sent[0] + 65536])
+            link.client_peer.shutdown(socket.SHUT_WR)
+
+        sending = thread(sender)
+        last, steady = -1, 0
+        for _ in range(200):  # the pod reads nothing until the sender stalls (<= 10 s)
+            await asyncio.sleep(0.05)
+            steady = steady + 1 if sent[0] == last else 0
+            last = sent[0]
+            if steady == 4:
+                break
+        assert 0 < sent[0] < len(payload), "the sender should be stalled by flow control"
+        state = only_state()
+        assert 0 < state.client_to_pod_pending <= limit
+        assert state.held_bytes <= limit and state.pod_to_client_pending == 0
+        assert await thread(hash_until_eof, link.pod_peer) == (
+            len(payload), hashlib.sha256(payload).hexdigest()
+        )
+        await sending
+        link.pod_peer.shutdown(socket.SHUT_WR)
+        assert await finished(task) == RelayResult(len(payload), 0, "completed", None)
+        link.close_peers()
+
+    run(scenario())
+
+
+def test_quiet_connection_gives_back_pipes_and_buffers(
+    run: Runner, use_splice: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(relay_module, "RELAY_RELEASE_QUIET_S", 0.05)
+
+    async def scenario() -> None:
+        link = Link()
+        task = link.start(use_splice=use_splice)
+        for round_trip in range(2):  # the second round re-creates what the first gave back
+            await thread(link.client_peer.sendall, b"ping")
+            assert await thread(recv_exactly, link.pod_peer, 4) == b"ping"
+            await thread(link.pod_peer.sendall, b"pong")
+            assert await thread(recv_exactly, link.client_peer, 4) == b"pong"
+            if round_trip == 0:
+                assert only_state().held_bytes > 0
+            for _ in range(200):
+                if only_state().held_bytes == 0:
+                    break
+                await asyncio.sleep(0.02)
+            assert only_state().held_bytes == 0
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        link.close_peers()
+
+    run(scenario())
+
+
+def test_idle_timeout_closes_both(run: Runner, use_splice: bool) -> None:
+    async def scenario() -> None:
+        link = Link()
+        task = link.start(use_splice=use_splice, idle_timeout_s=0.2)
+        await thread(link.client_peer.sendall, b"x")
+        assert await thread(recv_exactly, link.pod_peer, 1) == b"x"
+        assert await finished(task) == RelayResult(1, 0, "idle_timeout", None)
+        assert await thread(eof_or_reset, link.client_peer) == "eof"
+        assert await thread(eof_or_reset, link.pod_peer) == "eof"
+        link.close_peers()
+
+    run(scenario())
+
+
+def test_traffic_keeps_an_idle_timeout_away() -> None:
+    async def scenario() -> None:
+        link = Link()
+        task = link.start(idle_timeout_s=0.5)
+        for _ in range(16):  # 0.8 s of pings every 0.05 s: well inside the 0.5 s timeout
+            await thread(link.client_peer.sendall, b".")
+            await asyncio.sleep(0.05)
+        assert not task.done()
+        assert await thread(recv_exactly, link.pod_peer, 16) == b"." * 16
+        assert (await finished(task)).outcome == "idle_timeout"
+        link.close_peers()
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("resetting", ["pod", "client"])
+def test_reset_is_propagated(run: Runner, use_splice: bool, resetting: str) -> None:
+    async def scenario() -> None:
+        link = Link()
+        task = link.start(use_splice=use_splice)
+        await thread(link.client_peer.sendall, b"hi")
+        assert await thread(recv_exactly, link.pod_peer, 2) == b"hi"
+        victim, other = (
+            (link.pod_peer, link.client_peer) if resetting == "pod" else (link.client_peer, link.pod_peer)
+        )
+        victim.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        victim.close()
+        result = await finished(task)
+        assert result.outcome == "relay_error" and result.error in ("ECONNRESET", "EPIPE")
+        assert await thread(eof_or_reset, other) == "reset"
+        other.close()
+
+    run(scenario())
+
+
+def test_cancellation_closes_both_and_reraises(run: Runner, use_splice: bool) -> None:
+    async def scenario() -> None:
+        link = Link()
+        task = link.start(use_splice=use_splice)
+        await thread(link.client_peer.sendall, b"partial")
+        assert await thread(recv_exactly, link.pod_peer, 7) == b"partial"
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert link.relay_client.fileno() == -1 and link.relay_pod.fileno() == -1
+        assert await thread(eof_or_reset, link.client_peer) in ("eof", "reset")
+        assert await thread(eof_or_reset, link.pod_peer) in ("eof", "reset")
+        link.close_peers()
+
+    run(scenario())
+
+
+class DropFirstMarker:
+    """Drops the first b"<X>" it sees (like the SETTINGS-ACK stripper drops one frame)."""
+
+    def __init__(self) -> None:
+        self.done = False
+        self.seen: list[bytes] = []
+
+    def feed(self, data: bytes) -> bytes:
+        self.seen.append(data)
+        if b"<X>" in data:
+            self.done = True
+            return data.replace(b"<X>", b"", 1)
+        return data
+
+
+def test_client_filter_sees_peeked_and_later_bytes_then_steps_aside(
+    run: Runner, use_splice: bool
+) -> None:
+    async def scenario() -> None:
+        link = Link()
+        marker = DropFirstMarker()
+        task = link.start(
+            initial_to_pod=b"head-",
+            client_filter=marker.feed,
+            client_filter_done=lambda: marker.done,
+            use_splice=use_splice,
+        )
+        assert await thread(recv_exactly, link.pod_peer, 5) == b"head-"
+        await thread(link.client_peer.sendall, b"a<X>b")
+        assert await thread(recv_exactly, link.pod_peer, 2) == b"ab"
+        await thread(link.client_peer.sendall, b"c<X>d")
+        assert await thread(recv_exactly, link.pod_peer, 5) == b"c<X>d"
+        assert only_state().client_to_pod_mode == ("splice" if use_splice else "buffered")
+        assert marker.seen == [b"head-", b"a<X>b"]
+        await thread(link.client_peer.shutdown, socket.SHUT_WR)
+        await thread(link.pod_peer.shutdown, socket.SHUT_WR)
+        assert await finished(task) == RelayResult(12, 0, "completed", None)
+        link.close_peers()
+
+    run(scenario())
+
+
+def test_failing_filter_is_a_relay_error(run: Runner) -> None:
+    def explode(data: bytes) -> bytes:
+        raise ValueError("bad frame")
+
+    async def scenario() -> None:
+        link = Link()
+        task = link.start(client_filter=explode, client_filter_done=lambda: False)
+        await thread(link.client_peer.sendall, b"boom")
+        result = await finished(task)
+        assert result.outcome == "relay_error" and result.error == "ValueError: bad frame"
+        assert await thread(eof_or_reset, link.pod_peer) in ("eof", "reset")
+        link.close_peers()
+
+    run(scenario())
+
+
+def test_on_bytes_totals_match_small_transfers(run: Runner, use_splice: bool) -> None:
+    reports: list[tuple[int, int]] = []
+
+    async def scenario() -> None:
+        link = Link()
+        task = link.start(
+            initial_to_pod=b"12345", use_splice=use_splice, on_bytes=lambda a, b: reports.append((a, b))
+        )
+        await thread(send_and_shut, link.client_peer, b"6789")
+        assert await thread(recv_all, link.pod_peer) == b"123456789"
+        await thread(send_and_shut, link.pod_peer, b"ok")
+        assert await thread(recv_all, link.client_peer) == b"ok"
+        assert await finished(task) == RelayResult(9, 2, "completed", None)
+        link.close_peers()
+
+    run(scenario())
+    assert reports == [(9, 2)]  # small flows are reported once, at close
+
+
+
+@pytest.mark.skipif(not SPLICE_AVAILABLE, reason="os.splice not available")
+def test_no_fds_for_pipes_falls_back_to_copying(run: Runner, monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_pipes(flags: int) -> tuple[int, int]:
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    async def scenario() -> None:
+        link = Link()
+        task = link.start()  # auto: splice wanted
+        monkeypatch.setattr(os, "pipe2", no_pipes)
+        await thread(send_and_shut, link.client_peer, b"up")
+        assert await thread(recv_all, link.pod_peer) == b"up"
+        assert only_state().client_to_pod_mode == "buffered"
+        await thread(send_and_shut, link.pod_peer, b"down")
+        assert await thread(recv_all, link.client_peer) == b"down"
+        assert await finished(task) == RelayResult(2, 4, "completed", None)
+        link.close_peers()
+
+    run(scenario())
