@@ -13,7 +13,6 @@ import contextlib
 import logging
 import resource
 import signal
-import time
 from importlib import metadata
 from typing import Protocol
 
@@ -84,7 +83,6 @@ class RouterApp:
             self.template, self.snapshot, self.metrics,
         )
         self.health = HealthServer(self.metrics, self.is_ready)
-        self.metrics.discovery_last_sync_age.set_function(self._sync_age)
 
     def _make_source(self) -> DiscoverySource:
         settings = DiscoverySettings(
@@ -107,18 +105,13 @@ class RouterApp:
         return self._snapshot
 
     def publish(self, snapshot: TargetSnapshot) -> None:
-        """Swap the routing table atomically (one reference assignment)."""
+        """Swap the routing table atomically (one reference assignment); the source counts it."""
         self._snapshot = snapshot
-        self.metrics.ready_targets.set(len(snapshot))
         log.info("routing snapshot updated: %d ready pods", len(snapshot),
                  extra={"pods": ",".join(t.pod_name for t in snapshot)})
 
     def is_ready(self) -> bool:
         return self.source.synced.is_set() and not self._shutting_down
-
-    def _sync_age(self) -> float:
-        last = self.source.last_sync_monotonic
-        return -1.0 if last is None else time.monotonic() - last
 
     def request_stop(self) -> None:
         """SIGTERM/SIGINT: readiness fails at once; the drain starts in ``run``."""

@@ -1,0 +1,430 @@
+"""KubernetesSource against a loopback API server, through the real kubernetes-asyncio client."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from discovery.backoff import Backoff
+from discovery.kubernetes_source import (
+    KubeApiResponseError,
+    KubernetesSource,
+    parse_slice_list,
+    parse_watch_event,
+)
+from discovery.settings import DiscoverySettings
+from discovery.targets import TargetSnapshot
+from router import constants as c
+from router.metrics import RouterMetrics
+from tests.fake_kube_api import FakeKubeApi, eventually, make_endpoint, make_slice
+
+NS = "stargate"
+SETTINGS = DiscoverySettings(namespace=NS, service_name="stargate-headless")
+CONVERGE_S = 5.0
+FAST_BACKOFF = (0.1, 1.0)
+"""Outage tests retry at least once a second, so "back within 5 s" does not wait on a 30 s cap."""
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.published: list[TargetSnapshot] = []
+
+    def __call__(self, snapshot: TargetSnapshot) -> None:
+        self.published.append(snapshot)
+
+    @property
+    def pods(self) -> dict[str, str]:
+        """pod -> address of the latest published snapshot."""
+        return {t.pod_name: t.address for t in self.published[-1]} if self.published else {}
+
+
+Start = Callable[..., KubernetesSource]
+
+
+@pytest.fixture
+async def api() -> AsyncIterator[FakeKubeApi]:
+    server = FakeKubeApi()
+    await server.start()
+    yield server
+    await server.stop()
+
+
+@pytest.fixture
+def recorder() -> Recorder:
+    return Recorder()
+
+
+@pytest.fixture
+def metrics() -> RouterMetrics:
+    return RouterMetrics()
+
+
+@pytest.fixture
+async def start(
+    api: FakeKubeApi, tmp_path: Path, recorder: Recorder, metrics: RouterMetrics,
+) -> AsyncIterator[Start]:
+    tasks: list[asyncio.Task[None]] = []
+
+    def _start(backoff: tuple[float, float] | None = None, kubeconfig: Path | None = None,
+               **kwargs: Any) -> KubernetesSource:
+        source = KubernetesSource(
+            SETTINGS, recorder, metrics,
+            kubeconfig=kubeconfig or api.write_kubeconfig(tmp_path / "kubeconfig"),
+            backoff=Backoff(*backoff) if backoff else None, **kwargs,
+        )
+        tasks.append(asyncio.create_task(source.run()))
+        return source
+
+    yield _start
+    for task in tasks:
+        task.cancel()
+    for task in tasks:
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+
+def updates(metrics: RouterMetrics, result: str) -> float:
+    value = metrics.registry.get_sample_value(
+        f"{c.DISCOVERY_UPDATES_TOTAL}_total", {"source": "kubernetes", "result": result},
+    )
+    return value or 0.0
+
+
+def pods_slice(name: str, pods: dict[str, str], **conditions: Any) -> dict[str, Any]:
+    return make_slice(name, [make_endpoint(pod, address, **conditions) for pod, address in pods.items()])
+
+
+async def synced(source: KubernetesSource) -> None:
+    await asyncio.wait_for(source.synced.wait(), CONVERGE_S)
+
+
+# ---------------------------------------------------------------------------
+# list and watch
+# ---------------------------------------------------------------------------
+async def test_initial_list_publishes_the_services_ready_pods_and_watches_from_its_rv(
+    api: FakeKubeApi, start: Start, recorder: Recorder, metrics: RouterMetrics,
+) -> None:
+    api.upsert(pods_slice("stargate-headless-a", {"stargate-0": "10.0.0.1", "stargate-1": "fd00::2"}))
+    api.upsert(make_slice("other-a", [make_endpoint("other-0", "10.0.9.9")], service="other"))
+    api.upsert(make_slice("elsewhere", [make_endpoint("x-0", "10.0.8.8")], namespace="other-ns"))
+    assert metrics.registry.get_sample_value(c.DISCOVERY_LAST_SYNC_AGE_SECONDS) == -1
+    source = start()
+    await synced(source)
+    assert recorder.pods == {"stargate-0": "10.0.0.1", "stargate-1": "fd00::2"}
+    listed = api.requests_of("list")[0]
+    assert listed.query["labelSelector"] == f"{c.SERVICE_NAME_LABEL}=stargate-headless"
+    await eventually(lambda: api.open_watches == 1, CONVERGE_S)
+    watch = api.requests_of("watch")[0]
+    assert watch.query["resourceVersion"] == str(api.rv)
+    assert watch.query["allowWatchBookmarks"].lower() == "true"
+    assert watch.query["labelSelector"] == listed.query["labelSelector"]
+    assert metrics.registry.get_sample_value(c.READY_TARGETS) == 2
+    age = metrics.registry.get_sample_value(c.DISCOVERY_LAST_SYNC_AGE_SECONDS)
+    assert age is not None and 0 <= age < 60
+
+
+async def test_scale_up_and_down_follow_watch_events(
+    api: FakeKubeApi, start: Start, recorder: Recorder, metrics: RouterMetrics,
+) -> None:
+    api.upsert(pods_slice("s-a", {"stargate-0": "10.0.0.1"}))
+    source = start()
+    await synced(source)
+    api.upsert(pods_slice("s-a", {"stargate-0": "10.0.0.1", "stargate-1": "10.0.0.2"}))
+    api.upsert(pods_slice("s-b", {"stargate-2": "10.0.0.3"}))
+    await eventually(lambda: set(recorder.pods) == {"stargate-0", "stargate-1", "stargate-2"}, CONVERGE_S)
+    api.upsert(pods_slice("s-a", {"stargate-0": "10.0.0.1"}))
+    api.delete(NS, "s-b")
+    await eventually(lambda: set(recorder.pods) == {"stargate-0"}, CONVERGE_S)
+    assert metrics.registry.get_sample_value(c.READY_TARGETS) == 1
+    assert source.resource_version == str(api.rv)
+
+
+async def test_pod_replaced_by_a_new_pod_of_the_same_name_moves_to_its_new_address(
+    api: FakeKubeApi, start: Start, recorder: Recorder,
+) -> None:
+    api.upsert(pods_slice("s-a", {"stargate-0": "10.0.0.1"}))
+    source = start()
+    await synced(source)
+    api.upsert(pods_slice("s-a", {"stargate-0": "10.0.0.1"}, ready=False, serving=False, terminating=True))
+    await eventually(lambda: recorder.pods == {}, CONVERGE_S)
+    api.upsert(pods_slice("s-a", {"stargate-0": "10.0.0.7"}))
+    await eventually(lambda: recorder.pods == {"stargate-0": "10.0.0.7"}, CONVERGE_S)
+
+
+async def test_pod_becoming_unready_then_terminating_leaves_the_snapshot(
+    api: FakeKubeApi, start: Start, recorder: Recorder,
+) -> None:
+    api.upsert(pods_slice("s-a", {"stargate-0": "10.0.0.1", "stargate-1": "10.0.0.2"}))
+    source = start()
+    await synced(source)
+    both = make_endpoint("stargate-0", "10.0.0.1")
+    api.upsert(make_slice("s-a", [both, make_endpoint("stargate-1", "10.0.0.2", ready=False)]))
+    await eventually(lambda: recorder.pods == {"stargate-0": "10.0.0.1"}, CONVERGE_S)
+    api.upsert(make_slice("s-a", [both, make_endpoint("stargate-1", "10.0.0.2")]))  # ready again
+    await eventually(lambda: len(recorder.pods) == 2, CONVERGE_S)
+    terminating = make_endpoint("stargate-1", "10.0.0.2", ready=False, serving=True, terminating=True)
+    api.upsert(make_slice("s-a", [both, terminating]))
+    await eventually(lambda: recorder.pods == {"stargate-0": "10.0.0.1"}, CONVERGE_S)
+
+
+async def test_unchanged_targets_are_counted_not_republished(
+    api: FakeKubeApi, start: Start, recorder: Recorder, metrics: RouterMetrics,
+) -> None:
+    api.upsert(pods_slice("s-a", {"stargate-0": "10.0.0.1"}))
+    source = start()
+    await synced(source)
+    api.upsert(make_slice("other-a", [make_endpoint("x", "10.0.0.5")], service="other"))  # not watched
+    slice_ = pods_slice("s-a", {"stargate-0": "10.0.0.1"})
+    slice_["metadata"]["annotations"] = {"touched": "yes"}
+    api.upsert(slice_)
+    await eventually(lambda: updates(metrics, "unchanged") == 1, CONVERGE_S)
+    assert len(recorder.published) == 1
+    assert updates(metrics, "published") == 1
+
+
+# ---------------------------------------------------------------------------
+# resourceVersion bookkeeping: 410, dropped streams, bookmarks, timeouts
+# ---------------------------------------------------------------------------
+async def test_compacted_watch_gets_410_and_relists_replacing_the_whole_set(
+    api: FakeKubeApi, start: Start, recorder: Recorder,
+) -> None:
+    api.upsert(pods_slice("s-a", {"stargate-0": "10.0.0.1"}))
+    source = start()
+    await synced(source)
+    await eventually(lambda: api.open_watches == 1, CONVERGE_S)
+    api.freeze_watches()  # the watch falls behind: it will never see these events
+    api.delete(NS, "s-a")
+    api.upsert(pods_slice("s-b", {"stargate-5": "10.0.0.5"}))
+    api.compact()  # ERROR 410 to the open watch
+    await eventually(lambda: recorder.pods == {"stargate-5": "10.0.0.5"}, CONVERGE_S)
+    assert len(api.requests_of("list")) == 2
+    assert [set(s.by_pod) for s in recorder.published] == [{"stargate-0"}, {"stargate-5"}]  # no partial view
+
+
+async def test_watch_answered_with_http_410_relists(
+    api: FakeKubeApi, start: Start, recorder: Recorder,
+) -> None:
+    api.gone_as_http_status = True
+    api.upsert(pods_slice("s-a", {"stargate-0": "10.0.0.1"}))
+    source = start()
+    await synced(source)
+    await eventually(lambda: api.open_watches == 1, CONVERGE_S)
+    api.freeze_watches()
+    api.upsert(pods_slice("s-a", {"stargate-1": "10.0.0.2"}))
+    api.compact(expire_open_watches=False)
+    api.drop_watches()  # the re-watch from the old RV meets HTTP 410
+    await eventually(lambda: recorder.pods == {"stargate-1": "10.0.0.2"}, CONVERGE_S)
+    assert any(r.status == 410 for r in api.requests_of("watch"))
+    assert len(api.requests_of("list")) == 2
+
+
+async def test_stream_cut_mid_event_rewatches_from_the_last_complete_events_rv(
+    api: FakeKubeApi, start: Start, recorder: Recorder,
+) -> None:
+    api.upsert(pods_slice("s-a", {"stargate-0": "10.0.0.1"}))
+    source = start()
+    await synced(source)
+    api.upsert(pods_slice("s-a", {"stargate-0": "10.0.0.1", "stargate-1": "10.0.0.2"}))
+    await eventually(lambda: len(recorder.pods) == 2, CONVERGE_S)
+    last_complete = str(api.rv)
+    watches_before = len(api.requests_of("watch"))
+    api.cut_next_event()
+    api.upsert(pods_slice("s-b", {"stargate-2": "10.0.0.3"}))  # sent half, then the connection drops
+    await eventually(lambda: len(recorder.pods) == 3, CONVERGE_S)
+    rewatch = api.requests_of("watch")[watches_before]
+    assert rewatch.query["resourceVersion"] == last_complete
+    assert len(api.requests_of("list")) == 1  # no re-list for a dropped stream
+
+
+async def test_bookmark_advances_the_resource_version_a_rewatch_resumes_from(
+    api: FakeKubeApi, start: Start,
+) -> None:
+    api.upsert(pods_slice("s-a", {"stargate-0": "10.0.0.1"}))
+    source = start()
+    await synced(source)
+    await eventually(lambda: api.open_watches == 1, CONVERGE_S)
+    bookmark_rv = api.send_bookmark(unrelated_writes=7)
+    await eventually(lambda: source.resource_version == str(bookmark_rv), CONVERGE_S)
+    watches_before = len(api.requests_of("watch"))
+    api.drop_watches()
+    await eventually(lambda: len(api.requests_of("watch")) > watches_before, CONVERGE_S)
+    assert api.requests_of("watch")[watches_before].query["resourceVersion"] == str(bookmark_rv)
+
+
+async def test_server_watch_timeout_rewatches_from_the_last_rv_without_relisting(
+    api: FakeKubeApi, start: Start, recorder: Recorder,
+) -> None:
+    api.upsert(pods_slice("s-a", {"stargate-0": "10.0.0.1"}))
+    source = start(watch_timeout_s=1)
+    await synced(source)
+    await eventually(lambda: len(api.requests_of("watch")) >= 2, CONVERGE_S)
+    first, second = api.requests_of("watch")[:2]
+    assert first.query["timeoutSeconds"] == "1"
+    assert second.query["resourceVersion"] == first.query["resourceVersion"]
+    assert len(api.requests_of("list")) == 1
+    assert len(recorder.published) == 1
+
+
+async def test_garbage_on_the_watch_stream_relists_and_keeps_serving(
+    api: FakeKubeApi, start: Start, recorder: Recorder, metrics: RouterMetrics,
+) -> None:
+    api.upsert(pods_slice("s-a", {"stargate-0": "10.0.0.1"}))
+    source = start(backoff=FAST_BACKOFF)
+    await synced(source)
+    await eventually(lambda: api.open_watches == 1, CONVERGE_S)
+    api.send_raw(b"<html>502 Bad Gateway</html>\n")
+    await eventually(lambda: len(api.requests_of("list")) == 2, CONVERGE_S)
+    assert updates(metrics, "error") == 1
+    assert recorder.pods == {"stargate-0": "10.0.0.1"}
+
+
+# ---------------------------------------------------------------------------
+# errors and outages: backoff, last snapshot kept, convergence
+# ---------------------------------------------------------------------------
+async def test_403_is_retried_with_backoff_never_an_immediate_repoll(
+    api: FakeKubeApi, start: Start, recorder: Recorder, metrics: RouterMetrics,
+) -> None:
+    api.upsert(pods_slice("s-a", {"stargate-0": "10.0.0.1"}))
+    api.fail_next(403, 3)
+    source = start()  # the default backoff: 0.5 s, doubling
+    await asyncio.wait_for(source.synced.wait(), 10)
+    lists = api.requests_of("list")
+    assert [r.status for r in lists] == [403, 403, 403, 200]
+    gaps = [b.at - a.at for a, b in itertools.pairwise(lists)]
+    assert all(gap >= 0.8 * c.BACKOFF_INITIAL_S for gap in gaps), gaps
+    assert updates(metrics, "error") == 3
+    assert recorder.pods == {"stargate-0": "10.0.0.1"}
+
+
+async def test_5xx_on_the_watch_is_retried_from_the_same_rv(
+    api: FakeKubeApi, start: Start, recorder: Recorder,
+) -> None:
+    api.upsert(pods_slice("s-a", {"stargate-0": "10.0.0.1"}))
+    source = start(backoff=FAST_BACKOFF)
+    await synced(source)
+    await eventually(lambda: api.open_watches == 1, CONVERGE_S)
+    rv = source.resource_version
+    api.fail_next(500, 2)
+    api.drop_watches()
+    await eventually(lambda: len(api.requests_of("watch")) == 4 and api.open_watches == 1, CONVERGE_S)
+    retries = api.requests_of("watch")[1:]
+    assert [r.status for r in retries] == [500, 500, 200]
+    assert all(r.query["resourceVersion"] == rv for r in retries)
+    assert len(api.requests_of("list")) == 1
+
+
+@pytest.mark.parametrize("outage_s", [3.0, pytest.param(10.0, marks=pytest.mark.slow)])
+async def test_api_outage_keeps_the_last_snapshot_and_converges_when_back(
+    api: FakeKubeApi, start: Start, recorder: Recorder, metrics: RouterMetrics, outage_s: float,
+) -> None:
+    api.upsert(pods_slice("s-a", {"stargate-0": "10.0.0.1", "stargate-1": "10.0.0.2"}))
+    source = start(backoff=FAST_BACKOFF)
+    await synced(source)
+    await eventually(lambda: api.open_watches == 1, CONVERGE_S)
+    await api.stop()
+    api.upsert(pods_slice("s-a", {"stargate-1": "10.0.0.2"}))  # changes while unreachable
+    api.upsert(pods_slice("s-b", {"stargate-2": "10.0.0.3"}))
+    await asyncio.sleep(outage_s)
+    assert recorder.pods == {"stargate-0": "10.0.0.1", "stargate-1": "10.0.0.2"}
+    assert len(recorder.published) == 1
+    errors = updates(metrics, "error")
+    assert 1 <= errors <= outage_s / FAST_BACKOFF[0] + 2  # retried, never in a hot loop
+    age = metrics.registry.get_sample_value(c.DISCOVERY_LAST_SYNC_AGE_SECONDS)
+    assert age is not None and age >= outage_s * 0.9
+    await api.start()  # same port
+    await eventually(lambda: recorder.pods == {"stargate-1": "10.0.0.2", "stargate-2": "10.0.0.3"}, CONVERGE_S)
+
+
+async def test_api_outage_with_compaction_relists_when_back(
+    api: FakeKubeApi, start: Start, recorder: Recorder,
+) -> None:
+    api.upsert(pods_slice("s-a", {"stargate-0": "10.0.0.1"}))
+    source = start(backoff=FAST_BACKOFF)
+    await synced(source)
+    await api.stop()
+    api.upsert(pods_slice("s-a", {"stargate-9": "10.0.0.9"}))
+    api.compact()
+    await asyncio.sleep(1.0)
+    await api.start()
+    await eventually(lambda: recorder.pods == {"stargate-9": "10.0.0.9"}, CONVERGE_S)
+    assert len(api.requests_of("list")) == 2
+
+
+async def test_slow_api_server_still_syncs(api: FakeKubeApi, start: Start, recorder: Recorder) -> None:
+    api.latency_s = 0.5
+    api.upsert(pods_slice("s-a", {"stargate-0": "10.0.0.1"}))
+    source = start()
+    await synced(source)
+    api.upsert(pods_slice("s-a", {"stargate-0": "10.0.0.2"}))
+    await eventually(lambda: recorder.pods == {"stargate-0": "10.0.0.2"}, CONVERGE_S)
+
+
+async def test_missing_kubeconfig_is_retried_until_it_appears(
+    api: FakeKubeApi, start: Start, recorder: Recorder, metrics: RouterMetrics, tmp_path: Path,
+) -> None:
+    api.upsert(pods_slice("s-a", {"stargate-0": "10.0.0.1"}))
+    path = tmp_path / "later" / "kubeconfig"
+    source = start(backoff=FAST_BACKOFF, kubeconfig=path)
+    await eventually(lambda: updates(metrics, "error") >= 1, CONVERGE_S)
+    assert not source.synced.is_set()
+    path.parent.mkdir()
+    api.write_kubeconfig(path)
+    await synced(source)
+    assert recorder.pods == {"stargate-0": "10.0.0.1"}
+
+
+# ---------------------------------------------------------------------------
+# the response parsers
+# ---------------------------------------------------------------------------
+def test_parse_watch_event_reads_type_object_and_resource_version() -> None:
+    event = parse_watch_event(json.dumps({"type": "ADDED", "object": {"metadata": {"resourceVersion": "7"}}}))
+    assert (event.type, event.resource_version) == ("ADDED", "7")
+    bookmark = parse_watch_event(b'{"type":"BOOKMARK","object":{"metadata":{"resourceVersion":"9"}}}\n')
+    assert bookmark.resource_version == "9"
+    error = parse_watch_event(b'{"type":"ERROR","object":{"kind":"Status","code":410}}')
+    assert error.status_code == 410
+
+
+@pytest.mark.parametrize("line", [
+    b"", b"not json", b"[]", b'{"type":"ADDED"}', b'{"type":"NOPE","object":{}}',
+    b'{"type":"BOOKMARK","object":{"metadata":{}}}', b'{"type":"ADDED","object":[]}', b"\xff",
+])
+def test_parse_watch_event_rejects_malformed_lines(line: bytes) -> None:
+    with pytest.raises(KubeApiResponseError):
+        parse_watch_event(line)
+
+
+def test_parse_slice_list_needs_items_and_a_resource_version() -> None:
+    assert parse_slice_list(b'{"items":null,"metadata":{"resourceVersion":"3"}}') == ([], "3")
+    for body in (b'{"items":[]}', b'{"items":[1],"metadata":{"resourceVersion":"3"}}', b"x", b"1"):
+        with pytest.raises(KubeApiResponseError):
+            parse_slice_list(body)
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=10),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=10), children, max_size=4),
+    max_leaves=30,
+)
+event_like = st.fixed_dictionaries(
+    {"type": st.sampled_from(["ADDED", "MODIFIED", "DELETED", "BOOKMARK", "ERROR", "x"]) | json_values,
+     "object": json_values | st.fixed_dictionaries({"metadata": json_values, "code": json_values})},
+)
+
+
+@settings(deadline=None, max_examples=300)
+@given(st.binary(max_size=100) | json_values.map(lambda v: json.dumps(v).encode())
+       | event_like.map(lambda v: json.dumps(v).encode()))
+def test_fuzz_response_parsers_raise_only_kube_api_response_error(data: bytes) -> None:
+    for parse in (parse_watch_event, parse_slice_list):
+        with contextlib.suppress(KubeApiResponseError):
+            parse(data)
