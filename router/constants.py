@@ -363,3 +363,18 @@ WORKER_RESTARTS_TOTAL: Final = f"{METRIC_PREFIX}_worker_restarts"
 
 PER_PROCESS_IDENTICAL_GAUGES: Final = frozenset({READY_TARGETS, DISCOVERY_LAST_SYNC_AGE_SECONDS, BUILD_INFO})
 """Gauges every worker reports about the same thing: merged with max, not summed (2 workers != 2x pods)."""
+
+OLDEST_WINS_GAUGES: Final = frozenset({"process_start_time_seconds"})
+"""Merged with min: the merged router started when its oldest process did (supervisor's, like ``_created``)."""
+
+PER_PROCESS_LIMIT_GAUGES: Final = frozenset({"process_max_fds"})
+"""Merged with max: every process has the same limit, so a sum would invent one no process has."""
+
+# ---------------------------------------------------------------------------
+# TCP edge hardening (appended by the fault-suite helper)
+# ---------------------------------------------------------------------------
+ACCEPT_PAUSE_ON_EXHAUSTION_MS: Final = 100
+"""accept() failing with EMFILE/ENFILE pauses the listener this long: no spin, resumes within 0.1 s."""
+
+TLS_ALERT_DECODE_ERROR: Final = 50
+"""Fatal alert for a ClientHello the router cannot parse (RFC 8446 section 6.2)."""

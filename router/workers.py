@@ -1,0 +1,445 @@
+"""``--workers N``: N router processes share the listeners; one supervisor keeps them running.
+
+Python routes on one core; the kernel can spread the load instead. Every worker is a
+whole router (``python -m router --workers 1``, its own discovery) binding the same TCP
+and UDP ports with SO_REUSEPORT: the kernel hashes each connection's and each UDP
+flow's 4-tuple to one socket, so a QUIC flow stays on the worker that routed it.
+
+The supervisor routes nothing. It picks the concrete ports (so a restarted worker binds
+the same ones), starts the workers, passes their stderr on line by line, restarts a dead
+one with capped backoff, and owns the public health port: ``/healthz`` is its own
+liveness, ``/readyz`` asks every worker, ``/metrics`` merges every worker's exposition
+(``router.metrics_merge``). Each worker serves its own health port on loopback only; its
+``listening ... health=`` log line, which tells the supervisor that port, is re-emitted
+as ``worker I bound ... private-health=`` so the supervisor's own ``listening`` line is
+the only one naming public addresses (tools and tests parse that line).
+
+SIGTERM/SIGINT: ``/readyz`` fails at once, every worker gets SIGTERM and runs its own
+shutdown delay and drain; stragglers are killed after that budget plus a grace period.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import logging
+import os
+import re
+import signal
+import socket
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from prometheus_client import CollectorRegistry, Counter, ProcessCollector, generate_latest
+
+from discovery.backoff import Backoff
+from router import constants as c
+from router.config import RouterConfig, SocketAddress
+from router.health import MAX_REQUEST_HEAD_BYTES, PROMETHEUS_CONTENT_TYPE, REQUEST_TIMEOUT_S
+from router.metrics_merge import ExpositionError, merge_expositions
+
+log = logging.getLogger(__name__)
+
+HostPort = tuple[str, int]
+
+_WORKER_LISTENING = re.compile(
+    rb"listening (grpc=\S+ quic=\S+) health=(\[[0-9A-Fa-f:.]+\]|[0-9A-Za-z.:-]+):(\d+)"
+)
+"""A worker's startup line (``RouterApp.start``); the address regex stops before JSON quotes."""
+
+
+# ---------------------------------------------------------------------------
+# Pure pieces
+# ---------------------------------------------------------------------------
+def worker_argv(argv: Sequence[str], grpc: SocketAddress, quic: SocketAddress) -> list[str]:
+    """The supervisor's argv with the overrides appended: argparse keeps the last value of a flag,
+    so this wins over any spelling (``--workers=4``, abbreviations) without rewriting argv."""
+    return [
+        *argv,
+        "--workers", "1",
+        "--listen-addr", str(grpc),
+        "--reverse-tunnel-listen-addr", str(quic),
+        "--health-listen-addr", f"{c.WORKER_HEALTH_HOST}:0",
+    ]
+
+
+def rewrite_listening_line(line: bytes, index: int) -> tuple[bytes, HostPort | None]:
+    """``(line to re-emit, private health address)``; lines other than the startup line pass unchanged."""
+    match = _WORKER_LISTENING.search(line)
+    if match is None:
+        return line, None
+    host = match[2].decode("ascii").strip("[]")
+    replacement = b"worker %d bound %s private-health=%s:%s" % (index, match[1], match[2], match[3])
+    return line[: match.start()] + replacement + line[match.end():], (host, int(match[3]))
+
+
+class LineSplitter:
+    """Cuts a byte stream into newline-terminated lines; an over-long line comes out in pieces."""
+
+    def __init__(self, max_line_bytes: int = c.WORKER_LOG_LINE_MAX_BYTES) -> None:
+        self._buffer = bytearray()
+        self._max = max_line_bytes
+
+    def feed(self, chunk: bytes) -> list[bytes]:
+        self._buffer += chunk
+        lines: list[bytes] = []
+        while (end := self._buffer.find(b"\n")) >= 0:
+            lines.append(bytes(self._buffer[: end + 1]))
+            del self._buffer[: end + 1]
+        while len(self._buffer) >= self._max:
+            lines.append(bytes(self._buffer[: self._max]))
+            del self._buffer[: self._max]
+        return lines
+
+    def flush(self) -> list[bytes]:
+        """What is left at end of stream (a last line without newline)."""
+        rest, self._buffer = bytes(self._buffer), bytearray()
+        return [rest] if rest else []
+
+
+class ProbeError(Exception):
+    """A worker's health endpoint did not answer with a well-formed HTTP response."""
+
+
+def parse_http_response(raw: bytes) -> tuple[int, bytes]:
+    """``(status, body)`` of a ``Connection: close`` response read to EOF."""
+    head, sep, body = raw.partition(b"\r\n\r\n")
+    parts = head.split(b"\r\n", 1)[0].split(b" ", 2)
+    if not sep or len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or not parts[1].isdigit():
+        raise ProbeError(f"malformed HTTP response: {raw[:60]!r}")
+    return int(parts[1]), body
+
+
+def describe_exit(returncode: int | None) -> str:
+    if returncode is None:
+        return "unknown status"
+    if returncode < 0:
+        with contextlib.suppress(ValueError):
+            return f"signal {signal.Signals(-returncode).name}"
+        return f"signal {-returncode}"
+    return f"status {returncode}"
+
+
+def stop_budget_s(config: RouterConfig) -> float:
+    """How long a SIGTERMed worker may take: its own shutdown delay and drain, plus grace."""
+    return config.shutdown_delay_s + config.drain_timeout_s + c.WORKER_STOP_GRACE_S
+
+
+def http_response(status: str, body: bytes, content_type: str = "text/plain; charset=utf-8") -> bytes:
+    head = (
+        f"HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\n"
+        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+    )
+    return head.encode() + body
+
+
+# ---------------------------------------------------------------------------
+# IO
+# ---------------------------------------------------------------------------
+def concrete_address(addr: SocketAddress, kind: socket.SocketKind) -> SocketAddress:
+    """Port 0 becomes a port the kernel says is free now, so every worker binds the same one."""
+    if addr.port != 0:
+        return addr
+    family = socket.AF_INET6 if ":" in addr.host else socket.AF_INET
+    with socket.socket(family, kind) as probe:
+        probe.bind((addr.host, 0))
+        return SocketAddress(addr.host, int(probe.getsockname()[1]))
+
+
+async def fetch(
+    address: HostPort, path: str, timeout_s: float = c.WORKER_PROBE_TIMEOUT_S
+) -> tuple[int, bytes]:
+    """GET ``path`` from a worker's private health port: ``(status, body)``, bounded in size and time."""
+
+    async def _get() -> bytes:
+        reader, writer = await asyncio.open_connection(*address)
+        try:
+            writer.write(f"GET {path} HTTP/1.1\r\nHost: {address[0]}\r\nConnection: close\r\n\r\n".encode())
+            raw = bytearray()
+            while chunk := await reader.read(65536):
+                raw += chunk
+                if len(raw) > c.WORKER_MAX_RESPONSE_BYTES:
+                    raise ProbeError(f"response larger than {c.WORKER_MAX_RESPONSE_BYTES} bytes")
+            return bytes(raw)
+        finally:
+            writer.close()
+
+    try:
+        return parse_http_response(await asyncio.wait_for(_get(), timeout_s))
+    except (OSError, TimeoutError) as exc:
+        raise ProbeError(f"GET {path} from {address[0]}:{address[1]}: {exc!r}") from None
+
+
+def _parent_death_signal() -> Callable[[], None] | None:
+    """A preexec hook asking Linux to SIGTERM the worker if the supervisor dies (even by SIGKILL),
+    so no orphan keeps serving the port; resolved before fork, as the hook must not allocate much."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+    pr_set_pdeathsig = 1
+
+    def hook() -> None:
+        prctl(pr_set_pdeathsig, int(signal.SIGTERM), 0, 0, 0)
+        if os.getppid() != parent:  # the supervisor died before the hook ran
+            os._exit(1)
+
+    return hook
+
+
+@dataclass
+class WorkerSlot:
+    """One of the N worker positions; its process is replaced when it dies."""
+
+    index: int
+    process: asyncio.subprocess.Process | None = None
+    generation: int = 0
+    health: HostPort | None = None
+    exposition: str | None = None
+    """The last ``/metrics`` text of this generation, reused if a scrape of it fails."""
+    first_bound: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def alive(self) -> bool:
+        return self.process is not None and self.process.returncode is None
+
+
+class Supervisor:
+    """Runs ``config.workers`` router processes until SIGTERM/SIGINT (see the module doc)."""
+
+    def __init__(self, config: RouterConfig, argv: Sequence[str]) -> None:
+        self.config = config
+        self.argv = list(argv)
+        self.slots = [WorkerSlot(i) for i in range(config.workers)]
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.restarts = Counter(
+            c.WORKER_RESTARTS_TOTAL, "Dead worker processes restarted by the supervisor.",
+            registry=self.registry,
+        )
+        ProcessCollector(registry=self.registry)  # merged: CPU and memory of the whole router, its start
+        self._retired = ""
+        """Counters of dead workers (``cumulative_only`` merge), so merged counters never go down."""
+        self._stopping = False
+        self._failed = False
+        self._stop = asyncio.Event()
+        self._preexec = _parent_death_signal()
+
+    # -- lifecycle -----------------------------------------------------------------------
+    async def run(self) -> int:
+        cfg = self.config
+        try:
+            grpc = concrete_address(cfg.listen_addr, socket.SOCK_STREAM)
+            quic = concrete_address(cfg.reverse_tunnel_listen_addr, socket.SOCK_DGRAM)
+            server = await asyncio.start_server(
+                self._handle, cfg.health_listen_addr.host, cfg.health_listen_addr.port, reuse_address=True
+            )
+        except OSError as exc:
+            log.error("supervisor cannot bind: %s", exc)
+            return 1
+        health = server.sockets[0].getsockname()[:2]
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.request_stop)
+        child_argv = worker_argv(self.argv, grpc, quic)
+        keepers = [asyncio.create_task(self._keep_running(s, child_argv)) for s in self.slots]
+        for keeper in keepers:
+            keeper.add_done_callback(self._keeper_done)
+        announce = asyncio.create_task(self._announce(grpc, quic, health))
+        await self._stop.wait()
+        await self._stop_workers(keepers)
+        announce.cancel()
+        server.close()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(server.wait_closed(), 1.0)
+        log.info("all workers stopped; exiting")
+        return 1 if self._failed else 0
+
+    def _keeper_done(self, task: asyncio.Task[None]) -> None:
+        """A keeper only returns when stopping; if one crashed its slot is unmanaged, so stop all."""
+        if task.cancelled() or task.exception() is None:
+            return
+        log.error("worker keeper failed; stopping", exc_info=task.exception())
+        self._failed = True
+        self.request_stop()
+
+    def request_stop(self) -> None:
+        if not self._stopping:
+            log.info("shutdown requested: readiness now failing; stopping %d workers", len(self.slots))
+        self._stopping = True
+        self._stop.set()
+
+    async def _announce(self, grpc: SocketAddress, quic: SocketAddress, health: HostPort) -> None:
+        """The ``listening`` line once every worker has bound (as a single router logs it)."""
+        await asyncio.gather(*(s.first_bound.wait() for s in self.slots))
+        log.info(
+            "listening grpc=%s:%d quic=%s:%d health=%s:%d", grpc.host, grpc.port, quic.host, quic.port,
+            *health, extra={"workers": len(self.slots)},
+        )
+
+    async def _keep_running(self, slot: WorkerSlot, argv: list[str]) -> None:
+        backoff = Backoff(c.WORKER_RESTART_BACKOFF_INITIAL_S, c.WORKER_RESTART_BACKOFF_MAX_S)
+        while True:
+            started = time.monotonic()
+            returncode = await self._run_once(slot, argv)
+            if self._stopping:
+                return
+            uptime = time.monotonic() - started
+            if uptime >= c.WORKER_STABLE_AFTER_S:
+                backoff.reset()
+            delay = backoff.next_delay()
+            log.warning(
+                "worker %d exited with %s after %.1fs; restarting in %.1fs",
+                slot.index, describe_exit(returncode), uptime, delay,
+            )
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), delay)
+            if self._stopping:
+                return
+            self.restarts.inc()
+
+    async def _run_once(self, slot: WorkerSlot, argv: list[str]) -> int | None:
+        """Start one worker process, pass its stderr on until it exits; its exit status."""
+        env = {**os.environ, c.WORKER_ENV: str(slot.index)}
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "router", *argv,
+                stdin=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+                env=env, preexec_fn=self._preexec,
+            )
+        except OSError as exc:
+            log.error("worker %d could not be started: %s", slot.index, exc)
+            return None
+        slot.process, slot.generation = proc, slot.generation + 1
+        log.info("worker %d started: pid=%d", slot.index, proc.pid)
+        if self._stopping:
+            with contextlib.suppress(ProcessLookupError):
+                proc.terminate()
+        assert proc.stderr is not None
+        splitter = LineSplitter()
+        while chunk := await proc.stderr.read(65536):
+            self._relay_lines(slot, splitter.feed(chunk))
+        self._relay_lines(slot, splitter.flush())
+        returncode = await proc.wait()
+        self._retire(slot)
+        return returncode
+
+    def _relay_lines(self, slot: WorkerSlot, lines: list[bytes]) -> None:
+        """Re-emit a worker's lines on our stderr; a closed stderr loses logs, never routing."""
+        for line in lines:
+            out, health = rewrite_listening_line(line, slot.index)
+            if health is not None:
+                slot.health = health
+                slot.first_bound.set()
+            with contextlib.suppress(OSError, ValueError):
+                sys.stderr.flush()
+                sys.stderr.buffer.write(out)
+        with contextlib.suppress(OSError, ValueError):
+            sys.stderr.buffer.flush()
+
+    def _retire(self, slot: WorkerSlot) -> None:
+        """Bank a dead worker's last counters; drop its gauges and address."""
+        if slot.exposition is not None:
+            try:
+                self._retired = merge_expositions(
+                    [self._retired, slot.exposition], cumulative_only=True
+                ).decode()
+            except ExpositionError as exc:
+                log.error("worker %d metrics could not be kept: %s", slot.index, exc)
+        slot.process = slot.health = slot.exposition = None
+
+    async def _stop_workers(self, keepers: list[asyncio.Task[None]]) -> None:
+        for slot in self.slots:
+            if slot.alive and slot.process is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    slot.process.terminate()
+        _done, pending = await asyncio.wait(keepers, timeout=stop_budget_s(self.config))
+        if pending:
+            for slot in self.slots:
+                if slot.alive and slot.process is not None:
+                    log.warning("worker %d did not stop in time; killing it", slot.index)
+                    with contextlib.suppress(ProcessLookupError):
+                        slot.process.kill()
+            await asyncio.wait(pending, timeout=c.WORKER_STOP_GRACE_S)
+
+    # -- public health port ----------------------------------------------------------------
+    async def is_ready(self) -> bool:
+        """Ready while not stopping and every worker is up and answers its own ``/readyz`` 200."""
+        if self._stopping:
+            return False
+        addresses = [s.health for s in self.slots if s.alive]
+        if len(addresses) != len(self.slots) or None in addresses:
+            return False
+        results = await asyncio.gather(
+            *(fetch(a, "/readyz") for a in addresses if a is not None), return_exceptions=True
+        )
+        return not self._stopping and all(isinstance(r, tuple) and r[0] == 200 for r in results)
+
+    async def metrics(self) -> bytes:
+        """Every worker's exposition fetched concurrently, merged with the supervisor's and the retired."""
+        live: list[tuple[WorkerSlot, int, HostPort]] = [
+            (s, s.generation, s.health) for s in self.slots if s.alive and s.health is not None
+        ]
+        results = await asyncio.gather(*(fetch(h, "/metrics") for _s, _g, h in live), return_exceptions=True)
+        for (slot, generation, _h), result in zip(live, results, strict=True):
+            if isinstance(result, BaseException):
+                log.debug("worker %d metrics unavailable, using its last scrape: %s", slot.index, result)
+            elif result[0] == 200 and slot.generation == generation and slot.alive:
+                slot.exposition = result[1].decode("utf-8", "replace")
+        texts = [generate_latest(self.registry).decode(), self._retired]
+        texts += [s.exposition for s in self.slots if s.exposition is not None]
+        return merge_expositions(texts)
+
+    async def respond(self, method: str, path: str) -> bytes:
+        path = path.split("?", 1)[0]
+        if method not in ("GET", "HEAD"):
+            return http_response("405 Method Not Allowed", b"method not allowed\n")
+        if path == "/healthz":
+            return http_response("200 OK", b"ok\n")
+        if path == "/readyz":
+            if await self.is_ready():
+                return http_response("200 OK", b"ready\n")
+            return http_response("503 Service Unavailable", b"not ready\n")
+        if path == "/metrics":
+            try:
+                return http_response("200 OK", await self.metrics(), PROMETHEUS_CONTENT_TYPE)
+            except ExpositionError as exc:
+                log.error("cannot merge worker metrics: %s", exc)
+                return http_response("500 Internal Server Error", b"cannot merge worker metrics\n")
+        return http_response("404 Not Found", b"not found\n")
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), REQUEST_TIMEOUT_S)
+            if len(head) > MAX_REQUEST_HEAD_BYTES:
+                raise ValueError("request head too large")
+            parts = head.split(b"\r\n", 1)[0].decode("ascii", "replace").split(" ")
+            if len(parts) == 3:
+                response = await self.respond(parts[0], parts[1])
+            else:
+                response = http_response("400 Bad Request", b"bad request\n")
+            if parts[0] == "HEAD":
+                response = response.split(b"\r\n\r\n", 1)[0] + b"\r\n\r\n"
+            writer.write(response)
+            await asyncio.wait_for(writer.drain(), REQUEST_TIMEOUT_S)
+        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError, ValueError,
+                ConnectionError):
+            pass
+        finally:
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+
+
+def supervise(config: RouterConfig, argv: list[str]) -> int:
+    """Entry point for ``--workers N`` (N > 1): run the supervisor until SIGTERM/SIGINT."""
+
+    async def _main() -> int:
+        return await Supervisor(config, argv).run()
+
+    return asyncio.run(_main())
