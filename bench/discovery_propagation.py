@@ -22,9 +22,9 @@ import grpc
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from router.demo_pods import RunningPod, call_whoami, start_pod  # noqa: E402
-from tests.fake_kube_api import FakeKubeApi, make_endpoint, make_slice  # noqa: E402
-from tests.router_process import RouterProcess, write_endpoints  # noqa: E402
+from router.demo_pods import RunningPod, call_whoami, start_pod
+from tests.fake_kube_api import FakeKubeApi, make_endpoint, make_slice
+from tests.router_process import RouterProcess, write_endpoints
 
 AUTHORITY = "stargate-0.stargate.external"
 NAMESPACE = "stargate"

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from router.metrics import RouterMetrics
 
@@ -22,7 +22,8 @@ REQUEST_TIMEOUT_S = 5.0
 PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
-def _response(status: str, body: bytes, content_type: str = "text/plain; charset=utf-8") -> bytes:
+def http_response(status: str, body: bytes, content_type: str = "text/plain; charset=utf-8") -> bytes:
+    """A complete ``Connection: close`` HTTP/1.1 response."""
     head = (
         f"HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\n"
         f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
@@ -30,12 +31,16 @@ def _response(status: str, body: bytes, content_type: str = "text/plain; charset
     return head.encode() + body
 
 
-class HealthServer:
-    """Serves liveness, readiness (from ``is_ready()``) and the metrics exposition."""
+Responder = Callable[[str, str], Awaitable[bytes]]
+"""``(method, path) -> full HTTP response``."""
 
-    def __init__(self, metrics: RouterMetrics, is_ready: Callable[[], bool]) -> None:
-        self._metrics = metrics
-        self._is_ready = is_ready
+
+class ProbeHttpServer:
+    """One bounded request per connection, answered by ``respond``; shared by the router and the
+    ``--workers`` supervisor, whose answers differ but whose HTTP handling must not."""
+
+    def __init__(self, respond: Responder) -> None:
+        self._respond = respond
         self._server: asyncio.AbstractServer | None = None
 
     async def start(self, host: str, port: int) -> tuple[str, int]:
@@ -49,33 +54,16 @@ class HealthServer:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._server.wait_closed(), 1.0)
 
-    def respond(self, method: str, path: str) -> bytes:
-        """The full HTTP response for one request (pure, so it is testable without sockets)."""
-        path = path.split("?", 1)[0]
-        if method not in ("GET", "HEAD"):
-            return _response("405 Method Not Allowed", b"method not allowed\n")
-        if path == "/healthz":
-            return _response("200 OK", b"ok\n")
-        if path == "/readyz":
-            if self._is_ready():
-                return _response("200 OK", b"ready\n")
-            return _response("503 Service Unavailable", b"not ready\n")
-        if path == "/metrics":
-            return _response("200 OK", self._metrics.render(), PROMETHEUS_CONTENT_TYPE)
-        return _response("404 Not Found", b"not found\n")
-
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), REQUEST_TIMEOUT_S)
             if len(head) > MAX_REQUEST_HEAD_BYTES:
                 raise ValueError("request head too large")
-            request_line = head.split(b"\r\n", 1)[0].decode("ascii", "replace")
-            parts = request_line.split(" ")
-            response = (
-                self.respond(parts[0], parts[1])
-                if len(parts) == 3
-                else _response("400 Bad Request", b"bad request\n")
-            )
+            parts = head.split(b"\r\n", 1)[0].decode("ascii", "replace").split(" ")
+            if len(parts) == 3:
+                response = await self._respond(parts[0], parts[1])
+            else:
+                response = http_response("400 Bad Request", b"bad request\n")
             if parts[0] == "HEAD":
                 response = response.split(b"\r\n\r\n", 1)[0] + b"\r\n\r\n"
             writer.write(response)
@@ -87,3 +75,30 @@ class HealthServer:
             writer.close()
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
+
+
+class HealthServer(ProbeHttpServer):
+    """Serves liveness, readiness (from ``is_ready()``) and the metrics exposition."""
+
+    def __init__(self, metrics: RouterMetrics, is_ready: Callable[[], bool]) -> None:
+        super().__init__(self._respond_async)
+        self._metrics = metrics
+        self._is_ready = is_ready
+
+    async def _respond_async(self, method: str, path: str) -> bytes:
+        return self.respond(method, path)
+
+    def respond(self, method: str, path: str) -> bytes:
+        """The full HTTP response for one request (pure, so it is testable without sockets)."""
+        path = path.split("?", 1)[0]
+        if method not in ("GET", "HEAD"):
+            return http_response("405 Method Not Allowed", b"method not allowed\n")
+        if path == "/healthz":
+            return http_response("200 OK", b"ok\n")
+        if path == "/readyz":
+            if self._is_ready():
+                return http_response("200 OK", b"ready\n")
+            return http_response("503 Service Unavailable", b"not ready\n")
+        if path == "/metrics":
+            return http_response("200 OK", self._metrics.render(), PROMETHEUS_CONTENT_TYPE)
+        return http_response("404 Not Found", b"not found\n")

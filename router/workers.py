@@ -38,7 +38,7 @@ from prometheus_client import CollectorRegistry, Counter, ProcessCollector, gene
 from discovery.backoff import Backoff
 from router import constants as c
 from router.config import RouterConfig, SocketAddress
-from router.health import MAX_REQUEST_HEAD_BYTES, PROMETHEUS_CONTENT_TYPE, REQUEST_TIMEOUT_S
+from router.health import PROMETHEUS_CONTENT_TYPE, ProbeHttpServer, http_response
 from router.metrics_merge import ExpositionError, merge_expositions
 
 log = logging.getLogger(__name__)
@@ -126,14 +126,6 @@ def describe_exit(returncode: int | None) -> str:
 def stop_budget_s(config: RouterConfig) -> float:
     """How long a SIGTERMed worker may take: its own shutdown delay and drain, plus grace."""
     return config.shutdown_delay_s + config.drain_timeout_s + c.WORKER_STOP_GRACE_S
-
-
-def http_response(status: str, body: bytes, content_type: str = "text/plain; charset=utf-8") -> bytes:
-    head = (
-        f"HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\n"
-        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
-    )
-    return head.encode() + body
 
 
 # ---------------------------------------------------------------------------
@@ -236,13 +228,11 @@ class Supervisor:
         try:
             grpc = concrete_address(cfg.listen_addr, socket.SOCK_STREAM)
             quic = concrete_address(cfg.reverse_tunnel_listen_addr, socket.SOCK_DGRAM)
-            server = await asyncio.start_server(
-                self._handle, cfg.health_listen_addr.host, cfg.health_listen_addr.port, reuse_address=True
-            )
+            server = ProbeHttpServer(self.respond)
+            health = await server.start(cfg.health_listen_addr.host, cfg.health_listen_addr.port)
         except OSError as exc:
             log.error("supervisor cannot bind: %s", exc)
             return 1
-        health = server.sockets[0].getsockname()[:2]
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.request_stop)
@@ -254,9 +244,7 @@ class Supervisor:
         await self._stop.wait()
         await self._stop_workers(keepers)
         announce.cancel()
-        server.close()
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(server.wait_closed(), 1.0)
+        await server.close()
         log.info("all workers stopped; exiting")
         return 1 if self._failed else 0
 
@@ -412,28 +400,6 @@ class Supervisor:
                 log.error("cannot merge worker metrics: %s", exc)
                 return http_response("500 Internal Server Error", b"cannot merge worker metrics\n")
         return http_response("404 Not Found", b"not found\n")
-
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), REQUEST_TIMEOUT_S)
-            if len(head) > MAX_REQUEST_HEAD_BYTES:
-                raise ValueError("request head too large")
-            parts = head.split(b"\r\n", 1)[0].decode("ascii", "replace").split(" ")
-            if len(parts) == 3:
-                response = await self.respond(parts[0], parts[1])
-            else:
-                response = http_response("400 Bad Request", b"bad request\n")
-            if parts[0] == "HEAD":
-                response = response.split(b"\r\n\r\n", 1)[0] + b"\r\n\r\n"
-            writer.write(response)
-            await asyncio.wait_for(writer.drain(), REQUEST_TIMEOUT_S)
-        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError, ValueError,
-                ConnectionError):
-            pass
-        finally:
-            writer.close()
-            with contextlib.suppress(Exception):
-                await writer.wait_closed()
 
 
 def supervise(config: RouterConfig, argv: list[str]) -> int:

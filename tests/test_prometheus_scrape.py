@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import socket
@@ -122,11 +123,8 @@ def test_every_outcome_series_is_scraped_at_zero_then_counts(
     target = f"127.0.0.1:{router.grpc_port}"
     for authority in ("stargate-0.stargate.external", "stargate-0.stargate.external", "example.com"):
         opts = [("grpc.default_authority", authority), ("grpc.use_local_subchannel_pool", 1)]
-        with grpc.insecure_channel(target, options=opts) as ch:  # one TCP connection per call
-            try:
-                call_whoami(ch)
-            except grpc.RpcError:
-                pass
+        with grpc.insecure_channel(target, options=opts) as ch, contextlib.suppress(grpc.RpcError):
+            call_whoami(ch)  # one TCP connection per call (local subchannel pool)
     accepted = f'{grpc_total}{{protocol="h2c",outcome="accepted"}}'
     prom.wait_for(accepted, lambda r: bool(r) and float(r[0]["value"][1]) == 2.0)
     unknown = f'{grpc_total}{{protocol="h2c",outcome="unknown_authority"}}'
