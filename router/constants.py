@@ -378,3 +378,12 @@ ACCEPT_PAUSE_ON_EXHAUSTION_MS: Final = 100
 
 TLS_ALERT_DECODE_ERROR: Final = 50
 """Fatal alert for a ClientHello the router cannot parse (RFC 8446 section 6.2)."""
+
+# ---------------------------------------------------------------------------
+# Health / metrics HTTP endpoint
+# ---------------------------------------------------------------------------
+HEALTH_MAX_REQUEST_HEAD_BYTES: Final = 8 * 1024
+"""Probe and scrape requests are a few hundred bytes; anything larger is refused."""
+
+HEALTH_REQUEST_TIMEOUT_S: Final = 5.0
+"""A probe client that cannot send its request (or read the answer) in this long is cut off."""

@@ -11,13 +11,11 @@ import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable
 
+from router import constants as c
 from router.metrics import RouterMetrics
 
-MAX_REQUEST_HEAD_BYTES = 8 * 1024
-"""Probe and scrape requests are a few hundred bytes; anything larger is refused."""
-
-REQUEST_TIMEOUT_S = 5.0
-"""A client that cannot send its request line in this long is cut off."""
+MAX_REQUEST_HEAD_BYTES = c.HEALTH_MAX_REQUEST_HEAD_BYTES
+REQUEST_TIMEOUT_S = c.HEALTH_REQUEST_TIMEOUT_S
 
 PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
