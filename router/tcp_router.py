@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import itertools
 import logging
 import socket
@@ -41,6 +42,9 @@ ACCEPT_BATCH = 64
 
 REJECT_LINGER_S = 1.0
 """After a rejection, read (and discard) this long so the client reads our answer, not a RST."""
+
+_RESOURCE_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+"""accept() failures that persist while the listener stays readable: pause, do not spin."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +91,8 @@ class TcpRouter:
         self._tasks: set[asyncio.Task[None]] = set()
         self._rr = itertools.count()
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._accept_resume: asyncio.TimerHandle | None = None
+        self._accept_exhausted = False
 
     @property
     def active_connections(self) -> int:
@@ -108,6 +114,9 @@ class TcpRouter:
         return name[0], name[1]
 
     def stop_accepting(self) -> None:
+        if self._accept_resume is not None:
+            self._accept_resume.cancel()
+            self._accept_resume = None
         if self._listener is not None and self._loop is not None:
             self._loop.remove_reader(self._listener.fileno())
             self._listener.close()
@@ -137,9 +146,20 @@ class TcpRouter:
                 conn, peer = listener.accept()
             except (BlockingIOError, InterruptedError):
                 return
-            except OSError as exc:  # EMFILE and friends: log once per burst, keep serving
-                log.warning("accept failed: %s", exc)
+            except ConnectionAbortedError:  # the client gave up while queued: next one
+                continue
+            except OSError as exc:
+                if exc.errno in _RESOURCE_ERRNOS:
+                    # Out of fds (a slowloris, a burst): the pending connection keeps the
+                    # listener readable, so retrying now would spin the loop and flood the log.
+                    # Pause; peeks time out and relays end meanwhile, freeing fds.
+                    self._pause_accepting(exc)
+                else:
+                    log.warning("accept failed: %s", exc)
                 return
+            if self._accept_exhausted:
+                self._accept_exhausted = False
+                log.info("accepting again")
             conn.setblocking(False)
             with contextlib.suppress(OSError):
                 conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -147,22 +167,45 @@ class TcpRouter:
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
+    def _pause_accepting(self, exc: OSError) -> None:
+        assert self._loop is not None and self._listener is not None
+        # One warning per exhaustion episode; the retries of the same episode stay at debug.
+        level = logging.DEBUG if self._accept_exhausted else logging.WARNING
+        log.log(level, "accept failed (%s): pausing accepts for %d ms", exc, c.ACCEPT_PAUSE_ON_EXHAUSTION_MS)
+        self._accept_exhausted = True
+        self._loop.remove_reader(self._listener.fileno())
+        self._accept_resume = self._loop.call_later(
+            c.ACCEPT_PAUSE_ON_EXHAUSTION_MS / 1000, self._resume_accepting
+        )
+
+    def _resume_accepting(self) -> None:
+        self._accept_resume = None
+        if self._listener is not None and self._loop is not None:
+            self._loop.add_reader(self._listener.fileno(), self._on_acceptable)
+
     # -- one connection --------------------------------------------------------------------
     async def _serve(self, conn: socket.socket, peer: object) -> None:
-        protocol = "h2c"  # until the first bytes say TLS, an unidentified connection counts as h2c
+        # Until the first bytes say TLS, an unidentified connection counts as h2c; _peek
+        # updates ``progress.protocol`` as soon as they do, so a timeout or a malformed
+        # ClientHello is counted (and answered) as TLS.
+        progress = _Peeked("h2c", b"", None)
+        protocol = progress.protocol
         try:
             started = time.monotonic()
             try:
-                peeked = await asyncio.wait_for(self._peek(conn), self._settings.peek_timeout_s)
+                peeked = await asyncio.wait_for(self._peek(conn, progress), self._settings.peek_timeout_s)
             except TimeoutError:
-                self._metrics.grpc_outcome(protocol, "peek_timeout")
+                self._metrics.grpc_outcome(progress.protocol, "peek_timeout")
                 log.info("peek timeout", extra={"peer": str(peer), "outcome": "peek_timeout"})
                 conn.close()
                 return
             except _Rejected as rej:  # unparsable first bytes
-                self._metrics.grpc_outcome(protocol, rej.outcome)
+                self._metrics.grpc_outcome(progress.protocol, rej.outcome)
                 log.info("rejected: %s", rej, extra={"peer": str(peer), "outcome": rej.outcome})
-                conn.close()
+                if progress.protocol == "tls":  # a TLS client is told why: decode_error alert
+                    await self._answer_rejection(conn, progress, rej)
+                else:
+                    conn.close()
                 return
             protocol = peeked.protocol
             try:
@@ -193,7 +236,7 @@ class TcpRouter:
             log.exception("unexpected error serving %s", peer)
             conn.close()
 
-    async def _peek(self, conn: socket.socket) -> _Peeked:
+    async def _peek(self, conn: socket.socket, progress: _Peeked) -> _Peeked:
         loop = asyncio.get_running_loop()
         buffered = bytearray()
         tls: ClientHelloReader | None = None
@@ -207,6 +250,7 @@ class TcpRouter:
             if tls is None and h2 is None:
                 if looks_like_tls(bytes(buffered)):
                     tls = ClientHelloReader(c.MAX_PEEK_BYTES)
+                    progress.protocol = "tls"
                     data = bytes(buffered)
                 elif looks_like_h2c(bytes(buffered)):
                     h2 = H2RequestReader(c.MAX_PEEK_BYTES)
@@ -251,7 +295,10 @@ class TcpRouter:
     async def _dial(self, target: Target, protocol: str) -> socket.socket:
         loop = asyncio.get_running_loop()
         family = socket.AF_INET6 if ":" in target.address else socket.AF_INET
-        pod = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            pod = socket.socket(family, socket.SOCK_STREAM)
+        except OSError as exc:  # EMFILE under a connection flood: the client hears UNAVAILABLE
+            raise _Rejected("connect_error", f"dial {target.grpc_endpoint}: {exc.strerror}") from None
         pod.setblocking(False)
         pod.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         started = time.monotonic()
@@ -309,10 +356,13 @@ class TcpRouter:
         """Tell the client why, in its own protocol, then close without a RST."""
         loop = asyncio.get_running_loop()
         if peeked.protocol == "tls":
-            unavailable = rej.outcome in ("target_unavailable", "connect_error")
-            answer = tls_alert(
-                c.TLS_ALERT_INTERNAL_ERROR if unavailable else c.TLS_ALERT_UNRECOGNIZED_NAME
-            )
+            if rej.outcome == "protocol_error":
+                description = c.TLS_ALERT_DECODE_ERROR
+            elif rej.outcome in ("target_unavailable", "connect_error"):
+                description = c.TLS_ALERT_INTERNAL_ERROR
+            else:
+                description = c.TLS_ALERT_UNRECOGNIZED_NAME
+            answer = tls_alert(description)
         else:
             request = peeked.h2_request
             stream_id = request.stream_id if request is not None else 1

@@ -1,0 +1,771 @@
+"""TCP faults through the router process: slowloris, fd exhaustion, failing pods, load integrity.
+
+Each test runs its own router (``python -m router``) on 127.0.0.1 with the timeouts it
+needs; pods are real grpcio servers or small raw TCP servers on 127.0.0.2+. Figures (fds,
+RSS, connections held) are printed so ``pytest -s`` shows them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import hashlib
+import os
+import queue
+import random
+import resource
+import selectors
+import socket
+import ssl
+import struct
+import threading
+import time
+from collections.abc import Coroutine, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import grpc
+import h2.config
+import h2.connection
+import h2.events
+import pytest
+
+from router import constants as c
+from router.demo_pods import ECHO, RunningPod, start_pod
+from router.tls_peek import tls_alert
+from tests.faults import (
+    WhoAmIProbe,
+    alpn_extension,
+    client_hello,
+    h2c_channel,
+    open_fds,
+    outcome_count,
+    outcome_counts,
+    raise_nofile_limit,
+    read_to_eof,
+    rss_kib,
+    settle_fds,
+    sni_extension,
+    timed_whoami,
+)
+from tests.router_process import RouterProcess, router_args, write_endpoints
+
+T = TypeVar("T")
+
+PEEK_TIMEOUT_MS = 1500
+CONNECT_TIMEOUT_MS = 1000
+RELAY_IDLE_TIMEOUT_MS = 1000
+PROMPTLY_S = 5.0
+"""Generous bound for "promptly" on a shared 2-core machine."""
+FD_SLACK = 2
+"""Router fds allowed above the baseline afterwards (a health-scrape connection in flight)."""
+
+
+def host(pod: str) -> str:
+    return f"{pod}.stargate.external"
+
+
+@pytest.fixture(autouse=True)
+def _nofile_limit() -> None:
+    raise_nofile_limit()
+
+
+@pytest.fixture
+def grpc_pod() -> Iterator[RunningPod]:
+    pod = start_pod("stargate-0", "127.0.0.2")
+    try:
+        yield pod
+    finally:
+        pod.stop()
+
+
+def start_router(tmp_path: Path, rows: list[tuple[str, str, int, int]], *extra: str) -> RouterProcess:
+    endpoints = tmp_path / "endpoints.json"
+    write_endpoints(endpoints, rows)
+    router = RouterProcess(router_args(endpoints, *extra))
+    router.wait_ready()
+    return router
+
+
+def whoami(router: RouterProcess, pod: str, timeout_s: float = 10.0) -> tuple[str, float]:
+    """(answering pod or status code name, seconds) of one WhoAmI naming ``pod``."""
+    return timed_whoami(router, host(pod), timeout_s)
+
+
+# ---------------------------------------------------------------------------
+# Slowloris
+# ---------------------------------------------------------------------------
+SILENT, H2C_DRIP, TLS_DRIP = "silent", "h2c-drip", "tls-drip"
+DRIP_BYTES = {H2C_DRIP: c.H2_PREFACE, TLS_DRIP: b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03"}
+"""What a drip connection sends, one byte a second: a valid start that never completes in time."""
+
+
+@pytest.mark.parametrize(
+    "connections", [300, pytest.param(2000, marks=pytest.mark.slow)], ids=lambda n: f"{n}conns"
+)
+def test_slowloris_peeks_close_at_the_peek_timeout_while_real_calls_pass(
+    tmp_path: Path, grpc_pod: RunningPod, connections: int,
+) -> None:
+    router = start_router(
+        tmp_path, [("stargate-0", grpc_pod.address, grpc_pod.port, 1)],
+        "--peek-timeout-ms", str(PEEK_TIMEOUT_MS),
+    )
+    with router:
+        pid = router.proc.pid
+        assert whoami(router, "stargate-0")[0] == "stargate-0"  # warm
+        base_fds = settle_fds(pid, 0, timeout_s=0.5)
+        before = outcome_counts(router)
+        kinds = [(SILENT, H2C_DRIP, TLS_DRIP)[i % 3] for i in range(connections)]
+        socks: list[socket.socket] = []
+        opened: dict[int, float] = {}
+        closed: dict[int, float] = {}
+        sel = selectors.DefaultSelector()
+        caller = WhoAmIProbe(router, host("stargate-0"), max_calls=100)
+        try:
+            for i in range(connections):
+                sock = socket.create_connection(("127.0.0.1", router.grpc_port), timeout=5)
+                sock.setblocking(False)
+                opened[i] = time.monotonic()
+                socks.append(sock)
+                sel.register(sock, selectors.EVENT_READ, i)
+            hold_started = time.monotonic()
+            caller.start()
+            peak_fds, sent_rounds = base_fds, 0
+            deadline = hold_started + PEEK_TIMEOUT_MS / 1000 + 10
+            next_drip = hold_started
+            while len(closed) < connections and time.monotonic() < deadline:
+                now = time.monotonic()
+                if now >= next_drip:  # one byte a second on every drip connection still open
+                    for i, kind in enumerate(kinds):
+                        if kind != SILENT and i not in closed:
+                            with contextlib.suppress(OSError):
+                                socks[i].send(DRIP_BYTES[kind][sent_rounds : sent_rounds + 1])
+                    sent_rounds += 1
+                    next_drip += 1.0
+                for key, _ in sel.select(timeout=0.05):
+                    i = key.data
+                    try:
+                        data = socks[i].recv(4096)
+                    except (BlockingIOError, InterruptedError):
+                        continue
+                    except OSError:
+                        data = b""
+                    if not data:
+                        closed[i] = time.monotonic()
+                        sel.unregister(socks[i])
+                peak_fds = max(peak_fds, open_fds(pid))
+            caller.stop()
+        finally:
+            sel.close()
+            for sock in socks:
+                sock.close()
+        after_fds = settle_fds(pid, base_fds + FD_SLACK)
+        after = outcome_counts(router)
+        lifetimes = [closed[i] - opened[i] for i in closed]
+        print(
+            f"\nslowloris {connections}: router fds base={base_fds} peak={peak_fds} after={after_fds}; "
+            f"held {min(lifetimes):.2f}-{max(lifetimes):.2f}s; legit calls={len(caller.results)} "
+            f"max latency={caller.max_latency_s:.3f}s"
+        )
+        assert len(closed) == connections, f"{connections - len(closed)} connections never closed"
+        assert min(lifetimes) >= PEEK_TIMEOUT_MS / 1000 - 0.05  # not before the peek timeout
+        assert max(lifetimes) <= PEEK_TIMEOUT_MS / 1000 + PROMPTLY_S  # and promptly at it
+        assert peak_fds >= base_fds + connections // 2, "the router never held the connections"
+        during_hold = [r for r in caller.results if r[0] < hold_started + PEEK_TIMEOUT_MS / 1000]
+        assert during_hold, "no legitimate call was made while the connections were held"
+        assert caller.failures("stargate-0") == []
+        assert caller.max_latency_s < PROMPTLY_S
+        tls_drips = kinds.count(TLS_DRIP)
+        assert after["h2c", "peek_timeout"] - before["h2c", "peek_timeout"] == connections - tls_drips
+        assert after["tls", "peek_timeout"] - before["tls", "peek_timeout"] == tls_drips
+        assert after_fds <= base_fds + FD_SLACK
+        assert router.stop() == 0
+
+
+def _cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_fd_exhaustion_answers_unavailable_pauses_accepts_and_recovers(
+    tmp_path: Path, grpc_pod: RunningPod,
+) -> None:
+    """The router at its fd limit: no busy accept loop, no log flood, service returns by itself."""
+    peek_timeout_ms = 2000  # the held peeks must outlive the set-up on a loaded machine
+    router = start_router(
+        tmp_path, [("stargate-0", grpc_pod.address, grpc_pod.port, 1)],
+        "--peek-timeout-ms", str(peek_timeout_ms),
+    )
+    with router:
+        pid = router.proc.pid
+        assert whoami(router, "stargate-0")[0] == "stargate-0"
+        base_fds = settle_fds(pid, 0, timeout_s=0.5)
+        headroom = 20
+        # Lower only the soft limit (the router raised it to the hard one at start): restorable.
+        old_limit = resource.prlimit(pid, resource.RLIMIT_NOFILE)
+        resource.prlimit(pid, resource.RLIMIT_NOFILE, (base_fds + headroom, old_limit[1]))
+        idle: list[socket.socket] = []
+        try:
+            # Leave the router exactly one free fd: the next client is accepted, its dial fails.
+            for _ in range(headroom - 1):
+                idle.append(socket.create_connection(("127.0.0.1", router.grpc_port), timeout=5))
+            deadline = time.monotonic() + 1.0
+            while open_fds(pid) < base_fds + headroom - 1 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            answer, elapsed = whoami(router, "stargate-0")
+            assert answer == "UNAVAILABLE" and elapsed < PROMPTLY_S, (answer, elapsed)
+            settle_fds(pid, base_fds + headroom - 2, timeout_s=PROMPTLY_S)  # room for a scrape
+            assert outcome_count(router, "h2c", "connect_error") == 1  # answered and counted
+            # Now beyond the limit: accept() fails with EMFILE while connections queue.
+            for _ in range(30):
+                idle.append(socket.create_connection(("127.0.0.1", router.grpc_port), timeout=5))
+            lines_before, cpu_before, t0 = len(router.lines), _cpu_seconds(pid), time.monotonic()
+            time.sleep(0.5)
+            cpu_share = (_cpu_seconds(pid) - cpu_before) / (time.monotonic() - t0)
+            log_lines = len(router.lines) - lines_before
+            # The held peeks time out (1.5 s), fds come back, the queued ones are accepted and
+            # time out too; a real call then succeeds without anyone restarting anything.
+            recovered_after = None
+            started = time.monotonic()
+            while time.monotonic() - started < peek_timeout_ms / 1000 * 3 + PROMPTLY_S:
+                if whoami(router, "stargate-0", timeout_s=2.0)[0] == "stargate-0":
+                    recovered_after = time.monotonic() - started
+                    break
+                time.sleep(0.2)
+        finally:
+            for sock in idle:
+                sock.close()
+            resource.prlimit(pid, resource.RLIMIT_NOFILE, old_limit)
+        print(f"\nfd exhaustion: cpu share while at EMFILE={cpu_share:.2f}, log lines in 0.5 s={log_lines}, "
+              f"recovered after {recovered_after}s")
+        assert cpu_share < 0.3, "accept loop spins at EMFILE"
+        assert log_lines < 50, "log flood at EMFILE"
+        assert recovered_after is not None
+        assert not [line for line in router.lines if "unexpected error" in line]
+        assert settle_fds(pid, base_fds + FD_SLACK) <= base_fds + FD_SLACK
+        assert router.stop() == 0
+
+
+# ---------------------------------------------------------------------------
+# Pod faults
+# ---------------------------------------------------------------------------
+def _closed_port(address: str) -> int:
+    with socket.socket() as probe:
+        probe.bind((address, 0))
+        return int(probe.getsockname()[1])
+
+
+def _tls_status(router: RouterProcess, pod: str) -> tuple[bytes, float]:
+    """(what the router answered, seconds) to a hand-built ClientHello naming ``pod``."""
+    started = time.monotonic()
+    with socket.create_connection(("127.0.0.1", router.grpc_port), timeout=5) as sock:
+        sock.sendall(client_hello([sni_extension(host(pod).encode()), alpn_extension(b"h2")]))
+        answer = read_to_eof(sock, timeout_s=10)
+    return answer, time.monotonic() - started
+
+
+class SynDroppingPod:
+    """A pod address whose accept queue is full (backlog 0, one queued connection): SYNs are dropped."""
+
+    def __init__(self, address: str) -> None:
+        self._listener = socket.create_server((address, 0), backlog=0)
+        self.port: int = self._listener.getsockname()[1]
+        self._filler = socket.create_connection((address, self.port), timeout=2)
+
+    def close(self) -> None:
+        self._filler.close()
+        self._listener.close()
+
+
+@pytest.mark.parametrize("fault", ["refused", "syn-dropped"])
+def test_unreachable_pod_is_unavailable_within_the_connect_timeout(tmp_path: Path, fault: str) -> None:
+    dropping = SynDroppingPod("127.0.0.6") if fault == "syn-dropped" else None
+    port = dropping.port if dropping is not None else _closed_port("127.0.0.6")
+    try:
+        router = start_router(
+            tmp_path, [("stargate-0", "127.0.0.6", port, 1)], "--connect-timeout-ms", str(CONNECT_TIMEOUT_MS),
+        )
+        with router:
+            answer, elapsed = whoami(router, "stargate-0")
+            assert answer == "UNAVAILABLE"
+            assert elapsed < CONNECT_TIMEOUT_MS / 1000 + PROMPTLY_S
+            alert, tls_elapsed = _tls_status(router, "stargate-0")
+            assert alert == tls_alert(c.TLS_ALERT_INTERNAL_ERROR)
+            assert tls_elapsed < CONNECT_TIMEOUT_MS / 1000 + PROMPTLY_S
+            print(f"\n{fault}: h2c UNAVAILABLE after {elapsed:.3f}s, TLS internal_error after {tls_elapsed:.3f}s")
+            assert outcome_count(router, "h2c", "connect_error") == 1
+            assert outcome_count(router, "tls", "connect_error") == 1
+            assert router.stop() == 0
+    finally:
+        if dropping is not None:
+            dropping.close()
+
+
+class ResettingProxy:
+    """A pod address forwarding to a real grpcio pod until ``reset_all`` RSTs every connection."""
+
+    def __init__(self, address: str, upstream: tuple[str, int]) -> None:
+        self._upstream = upstream
+        self._writers: list[asyncio.StreamWriter] = []
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="resetting-proxy", daemon=True)
+        self._thread.start()
+        self._server = self._call(asyncio.start_server(self._handle, address, 0))
+        self.port: int = self._server.sockets[0].getsockname()[1]
+
+    def _call(self, coro: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(5)
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection(*self._upstream)
+        self._writers += [writer, up_writer]
+
+        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+            with contextlib.suppress(OSError):
+                while data := await src.read(65536):
+                    dst.write(data)
+                    await dst.drain()
+
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+
+    def reset_all(self) -> int:
+        async def reset() -> int:
+            count = len(self._writers) // 2
+            for writer in self._writers:
+                with contextlib.suppress(OSError):
+                    writer.get_extra_info("socket").setsockopt(
+                        socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0)
+                    )
+                writer.transport.abort()
+            self._writers.clear()
+            return count
+
+        return self._call(reset())
+
+    def close(self) -> None:
+        self.reset_all()
+        self._server.close()
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(5)
+
+
+def _echo_stream(channel: grpc.Channel) -> tuple[queue.Queue[bytes | None], Iterator[bytes]]:
+    """An open bidirectional Echo call: put messages (None ends it), iterate the replies."""
+    outbox: queue.Queue[bytes | None] = queue.Queue()
+
+    def requests() -> Iterator[bytes]:
+        while (message := outbox.get(timeout=30)) is not None:
+            yield message
+
+    echo = channel.stream_stream(ECHO, request_serializer=bytes, response_deserializer=bytes)
+    return outbox, echo(requests(), timeout=30)
+
+
+def test_pod_reset_mid_stream_reaches_the_client_promptly(tmp_path: Path, grpc_pod: RunningPod) -> None:
+    proxy = ResettingProxy("127.0.0.3", (grpc_pod.address, grpc_pod.port))
+    try:
+        router = start_router(tmp_path, [("stargate-0", "127.0.0.3", proxy.port, 1)])
+        with router:
+            base_fds = settle_fds(router.proc.pid, 0, timeout_s=0.5)
+            with h2c_channel(router, host("stargate-0")) as channel:
+                outbox, replies = _echo_stream(channel)
+                outbox.put(b"first")
+                assert next(replies) == b"first"
+                assert proxy.reset_all() == 1
+                reset_at = time.monotonic()
+                outbox.put(b"second")
+                with pytest.raises(grpc.RpcError) as err:
+                    next(replies)
+                seen_after = time.monotonic() - reset_at
+                outbox.put(None)
+            print(f"\npod reset: client saw {err.value.code().name} after {seen_after:.3f}s")
+            assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert seen_after < PROMPTLY_S
+            assert outcome_count(router, "h2c", "relay_error") == 1
+            assert settle_fds(router.proc.pid, base_fds + FD_SLACK) <= base_fds + FD_SLACK
+            assert router.stop() == 0
+    finally:
+        proxy.close()
+
+
+class BlackholePod:
+    """Accepts and then never reads or answers; keeps every connection."""
+
+    def __init__(self, address: str) -> None:
+        self._listener = socket.create_server((address, 0))
+        self._listener.settimeout(0.1)
+        self.port: int = self._listener.getsockname()[1]
+        self.held: list[socket.socket] = []
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._accept_loop, daemon=True)
+        self._thread.start()
+
+    def _accept_loop(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                self.held.append(self._listener.accept()[0])
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+
+    def close(self) -> None:
+        self._stopping.set()
+        self._thread.join(5)
+        self._listener.close()
+        for sock in self.held:
+            sock.close()
+
+
+@pytest.mark.parametrize("protocol", ["h2c", "tls"])
+def test_blackholed_pod_is_cut_at_the_relay_idle_timeout(tmp_path: Path, protocol: str) -> None:
+    pod = BlackholePod("127.0.0.4")
+    try:
+        router = start_router(
+            tmp_path, [("stargate-0", "127.0.0.4", pod.port, 1)],
+            "--relay-idle-timeout-ms", str(RELAY_IDLE_TIMEOUT_MS),
+        )
+        with router:
+            base_fds = settle_fds(router.proc.pid, 0, timeout_s=0.5)
+            started = time.monotonic()
+            if protocol == "h2c":
+                answer, elapsed = whoami(router, "stargate-0", timeout_s=20)
+                assert answer == "UNAVAILABLE"
+            else:
+                ctx = ssl.create_default_context()
+                with socket.create_connection(("127.0.0.1", router.grpc_port), timeout=20) as raw:
+                    with pytest.raises((ssl.SSLError, OSError)):
+                        ctx.wrap_socket(raw, server_hostname=host("stargate-0"))
+                elapsed = time.monotonic() - started
+            assert RELAY_IDLE_TIMEOUT_MS / 1000 - 0.05 <= elapsed < RELAY_IDLE_TIMEOUT_MS / 1000 + PROMPTLY_S
+            assert len(pod.held) == 1
+            pod_side = pod.held[0]
+            forwarded = read_to_eof(pod_side, timeout_s=PROMPTLY_S)  # what the router forwarded, then EOF
+            assert forwarded, "the pod's connection carried nothing"
+            assert pod_side.recv(1) == b""
+            print(f"\nblackhole {protocol}: client cut after {elapsed:.3f}s")
+            assert outcome_count(router, protocol, "accepted") == 1
+            assert outcome_count(router, protocol, "completed") == 1
+            assert settle_fds(router.proc.pid, base_fds + FD_SLACK) <= base_fds + FD_SLACK
+            assert router.stop() == 0
+    finally:
+        pod.close()
+
+
+def test_pod_removed_from_endpoints_keeps_open_streams_and_rejects_new_ones(
+    tmp_path: Path, grpc_pod: RunningPod,
+) -> None:
+    other = start_pod("stargate-1", "127.0.0.3")
+    try:
+        rows = [("stargate-0", grpc_pod.address, grpc_pod.port, 1), ("stargate-1", other.address, other.port, 1)]
+        router = start_router(tmp_path, rows)
+        with router:
+            with h2c_channel(router, host("stargate-0")) as channel:
+                outbox, replies = _echo_stream(channel)
+                outbox.put(b"before")
+                assert next(replies) == b"before"
+                write_endpoints(tmp_path / "endpoints.json", rows[1:])
+                deadline = time.monotonic() + PROMPTLY_S
+                while router.metric(c.READY_TARGETS) != 1 and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                assert router.metric(c.READY_TARGETS) == 1
+                for i in range(5):  # the open stream continues on its spliced connection
+                    outbox.put(b"after-%d" % i)
+                    assert next(replies) == b"after-%d" % i
+                assert whoami(router, "stargate-0")[0] == "UNAVAILABLE"  # new connection
+                assert whoami(router, "stargate-1")[0] == "stargate-1"
+                outbox.put(None)
+                assert list(replies) == []
+            assert outcome_count(router, "h2c", "target_unavailable") == 1
+            assert router.stop() == 0
+    finally:
+        other.stop()
+
+
+# ---------------------------------------------------------------------------
+# Integrity and leaks under load
+# ---------------------------------------------------------------------------
+STREAM_HEADER = struct.Struct("!QQ")
+"""After the ClientHello record: stream id, bytes the pod is to send back."""
+
+
+class IntegrityPods:
+    """Raw pods behind TLS-SNI routing: skip the ClientHello record, then a raw byte stream.
+
+    Per connection the pod hashes what it receives until EOF and, at the same time, sends the
+    random bytes the header asks for, then half-closes; it records both digests by stream id.
+    """
+
+    def __init__(self) -> None:
+        self.results: dict[int, tuple[str, str, str]] = {}
+        """stream id -> (pod name, sha256 received, sha256 sent)."""
+        self.servers: list[asyncio.Server] = []
+        self.rows: list[tuple[str, str, int, int]] = []
+
+    async def start(self, pods: list[tuple[str, str]]) -> None:
+        for name, address in pods:
+            server = await asyncio.start_server(
+                functools.partial(self._serve, name), address, 0, limit=1 << 20, backlog=1024
+            )
+            self.servers.append(server)
+            self.rows.append((name, address, server.sockets[0].getsockname()[1], 1))
+
+    async def _serve(self, name: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            record_header = await reader.readexactly(5)
+            await reader.readexactly(int.from_bytes(record_header[3:5], "big"))
+            stream_id, down_size = STREAM_HEADER.unpack(await reader.readexactly(STREAM_HEADER.size))
+            down = os.urandom(down_size)
+
+            async def send() -> None:
+                for i in range(0, len(down), 64 * 1024):
+                    writer.write(down[i : i + 64 * 1024])
+                    await writer.drain()
+                writer.write_eof()
+
+            sender = asyncio.create_task(send())
+            got = hashlib.sha256()
+            while chunk := await reader.read(1 << 20):
+                got.update(chunk)
+            await sender
+            self.results[stream_id] = (name, got.hexdigest(), hashlib.sha256(down).hexdigest())
+        finally:
+            writer.close()
+
+    def close(self) -> None:
+        for server in self.servers:
+            server.close()
+
+
+async def _integrity_client(
+    port: int, stream_id: int, pod: str, up_size: int, down_size: int, pod_first: bool, rng: random.Random,
+) -> tuple[str, str, str]:
+    """One routed stream; returns (pod, sha256 sent, sha256 received)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port, limit=1 << 20)
+    try:
+        writer.write(client_hello([sni_extension(host(pod).encode())]) + STREAM_HEADER.pack(stream_id, down_size))
+        up = os.urandom(up_size)
+        got = hashlib.sha256()
+
+        async def receive() -> None:
+            while chunk := await reader.read(1 << 20):
+                got.update(chunk)
+
+        async def send() -> None:
+            pos = 0
+            while pos < len(up):
+                step = rng.randint(1, 256 * 1024)
+                writer.write(up[pos : pos + step])
+                await writer.drain()
+                pos += step
+            writer.write_eof()
+
+        if pod_first:  # the pod->client half closes first; client->pod keeps flowing afterwards
+            await receive()
+            await send()
+        else:
+            await asyncio.gather(send(), receive())
+        return pod, hashlib.sha256(up).hexdigest(), got.hexdigest()
+    finally:
+        writer.close()
+
+
+@pytest.mark.parametrize(
+    ("streams", "max_bytes"),
+    [(200, 2 * 1024 * 1024), pytest.param(200, 16 * 1024 * 1024, marks=pytest.mark.slow)],
+    ids=["200-streams-up-to-2MiB", "200-streams-up-to-16MiB"],
+)
+async def test_concurrent_streams_with_half_closes_arrive_byte_exact(
+    tmp_path: Path, streams: int, max_bytes: int,
+) -> None:
+    pods = IntegrityPods()
+    await pods.start([("stargate-0", "127.0.0.2"), ("stargate-1", "127.0.0.3")])
+    seed = random.randrange(1 << 32)
+    rng = random.Random(seed)
+    router = await asyncio.to_thread(start_router, tmp_path, pods.rows)
+    try:
+        plans = []
+        for stream_id in range(streams):
+            up = rng.choice([0, rng.randint(1, 1024), rng.randint(0, max_bytes)])
+            down = rng.choice([0, rng.randint(1, 1024), rng.randint(0, max_bytes)])
+            plans.append((stream_id, rng.choice(["stargate-0", "stargate-1"]), up, down, rng.random() < 0.3))
+        started = time.monotonic()
+        outcomes = await asyncio.wait_for(asyncio.gather(*(
+            _integrity_client(router.grpc_port, sid, pod, up, down, pod_first, random.Random(seed + sid))
+            for sid, pod, up, down, pod_first in plans
+        )), 90)
+        elapsed = time.monotonic() - started
+        # A client is done when its own halves are; its pod may still be reading the last bytes.
+        deadline = time.monotonic() + 10
+        while len(pods.results) < streams and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        total = sum(up + down for _, _, up, down, _ in plans)
+        mismatches = []
+        for plan, (_pod, sent_up, got_down) in zip(plans, outcomes, strict=True):
+            sid, pod = plan[:2]
+            pod_name, got_up, sent_down = pods.results.get(sid, ("missing", "", ""))
+            if (pod_name, got_up, got_down) != (pod, sent_up, sent_down):
+                mismatches.append((plan, pod_name, got_up == sent_up, got_down == sent_down))
+        print(f"\nintegrity seed={seed}: {streams} streams, {total / 2**20:.1f} MiB in {elapsed:.2f}s, "
+              f"mismatches={len(mismatches)}")
+        assert mismatches == [], f"seed {seed}: streams {mismatches[:10]}"
+        assert await asyncio.to_thread(outcome_count, router, "tls", "completed") == streams
+        assert await asyncio.to_thread(outcome_count, router, "tls", "relay_error") == 0
+    finally:
+        await asyncio.to_thread(router.stop)
+        pods.close()
+
+
+def _h2c_client(authority: str) -> tuple[h2.connection.H2Connection, bytes]:
+    """An h2 client and its first bytes: preface, SETTINGS and one gRPC request naming ``authority``."""
+    conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+    conn.initiate_connection()
+    conn.send_headers(1, [(":method", "POST"), (":scheme", "http"), (":path", "/x.Y/Z"),
+                          (":authority", authority), ("content-type", "application/grpc"), ("te", "trailers")],
+                      end_stream=True)
+    return conn, conn.data_to_send()
+
+
+def grpc_status_of(conn: h2.connection.H2Connection, answer: bytes) -> str | None:
+    """The grpc-status an h2 client reads in ``answer`` (None if there is none)."""
+    for event in conn.receive_data(answer):
+        if isinstance(event, h2.events.ResponseReceived | h2.events.TrailersReceived):
+            for name, value in event.headers:
+                if name == b"grpc-status":
+                    return bytes(value).decode()
+    return None
+
+
+async def _echo_pod(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    try:
+        while data := await reader.read(65536):
+            writer.write(data)
+            await writer.drain()
+        writer.write_eof()
+    except OSError:
+        pass
+    finally:
+        writer.close()
+
+
+async def _churn_one(port: int, kind: str, payload: bytes) -> bool:
+    """One connection of the mix; True when it ended as that kind should."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        if kind == "abort":  # connect, then RST at once
+            writer.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            writer.transport.abort()
+            return True
+        if kind == "close":
+            return True
+        if kind == "routed":
+            hello = client_hello([sni_extension(host("stargate-echo").encode())])
+            writer.write(hello + payload)
+            writer.write_eof()
+            return await reader.read() == hello + payload
+        if kind == "unknown-sni":
+            writer.write(client_hello([sni_extension(b"nobody.example.org")]))
+            return await reader.read() == tls_alert(c.TLS_ALERT_UNRECOGNIZED_NAME)
+        if kind == "h2c-unknown":
+            conn, request = _h2c_client("nobody.example.org")
+            writer.write(request)
+            return grpc_status_of(conn, await reader.read()) == str(c.GRPC_STATUS_INVALID_ARGUMENT)
+        writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")  # garbage: closed, nothing answered
+        return await reader.read() == b""
+    finally:
+        writer.close()
+
+
+CHURN_KINDS = ("routed",) * 5 + ("unknown-sni", "unknown-sni", "h2c-unknown", "garbage", "close", "abort")
+
+
+@pytest.mark.parametrize("connections", [1000, pytest.param(10_000, marks=pytest.mark.slow)])
+async def test_connection_churn_leaks_no_fds_or_memory(tmp_path: Path, connections: int) -> None:
+    server = await asyncio.start_server(_echo_pod, "127.0.0.2", 0, backlog=1024)
+    port = server.sockets[0].getsockname()[1]
+    router = await asyncio.to_thread(start_router, tmp_path, [("stargate-echo", "127.0.0.2", port, 1)])
+    rng = random.Random(7)
+    limit = asyncio.Semaphore(50)
+
+    async def one(i: int) -> bool:
+        async with limit:
+            kind = CHURN_KINDS[i % len(CHURN_KINDS)]
+            return await asyncio.wait_for(
+                _churn_one(router.grpc_port, kind, os.urandom(rng.randint(1, 32 * 1024))), 15
+            )
+
+    try:
+        pid = router.proc.pid
+        assert all(await asyncio.gather(*(one(i) for i in range(200))))  # warm-up
+        await asyncio.sleep(1.1)  # rejected connections linger <= 1 s; relays give back buffers
+        base_fds, base_rss = open_fds(pid), rss_kib(pid)
+        started = time.monotonic()
+        ok = await asyncio.gather(*(one(i) for i in range(connections)))
+        elapsed = time.monotonic() - started
+        await asyncio.sleep(1.1)
+        after_fds = await asyncio.to_thread(settle_fds, pid, base_fds + FD_SLACK)
+        after_rss = rss_kib(pid)
+        print(f"\nchurn {connections} connections in {elapsed:.1f}s: router fds {base_fds} -> {after_fds}, "
+              f"RSS {base_rss} KiB -> {after_rss} KiB ({after_rss - base_rss:+d} KiB)")
+        assert ok.count(False) == 0
+        assert after_fds <= base_fds + FD_SLACK
+        assert after_rss - base_rss < 16 * 1024, "RSS grew by more than 16 MiB"
+    finally:
+        await asyncio.to_thread(router.stop)
+        server.close()
+
+
+
+async def _flooding_pod(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Skips the ClientHello record, then writes as fast as the router takes it (until cut)."""
+    chunk = os.urandom(256 * 1024)
+    try:
+        record_header = await reader.readexactly(5)
+        await reader.readexactly(int.from_bytes(record_header[3:5], "big"))
+        for _ in range(4096):  # at most 1 GiB per connection; flow control stops it far earlier
+            writer.write(chunk)
+            await writer.drain()
+    except (OSError, asyncio.IncompleteReadError):
+        pass
+    finally:
+        writer.close()
+
+
+async def test_clients_that_never_read_cost_the_router_bounded_memory(tmp_path: Path) -> None:
+    """A pod floods, its clients never read: flow control holds, the router's RSS does not follow."""
+    connections = 50
+    server = await asyncio.start_server(_flooding_pod, "127.0.0.2", 0, backlog=1024)
+    port = server.sockets[0].getsockname()[1]
+    router = await asyncio.to_thread(start_router, tmp_path, [("stargate-flood", "127.0.0.2", port, 1)])
+    clients: list[socket.socket] = []
+    try:
+        pid = router.proc.pid
+        base_fds, base_rss = open_fds(pid), rss_kib(pid)
+        hello = client_hello([sni_extension(host("stargate-flood").encode())])
+        for _ in range(connections):
+            sock = socket.create_connection(("127.0.0.1", router.grpc_port), timeout=5)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
+            sock.sendall(hello)
+            clients.append(sock)
+        await asyncio.sleep(1.5)  # every pipe and socket buffer on the way fills up, then stalls
+        relayed = await asyncio.to_thread(
+            router.metric, c.RELAYED_BYTES_TOTAL + "_total", protocol="tls", direction="pod_to_client"
+        )
+        held_fds, held_rss = open_fds(pid), rss_kib(pid)
+        for sock in clients:
+            sock.close()
+        clients.clear()
+        after_fds = await asyncio.to_thread(settle_fds, pid, base_fds + FD_SLACK)
+        print(f"\nnon-reading clients: {connections} stalled connections, RSS {base_rss} -> {held_rss} KiB "
+              f"({held_rss - base_rss:+d} KiB, {relayed / 2**20:.0f} MiB reported relayed), "
+              f"fds {base_fds} -> {held_fds} -> {after_fds}")
+        assert held_fds >= base_fds + 2 * connections  # really held: client and pod socket each
+        assert held_rss - base_rss < 32 * 1024, "router memory follows what its clients do not read"
+        assert after_fds <= base_fds + FD_SLACK
+    finally:
+        for sock in clients:
+            sock.close()
+        await asyncio.to_thread(router.stop)
+        server.close()
