@@ -387,3 +387,12 @@ HEALTH_MAX_REQUEST_HEAD_BYTES: Final = 8 * 1024
 
 HEALTH_REQUEST_TIMEOUT_S: Final = 5.0
 """A probe client that cannot send its request (or read the answer) in this long is cut off."""
+
+# ---------------------------------------------------------------------------
+# TCP accept and rejection
+# ---------------------------------------------------------------------------
+ACCEPT_BATCH: Final = 64
+"""Connections accepted per readiness callback; bounds one callback's latency under a burst."""
+
+REJECT_LINGER_S: Final = 1.0
+"""After a rejection, read (and discard) this long so the client reads our answer, not a RST."""

@@ -37,12 +37,6 @@ from router.tls_peek import ClientHelloReader, TlsPeekError, looks_like_tls, tls
 
 log = logging.getLogger(__name__)
 
-ACCEPT_BATCH = 64
-"""Connections accepted per readiness callback; bounds one callback's latency under a burst."""
-
-REJECT_LINGER_S = 1.0
-"""After a rejection, read (and discard) this long so the client reads our answer, not a RST."""
-
 _RESOURCE_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 """accept() failures that persist while the listener stays readable: pause, do not spin."""
 
@@ -141,7 +135,7 @@ class TcpRouter:
         listener = self._listener
         if listener is None or self._loop is None:
             return
-        for _ in range(ACCEPT_BATCH):
+        for _ in range(c.ACCEPT_BATCH):
             try:
                 conn, peer = listener.accept()
             except (BlockingIOError, InterruptedError):
@@ -373,9 +367,9 @@ class TcpRouter:
             )
             answer = grpc_rejection(stream_id, status, str(rej))
         try:
-            await asyncio.wait_for(loop.sock_sendall(conn, answer), REJECT_LINGER_S)
+            await asyncio.wait_for(loop.sock_sendall(conn, answer), c.REJECT_LINGER_S)
             conn.shutdown(socket.SHUT_WR)
-            deadline = loop.time() + REJECT_LINGER_S
+            deadline = loop.time() + c.REJECT_LINGER_S
             while loop.time() < deadline:
                 chunk = await asyncio.wait_for(
                     loop.sock_recv(conn, 4096), max(0.0, deadline - loop.time())
