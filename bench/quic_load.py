@@ -1,0 +1,199 @@
+"""QUIC / UDP load generators and pods; every function here runs inside an ``Agent`` process
+(``client_initials`` also in the parent).
+
+A UDP flow is routed by the router only after a real QUIC client Initial naming the pod,
+so every flow's socket first sends one (built by aioquic), then raw 1200-byte datagrams
+that look like short-header packets. The UDP sink pod counts datagrams and remembers the
+distinct source addresses, which tells when each flow has reached it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import socket
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from aioquic.quic.configuration import QuicConfiguration
+from aioquic.quic.connection import QuicConnection
+
+_STATE: dict[str, Any] = {}
+SOCKET_BUFFER_BYTES = 4 * 1024 * 1024
+
+
+def client_initials(server_name: str, count: int, alpn: str = "stargate-whoami") -> list[list[bytes]]:
+    """First-flight datagrams of ``count`` fresh aioquic clients (each one list, usually 1 Initial)."""
+    flights = []
+    for _ in range(count):
+        config = QuicConfiguration(is_client=True, alpn_protocols=[alpn], server_name=server_name)
+        conn = QuicConnection(configuration=config)
+        now = time.monotonic()
+        conn.connect(("127.0.0.1", 443), now=now)
+        flights.append([data for data, _addr in conn.datagrams_to_send(now=now)])
+    return flights
+
+
+# ---------------------------------------------------------------------------------------
+# The UDP sink pod
+# ---------------------------------------------------------------------------------------
+def _sink_loop(sock: socket.socket, counts: list[int], sources: set[Any]) -> None:
+    buf = bytearray(65536)
+    recv = sock.recvfrom_into
+    add = sources.add
+    while True:
+        try:
+            n, addr = recv(buf)
+        except OSError:
+            return
+        counts[0] += 1
+        counts[1] += n
+        add(addr)
+
+
+def start_udp_sink(host: str) -> int:
+    """A UDP pod that counts what it receives; ``udp_sink_stats()`` reads the counts."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SOCKET_BUFFER_BYTES)
+    sock.bind((host, 0))
+    counts, sources = [0, 0], set[Any]()
+    _STATE["sink"] = (sock, counts, sources)
+    threading.Thread(target=_sink_loop, args=(sock, counts, sources), daemon=True).start()
+    return int(sock.getsockname()[1])
+
+
+def udp_sink_stats() -> tuple[int, int, int]:
+    """(datagrams, bytes, distinct source addresses) received so far."""
+    _sock, counts, sources = _STATE["sink"]
+    return counts[0], counts[1], len(sources)
+
+
+def udp_sink_forget_sources() -> None:
+    """Forget the source addresses seen: call it when the sockets that sent them are closed,
+    since their ports may come back as sources of new flows."""
+    _STATE["sink"][2].clear()
+
+
+# ---------------------------------------------------------------------------------------
+# Flows: open (one Initial each), blast, close
+# ---------------------------------------------------------------------------------------
+def open_udp_flows(addr: tuple[str, int], count: int, flights: list[list[bytes]],
+                   batch: int = 20, pause_s: float = 0.01) -> int:
+    """Open ``count`` more flow sockets to ``addr``, each sending one client Initial flight
+    (``flights`` reused round-robin); returns the flows now open. Paced at ``batch`` flows per
+    ``pause_s``: a burst would overflow the middle box's socket buffer, as it would in life."""
+    flows: list[tuple[socket.socket, list[bytes]]] = _STATE.setdefault("flows", [])
+    for i in range(count):
+        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        sock.connect(addr)
+        flight = flights[len(flows) % len(flights)]
+        flows.append((sock, flight))
+        for datagram in flight:
+            sock.send(datagram)
+        if (i + 1) % batch == 0:
+            time.sleep(pause_s)
+    return len(flows)
+
+
+def resend_initials(first: int = 0, batch: int = 20, pause_s: float = 0.01) -> None:
+    """Send the Initial flight of every flow from ``first`` on again, in a new random order and
+    paced: lost Initials are retransmitted, as a real client does after its PTO."""
+    flows = _STATE.get("flows", [])[first:]
+    for i, (sock, flight) in enumerate(random.sample(flows, len(flows))):
+        for datagram in flight:
+            try:
+                sock.send(datagram)
+            except OSError:
+                continue
+        if (i + 1) % batch == 0:
+            time.sleep(pause_s)
+
+
+def udp_blast(seconds: float, size: int) -> tuple[int, float]:
+    """Send ``size``-byte short-header-looking datagrams round-robin on every open flow for
+    ``seconds``, as fast as the socket calls go; returns (datagrams sent, elapsed seconds)."""
+    payload = bytearray(os.urandom(size))
+    payload[0] = 0x40 | (payload[0] & 0x3F)  # short header, fixed bit set
+    data = bytes(payload)
+    sends = [sock.send for sock, _flight in _STATE.get("flows", [])]
+    sent = 0
+    errors = 0
+    clock = time.perf_counter
+    started = clock()
+    deadline = started + seconds
+    rounds_per_check = max(1, 256 // len(sends))
+    while clock() < deadline:
+        for _ in range(rounds_per_check):
+            for send in sends:
+                try:
+                    send(data)
+                except OSError:  # ECONNREFUSED from an earlier ICMP, ENOBUFS
+                    errors += 1
+            sent += len(sends)
+    return sent - errors, clock() - started
+
+
+def retire_udp_flows() -> None:
+    """Stop blasting on the open flows but keep their sockets: a closed socket's port could
+    come back for a new flow, which the middle box would take for the old one."""
+    _STATE.setdefault("retired", []).extend(sock for sock, _flight in _STATE.get("flows", []))
+    _STATE["flows"] = []
+
+
+def close_udp_flows() -> None:
+    retire_udp_flows()
+    for sock in _STATE["retired"]:
+        sock.close()
+    _STATE["retired"] = []
+
+
+# ---------------------------------------------------------------------------------------
+# QUIC pods and handshaking clients (aioquic, from tests/quic_pods.py)
+# ---------------------------------------------------------------------------------------
+def start_quic_pod_thread(pod_name: str, host: str, cert_path: str, key_path: str) -> int:
+    """An aioquic pod answering ``<pod>:<payload>`` on its own event-loop thread; its port."""
+    from router.demo_quic_pods import bound_port, start_quic_pod
+
+    started = threading.Event()
+    box: list[int] = []
+
+    def run() -> None:
+        loop = asyncio.new_event_loop()
+        server = loop.run_until_complete(start_quic_pod(pod_name, host, 0, cert_path, key_path))
+        _STATE.setdefault("quic_servers", []).append(server)
+        box.append(bound_port(server))
+        started.set()
+        loop.run_forever()
+
+    threading.Thread(target=run, daemon=True).start()
+    if not started.wait(10):
+        raise RuntimeError("QUIC pod did not start")
+    return box[0]
+
+
+def quic_handshakes(host: str, port: int, server_name: str, cafile: str, seconds: float,
+                    concurrency: int) -> tuple[int, int, float]:
+    """Full aioquic connections (handshake, one stream round trip, close), ``concurrency`` at a
+    time for ``seconds``; returns (completed, failed, elapsed)."""
+    from router.demo_quic_pods import quic_whoami
+
+    async def main() -> tuple[int, int, float]:
+        counts = [0, 0]
+        started = time.perf_counter()
+        deadline = started + seconds
+
+        async def worker() -> None:
+            while time.perf_counter() < deadline:
+                try:
+                    await quic_whoami(host, port, server_name, Path(cafile), timeout_s=5.0)
+                    counts[0] += 1
+                except (ConnectionError, TimeoutError, OSError):
+                    counts[1] += 1
+
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        return counts[0], counts[1], time.perf_counter() - started
+
+    return asyncio.run(main())

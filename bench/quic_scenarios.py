@@ -1,0 +1,176 @@
+"""QUIC scenarios: SNI extraction cost, handshakes/s, UDP relay packets/s (1 and 100 flows).
+
+The peer is nginx's ``stream`` UDP proxy with one worker. It cannot route QUIC by SNI
+(``ssl_preread`` reads TLS over TCP only), so it forwards every flow to the one pod, with
+a session (an upstream socket) per client address, as the router has a flow per address.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+from bench.context import POD, POD_HOST, SNI, BenchContext, try_start
+from bench.procs import Agent, BenchError, Nginx, Router, call_all, cpu_seconds
+from bench.quic_load import (
+    client_initials,
+    open_udp_flows,
+    quic_handshakes,
+    resend_initials,
+    retire_udp_flows,
+    start_quic_pod_thread,
+    start_udp_sink,
+    udp_blast,
+    udp_sink_stats,
+)
+from bench.results import Row, Target, interleaved, median
+from quic.initial_sniffer import InitialSniffer
+from router.demo_pki import make_pki
+
+UDP_TARGETS = (Target("ratio_vs_peer", ">=", 1.0, ">=1.0x nginx"),)
+NGINX_NOTE = "nginx stream UDP proxy to one pod: it cannot route QUIC by SNI"
+DATAGRAM_BYTES = 1200
+HANDSHAKE_CLIENTS = 2
+HANDSHAKE_CONCURRENCY = 4
+"""Per client process; aioquic handshakes are CPU-bound in Python at both ends."""
+
+
+def quic_sniff(ctx: BenchContext) -> list[Row]:
+    flights = client_initials(SNI, 64)
+    datagrams = [f[0] for f in flights]
+    for d in datagrams:
+        info = InitialSniffer().feed(d)
+        if info is None or info.server_name != SNI:
+            raise BenchError(f"sniffer did not find the SNI in a one-datagram Initial: {info}")
+    reps = ctx.pick(20, 100)
+    per_batch = []
+    for _ in range(ctx.pick(5, 15)):
+        started = time.perf_counter()
+        for _ in range(reps):
+            for d in datagrams:
+                InitialSniffer().feed(d)
+        per_batch.append((time.perf_counter() - started) / (reps * len(datagrams)) * 1e6)
+    ctx.log(f"quic sniff: {len(per_batch)} batches of {reps * len(datagrams)} Initials")
+    return [Row("quic_initial_sniff", "SNI from one real aioquic client Initial (keys, decrypt, "
+                "parse) with quic.initial_sniffer", "us/Initial", median(per_batch),
+                higher_is_better=False)]
+
+
+def quic_handshake(ctx: BenchContext) -> list[Row]:
+    pki = make_pki(ctx.workdir / "pki")
+    pod = ctx.own(Agent("quic-pod"))
+    port = pod.call(start_quic_pod_thread, POD, POD_HOST, str(pki.cert_path), str(pki.key_path))
+    clients = [ctx.own(Agent(f"quic-client-{i}")) for i in range(HANDSHAKE_CLIENTS)]
+    router = ctx.own(Router(ctx.workdir, [(POD, POD_HOST, 1, port)], workers=ctx.workers))
+    nginx = try_start(ctx, "nginx", lambda: Nginx(ctx.workdir, POD_HOST, port))
+    endpoints: dict[str, tuple[tuple[str, int], int | None]] = {
+        "router": (("127.0.0.1", router.udp_port), router.pid), "direct": ((POD_HOST, port), None)}
+    if nginx is not None:
+        endpoints["nginx"] = (("127.0.0.1", nginx.port), nginx.pid)
+    seconds = ctx.pick(0.7, 3.0)
+    ctx.log(f"quic handshakes: {HANDSHAKE_CLIENTS}x{HANDSHAKE_CONCURRENCY} concurrent, {seconds}s per case")
+
+    def case(addr: tuple[str, int], pid: int | None) -> tuple[float, float | None]:
+        before = cpu_seconds(pid) if pid is not None else 0.0
+        answers = call_all(clients, quic_handshakes, [(addr[0], addr[1], SNI, str(pki.ca_path), seconds,
+                                                       HANDSHAKE_CONCURRENCY)] * len(clients))
+        done, failed = sum(a[0] for a in answers), sum(a[1] for a in answers)
+        if failed > done // 20:
+            raise BenchError(f"quic handshakes via {addr}: {failed} failed, {done} completed")
+        cpu = (cpu_seconds(pid) - before) / max(done, 1) * 1e6 if pid is not None else None
+        return done / max(a[2] for a in answers), cpu
+
+    results = interleaved(ctx.rounds, {n: partial(case, *e) for n, e in endpoints.items()})
+
+    def med(name: str, i: int) -> float | None:
+        return median([r[i] for r in results.get(name, []) if r[i] is not None])
+
+    return [
+        Row("quic_handshake_rate", "aioquic handshake + 1 stream round trip + close", "handshakes/s",
+            med("router", 0), "nginx", med("nginx", 0), med("direct", 0),
+            note=NGINX_NOTE + "; aioquic client and pod CPU bound it"),
+        Row("quic_handshake_cpu", "middle-box CPU per QUIC connection", "CPU us/conn",
+            med("router", 1), "nginx", med("nginx", 1), None, higher_is_better=False),
+    ]
+
+
+def establish_flows(blaster: Agent, sink: Agent, addr: tuple[str, int], count: int,
+                    flights: list[list[bytes]], batch: int = 500, timeout_s: float = 30.0) -> None:
+    """Open ``count`` flows to ``addr`` and wait until the sink saw each one's source address
+    (the router or nginx opened its upstream socket); lost Initials are re-sent."""
+    sources = sink.call(udp_sink_stats)[2]
+    base = blaster.call(open_udp_flows, addr, 0, flights)
+    opened = 0
+    while opened < count:
+        first = base + opened
+        opened = blaster.call(open_udp_flows, addr, min(batch, count - opened), flights) - base
+        deadline = time.monotonic() + timeout_s
+        next_resend = time.monotonic() + 0.5
+        while sink.call(udp_sink_stats)[2] < sources + opened:
+            now = time.monotonic()
+            if now > deadline:
+                got = sink.call(udp_sink_stats)[2] - sources
+                raise BenchError(f"only {got} of {opened} UDP flows to {addr} reached the pod")
+            if now > next_resend:
+                blaster.call(resend_initials, first)
+                next_resend = now + 0.5
+            time.sleep(0.01)
+
+
+def udp_relay(ctx: BenchContext) -> list[Row]:
+    sink = ctx.own(Agent("udp-sink"))
+    port = sink.call(start_udp_sink, POD_HOST)
+    blaster = ctx.own(Agent("udp-blaster"))
+    router = ctx.own(Router(ctx.workdir, [(POD, POD_HOST, 1, port)], workers=ctx.workers))
+    nginx = try_start(ctx, "nginx", lambda: Nginx(ctx.workdir, POD_HOST, port))
+    endpoints: dict[str, tuple[tuple[str, int], int | None]] = {
+        "router": (("127.0.0.1", router.udp_port), router.pid), "direct": ((POD_HOST, port), None)}
+    if nginx is not None:
+        endpoints["nginx"] = (("127.0.0.1", nginx.port), nginx.pid)
+    flights = client_initials(SNI, 100)
+    seconds = ctx.pick(0.5, 2.0)
+    rows = []
+    for flows in (1, 100):
+        ctx.log(f"udp relay: {flows} flow(s), {DATAGRAM_BYTES} B datagrams, {seconds}s per case")
+        results = interleaved(ctx.rounds, {
+            n: _udp_case(ctx, blaster, sink, addr, pid, flows, flights, seconds)
+            for n, (addr, pid) in endpoints.items()})
+
+        def med(name: str, i: int, results: dict[str, list[Any]] = results) -> float | None:
+            return median([r[i] for r in results.get(name, []) if r[i] is not None])
+
+        offered = med("direct", 2)
+        rows += [
+            Row(f"udp_relay_{flows}flow_pps", f"{DATAGRAM_BYTES} B datagrams delivered to the pod, "
+                f"{flows} flow(s)", "pkt/s", med("router", 0), "nginx", med("nginx", 0), med("direct", 0),
+                targets=UDP_TARGETS, note=f"one Python sender offered ~{offered or 0:,.0f} pkt/s"),
+            Row(f"udp_relay_{flows}flow_mbps", f"payload delivered, {flows} flow(s)", "MB/s",
+                _mb(med("router", 0)), "nginx", _mb(med("nginx", 0)), _mb(med("direct", 0))),
+            Row(f"udp_relay_{flows}flow_cpu", f"middle-box CPU per delivered datagram, {flows} flow(s)",
+                "CPU us/pkt", med("router", 1), "nginx", med("nginx", 1), None, higher_is_better=False),
+        ]
+    return rows
+
+
+def _mb(pps: float | None) -> float | None:
+    return pps * DATAGRAM_BYTES / 1e6 if pps is not None else None
+
+
+def _udp_case(ctx: BenchContext, blaster: Agent, sink: Agent, addr: tuple[str, int], pid: int | None,
+              flows: int, flights: list[list[bytes]], seconds: float
+              ) -> Callable[[], tuple[float, float | None, float]]:
+    def case() -> tuple[float, float | None, float]:
+        establish_flows(blaster, sink, addr, flows, flights)
+        time.sleep(0.1)
+        before = sink.call(udp_sink_stats)[0]
+        cpu_before = cpu_seconds(pid) if pid is not None else 0.0
+        sent, elapsed = blaster.call(udp_blast, seconds, DATAGRAM_BYTES)
+        time.sleep(0.2)  # let queued datagrams drain through the middle box
+        delivered = sink.call(udp_sink_stats)[0] - before
+        cpu = (cpu_seconds(pid) - cpu_before) / max(delivered, 1) * 1e6 if pid is not None else None
+        blaster.call(retire_udp_flows)
+        return delivered / elapsed, cpu, sent / elapsed
+
+    return case
