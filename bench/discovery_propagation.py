@@ -50,7 +50,7 @@ def _router(args: list[str]) -> RouterProcess:
     router = RouterProcess([
         "--listen-addr", "127.0.0.1:0", "--reverse-tunnel-listen-addr", "127.0.0.1:0",
         "--health-listen-addr", "127.0.0.1:0", "--target-namespace", NAMESPACE,
-        "--shutdown-delay-ms", "0", "--log-level", "warning", *args,
+        "--shutdown-delay-ms", "0", *args,
     ])
     router.wait_ready()
     return router

@@ -396,3 +396,7 @@ ACCEPT_BATCH: Final = 64
 
 REJECT_LINGER_S: Final = 1.0
 """After a rejection, read (and discard) this long so the client reads our answer, not a RST."""
+
+SPLICE_AFTER_BYTES: Final = 64 * 1024
+"""A direction is copied through one shared buffer until it has carried this much; only bulk
+flows pay for a pipe (pipe2 + 2 fcntl + 2 close, 2 fds), short gRPC exchanges never do."""

@@ -37,6 +37,7 @@ from router.constants import (
     RELAY_RELEASE_QUIET_S,
     RELAY_REPORT_BYTES,
     RELAY_ROUNDS_PER_WAKEUP,
+    SPLICE_AFTER_BYTES,
     SPLICE_PIPE_BYTES,
 )
 
@@ -55,6 +56,8 @@ _LINGER_RESET: Final = struct.pack("ii", 1, 0)
 _EMPTY: Final = memoryview(b"")
 _NONE, _READ, _WRITE = 0, 1, 2
 _TIMER_SLACK_S: Final = 0.001
+_SCRATCH_VIEW: Final = memoryview(bytearray(RELAY_CHUNK_BYTES))
+"""The buffered path's one read buffer, shared by all relays (the event loop is single-threaded)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,7 +102,7 @@ class _Direction:
     """One way of the relay: reads ``src``, writes ``dst``, holds at most one pipe or chunk."""
 
     __slots__ = (
-        "buf", "done", "dst", "dst_fd", "filter", "filter_done", "last", "loop", "out", "pending",
+        "done", "dst", "dst_fd", "filter", "filter_done", "last", "loop", "out", "pending",
         "pipe_cap", "pipe_r", "pipe_w", "relay", "reported", "sent", "splice", "src", "src_fd",
         "to_splice", "want",
     )
@@ -111,13 +114,12 @@ class _Direction:
         self.loop = relay.loop
         self.src, self.dst = src, dst
         self.src_fd, self.dst_fd = src.fileno(), dst.fileno()
-        self.to_splice = to_splice  # splice once no filter and nothing buffered is pending
-        self.splice = to_splice
+        self.to_splice = to_splice  # splice once past SPLICE_AFTER_BYTES, with no filter, nothing pending
+        self.splice = to_splice and SPLICE_AFTER_BYTES <= 0
         self.filter: Callable[[bytes], bytes] | None = None
         self.filter_done: Callable[[], bool] | None = None
         self.pipe_r = self.pipe_w = -1
         self.pipe_cap = 0
-        self.buf: bytearray | None = None
         self.out = _EMPTY  # buffered mode: the pending bytes
         self.pending = 0  # bytes read but not yet written (in the pipe or ``out``)
         self.sent = 0
@@ -167,6 +169,7 @@ class _Direction:
         self.set_want(_WRITE if self.pending else _READ)
 
     def _pump_buffered(self) -> None:
+        scratch = _SCRATCH_VIEW
         for _ in range(RELAY_ROUNDS_PER_WAKEUP):
             if self.pending:
                 try:
@@ -181,7 +184,7 @@ class _Direction:
                     self.set_want(_WRITE)
                     return
                 self.out = _EMPTY
-            if self.to_splice and self.filter is None:
+            if self.to_splice and self.filter is None and self.sent >= SPLICE_AFTER_BYTES:
                 self.splice = True
                 self.release()
                 self._pump_splice()
@@ -192,18 +195,25 @@ class _Direction:
                     if self.done:
                         return
                     continue
-                if self.buf is None:
-                    self.buf = bytearray(RELAY_CHUNK_BYTES)
-                    self.relay.acquired()
-                n = self.src.recv_into(self.buf)
+                n = self.src.recv_into(scratch)
             except BlockingIOError:
                 self.set_want(_READ)
                 return
             if n == 0:
                 self._eof()
                 return
-            self.out = memoryview(self.buf)[:n]
-            self.pending = n
+            # The scratch buffer is shared by every relay of this process: write it out now and
+            # copy only what the sink could not take (then stop reading until it drains).
+            try:
+                sent = self.dst.send(scratch[:n])
+            except BlockingIOError:
+                sent = 0
+            self._count(sent)
+            if sent < n:
+                self.out = memoryview(bytes(scratch[sent:n]))
+                self.pending = n - sent
+                self.set_want(_WRITE)
+                return
         self.set_want(_WRITE if self.pending else _READ)
 
     def _read_filtered(self) -> None:
@@ -267,7 +277,7 @@ class _Direction:
         return True
 
     def held(self) -> int:
-        return self.pipe_cap + (len(self.buf) if self.buf is not None else 0)
+        return self.pipe_cap + (len(self.out) if not self.splice else 0)
 
     def release(self) -> None:
         """Give back the pipe / buffer; only called with nothing pending in them."""
@@ -276,7 +286,6 @@ class _Direction:
             os.close(self.pipe_w)
             self.pipe_r = self.pipe_w = -1
             self.pipe_cap = 0
-        self.buf = None
         self.out = _EMPTY
 
     def close(self) -> None:

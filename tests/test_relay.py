@@ -262,6 +262,7 @@ def test_quiet_connection_gives_back_pipes_and_buffers(
     run: Runner, use_splice: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(relay_module, "RELAY_RELEASE_QUIET_S", 0.05)
+    monkeypatch.setattr(relay_module, "SPLICE_AFTER_BYTES", 0)  # pipes from the first byte on
 
     async def scenario() -> None:
         link = Link()
@@ -271,7 +272,7 @@ def test_quiet_connection_gives_back_pipes_and_buffers(
             assert await thread(recv_exactly, link.pod_peer, 4) == b"ping"
             await thread(link.pod_peer.sendall, b"pong")
             assert await thread(recv_exactly, link.client_peer, 4) == b"pong"
-            if round_trip == 0:
+            if round_trip == 0 and use_splice:  # the buffered path holds nothing once written
                 assert only_state().held_bytes > 0
             for _ in range(200):
                 if only_state().held_bytes == 0:
@@ -367,8 +368,10 @@ class DropFirstMarker:
 
 
 def test_client_filter_sees_peeked_and_later_bytes_then_steps_aside(
-    run: Runner, use_splice: bool
+    run: Runner, use_splice: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr(relay_module, "SPLICE_AFTER_BYTES", 0)  # splice as soon as the filter is done
+
     async def scenario() -> None:
         link = Link()
         marker = DropFirstMarker()
@@ -431,6 +434,8 @@ def test_on_bytes_totals_match_small_transfers(run: Runner, use_splice: bool) ->
 
 @pytest.mark.skipif(not SPLICE_AVAILABLE, reason="os.splice not available")
 def test_no_fds_for_pipes_falls_back_to_copying(run: Runner, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(relay_module, "SPLICE_AFTER_BYTES", 0)
+
     def no_pipes(flags: int) -> tuple[int, int]:
         raise OSError(errno.EMFILE, "Too many open files")
 
@@ -444,6 +449,32 @@ def test_no_fds_for_pipes_falls_back_to_copying(run: Runner, monkeypatch: pytest
         await thread(send_and_shut, link.pod_peer, b"down")
         assert await thread(recv_all, link.client_peer) == b"down"
         assert await finished(task) == RelayResult(2, 4, "completed", None)
+        link.close_peers()
+
+    run(scenario())
+
+
+@pytest.mark.skipif(not SPLICE_AVAILABLE, reason="os.splice not available")
+def test_short_exchanges_never_take_a_pipe_and_bulk_switches_to_splice(run: Runner) -> None:
+    async def scenario() -> None:
+        link = Link()
+        task = link.start()  # auto: splice wanted
+        for _ in range(20):  # a unary gRPC-like exchange: small both ways
+            await thread(link.client_peer.sendall, b"request")
+            assert await thread(recv_exactly, link.pod_peer, 7) == b"request"
+            await thread(link.pod_peer.sendall, b"reply")
+            assert await thread(recv_exactly, link.client_peer, 5) == b"reply"
+            state = only_state()
+            assert (state.client_to_pod_mode, state.pod_to_client_mode) == ("buffered", "buffered")
+            assert state.held_bytes == 0
+        bulk = os.urandom(relay_module.SPLICE_AFTER_BYTES * 4)
+        sending = asyncio.ensure_future(thread(link.client_peer.sendall, bulk))
+        assert await thread(recv_exactly, link.pod_peer, len(bulk)) == bulk
+        await sending
+        assert only_state().client_to_pod_mode == "splice"
+        assert only_state().pod_to_client_mode == "buffered"
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
         link.close_peers()
 
     run(scenario())

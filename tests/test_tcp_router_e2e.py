@@ -140,8 +140,9 @@ def test_round_robin_fallback_for_watch_path(tmp_path: Path) -> None:
         with RouterProcess(router_args(tmp_path / "e.json")) as router:
             router.wait_ready()
             seen = set()
+            # one TCP connection per call (a local subchannel pool): the router decides per connection
+            opts = [("grpc.default_authority", "not-a-stargate.example"), ("grpc.use_local_subchannel_pool", 1)]
             for _ in range(6):
-                opts = [("grpc.default_authority", "not-a-stargate.example")]
                 with grpc.insecure_channel(f"127.0.0.1:{router.grpc_port}", options=opts) as ch:
                     watch = ch.unary_stream(WATCH, request_serializer=bytes, response_deserializer=bytes)
                     replies = list(watch(b"", timeout=5))
