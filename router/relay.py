@@ -142,6 +142,7 @@ class _Direction:
 
     def _pump_splice(self) -> None:
         splice = os.splice
+        drained = False  # the last read was short: the source is empty for now, skip an EAGAIN read
         for _ in range(RELAY_ROUNDS_PER_WAKEUP):
             if self.pending:
                 try:
@@ -154,6 +155,8 @@ class _Direction:
                 if self.pending:
                     self.set_want(_WRITE)
                     return
+            if drained:
+                break
             if self.pipe_w < 0 and not self._open_pipe():
                 self._pump_buffered()  # out of fds or memory for a pipe: copy instead
                 return
@@ -166,6 +169,7 @@ class _Direction:
                 self._eof()
                 return
             self.pending = n
+            drained = n < self.pipe_cap
         self.set_want(_WRITE if self.pending else _READ)
 
     def _pump_buffered(self) -> None:
@@ -214,6 +218,8 @@ class _Direction:
                 self.pending = n - sent
                 self.set_want(_WRITE)
                 return
+            if n < len(scratch):  # a short read drained the source: wait for more, skip an EAGAIN read
+                break
         self.set_want(_WRITE if self.pending else _READ)
 
     def _read_filtered(self) -> None:
