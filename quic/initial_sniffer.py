@@ -14,8 +14,9 @@ Error policy, so that an off-path injector cannot kill a flow it does not own:
 * Once the first Initial fixed the version and original DCID, useless datagrams (other
   DCID or version, failed authentication, garbage) are ignored: ``feed`` returns None.
 * Errors inside authenticated data are fatal for the flow and always raise: a frame not
-  allowed in an Initial, CRYPTO beyond ``max_crypto_bytes`` or conflicting, and a bad
-  ClientHello (:class:`InvalidClientHello`, which wraps the ``ClientHelloError``).
+  allowed in an Initial, CRYPTO beyond ``max_crypto_bytes`` (capped at the largest ClientHello
+  accepted, ``MAX_TLS_CLIENT_HELLO_BYTES``) or conflicting, and a bad ClientHello
+  (:class:`InvalidClientHello`, which wraps the ``ClientHelloError``).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from quic.packet import (
     is_long_header,
     iter_long_headers,
 )
-from router.constants import QUIC_MAX_CRYPTO_BYTES, QUIC_MIN_INITIAL_DATAGRAM_BYTES
+from router.constants import MAX_TLS_CLIENT_HELLO_BYTES, QUIC_MAX_CRYPTO_BYTES, QUIC_MIN_INITIAL_DATAGRAM_BYTES
 
 _HANDSHAKE_HEADER_BYTES = 4
 
@@ -66,7 +67,9 @@ class InitialSniffer:
         self._min_datagram = min_datagram_bytes
         self._keys: InitialKeys | None = None
         self._largest_pn = -1
-        self._crypto = CryptoReassembler(max_crypto_bytes)
+        # CRYPTO past the largest ClientHello accepted can never complete one; not buffering
+        # it keeps one 1200-byte datagram from costing a 64 KiB reassembly buffer per flow.
+        self._crypto = CryptoReassembler(min(max_crypto_bytes, MAX_TLS_CLIENT_HELLO_BYTES))
 
     def feed(self, datagram: bytes) -> ClientHelloInfo | None:
         """Take one client datagram; the ClientHello facts once complete, else None."""

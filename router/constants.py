@@ -115,8 +115,8 @@ QUIC_MIN_INITIAL_DATAGRAM_BYTES: Final = 1200
 QUIC_MAX_DATAGRAM_BYTES: Final = 65_527
 """Largest UDP payload; receive buffers are sized for it."""
 
-QUIC_MAX_CRYPTO_BYTES: Final = 64 * 1024
-"""CRYPTO stream bytes buffered per pending flow before giving up (ClientHello cap)."""
+QUIC_MAX_CRYPTO_BYTES: Final = MAX_TLS_CLIENT_HELLO_BYTES
+"""CRYPTO bytes buffered per pending flow: past the largest ClientHello accepted none can complete."""
 
 QUIC_MAX_PENDING_DATAGRAMS_PER_FLOW: Final = 16
 """Datagrams held for a flow whose SNI is not complete yet (big ClientHellos need 2-4)."""

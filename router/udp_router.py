@@ -305,6 +305,8 @@ class UdpRouter:
         """One more datagram of a pending flow: buffer it and look for the ClientHello."""
         if not self._table.can_buffer(pending, len(data)):
             self._drop("pending_full")
+            if not pending.datagrams:  # opened by this very datagram: hold no slot for nothing
+                self._discard(pending)
             return
         if pending.decided:
             self._table.buffer(pending, data)
