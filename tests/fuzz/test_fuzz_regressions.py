@@ -29,13 +29,7 @@ REPLAY_IN_CHILD = (
     "exc = replay(sys.argv[1], Path(sys.argv[2]).read_bytes()); "
     "print(repr(exc)); sys.exit(0 if exc is None else 3)"
 )
-KNOWN_BUGS = {
-    ("endpoints", "signal-11"): (
-        "discovery/endpoint_slices.py parses with yaml.CSafeLoader, whose C composer recurses once per "
-        "nesting level: ~25,000 nested '[' (a 25 KB endpoints file) overflow the C stack and kill the "
-        "router with SIGSEGV instead of raising EndpointSliceError"
-    ),
-}
+KNOWN_BUGS: dict[tuple[str, str], str] = {}
 """(target, signature) -> the unfixed bug it shows (in a module this suite may not edit)."""
 
 
@@ -79,14 +73,12 @@ def test_saved_crash_input_is_handled(path: Path, tmp_path: Path) -> None:
 
 
 # -- the known bugs, pinned by name ------------------------------------------------------
-@pytest.mark.xfail(strict=True, reason=KNOWN_BUGS["endpoints", "signal-11"])
 def test_a_deeply_nested_endpoints_document_is_an_error_not_a_crash(tmp_path: Path) -> None:
     for nesting in (b"[" * 30_000, b"- " * 30_000, b'{"a":' * 30_000):
         child = _replay_in_child("endpoints", nesting, tmp_path)
         assert child.returncode == 0, f"{nesting[:6]!r}... killed the parser: {child.returncode}"
 
 
-@pytest.mark.xfail(strict=True, reason=KNOWN_BUGS["endpoints", "signal-11"])
 def test_the_router_survives_a_deeply_nested_endpoints_file(tmp_path: Path) -> None:
     """A broken endpoints file must leave the router up and not ready, not kill it."""
     endpoints = tmp_path / "endpoints.json"
