@@ -400,3 +400,6 @@ REJECT_LINGER_S: Final = 1.0
 SPLICE_AFTER_BYTES: Final = 64 * 1024
 """A direction is copied through one shared buffer until it has carried this much; only bulk
 flows pay for a pipe (pipe2 + 2 fcntl + 2 close, 2 fds), short gRPC exchanges never do."""
+
+REJECTION_LOG_LINES_PER_S: Final = 20.0
+"""Rejection log lines per second per listener; the rest are counted and reported as suppressed."""

@@ -32,6 +32,7 @@ from router.h2_peek import (
     looks_like_h2c,
 )
 from router.hostname import HostnameTemplate
+from router.log_limiter import RateLimitedLog
 from router.metrics import RouterMetrics
 from router.relay import relay
 from router.tls_peek import ClientHelloReader, TlsPeekError, looks_like_tls, tls_alert
@@ -124,6 +125,7 @@ class TcpRouter:
         self._snapshot = snapshot
         self._metrics = metrics
         self._series = {p: _ProtocolSeries(metrics, p) for p in c.TCP_PROTOCOLS}
+        self._rejections = RateLimitedLog(log)
         self._listener: socket.socket | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._rr = itertools.count()
@@ -237,12 +239,12 @@ class TcpRouter:
                     peeked = await self._peek(conn, progress)
             except TimeoutError:
                 self._count(progress.protocol, "peek_timeout")
-                log.info("peek timeout", extra={"peer": str(peer), "outcome": "peek_timeout"})
+                self._rejections.info("peek timeout", extra={"peer": str(peer), "outcome": "peek_timeout"})
                 conn.close()
                 return
             except _Rejected as rej:  # unparsable first bytes
                 self._count(progress.protocol, rej.outcome)
-                log.info("rejected: %s", rej, extra={"peer": str(peer), "outcome": rej.outcome})
+                self._rejections.info("rejected: %s", rej, extra={"peer": str(peer), "outcome": rej.outcome})
                 if progress.protocol == "tls":  # a TLS client is told why: decode_error alert
                     await self._answer_rejection(conn, progress, rej)
                 else:
@@ -255,7 +257,7 @@ class TcpRouter:
                 pod = await self._dial(target, protocol)
             except _Rejected as rej:
                 self._count(protocol, rej.outcome)
-                log.info(
+                self._rejections.info(
                     "rejected %s connection: %s", protocol, rej,
                     extra={"peer": str(peer), "hostname": peeked.hostname, "outcome": rej.outcome},
                 )
@@ -387,7 +389,7 @@ class TcpRouter:
         outcome = "relay_error" if result.outcome == "relay_error" else "completed"
         self._count(protocol, outcome)
         if result.error:
-            log.info("relay ended: %s", result.error, extra={"outcome": outcome})
+            self._rejections.info("relay ended: %s", result.error, extra={"outcome": outcome})
 
     async def _answer_rejection(self, conn: socket.socket, peeked: _Peeked, rej: _Rejected) -> None:
         """Tell the client why, in its own protocol, then close without a RST."""
