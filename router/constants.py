@@ -403,3 +403,14 @@ flows pay for a pipe (pipe2 + 2 fcntl + 2 close, 2 fds), short gRPC exchanges ne
 
 REJECTION_LOG_LINES_PER_S: Final = 20.0
 """Rejection log lines per second per listener; the rest are counted and reported as suppressed."""
+
+# ---------------------------------------------------------------------------
+# QUIC: a new connection from an established flow's address (appended by the UDP router helper)
+# ---------------------------------------------------------------------------
+QUIC_FLOW_TAKEOVER_QUIET_MS: Final = 2_000
+"""A new connection naming another pod takes an established flow's address only if that flow's
+client sent nothing for this long: live connections ACK and keep alive far more often, so a
+spoofed Initial cannot cut a busy flow, while a reused NAT port or socket waits at most this."""
+
+REASON_ADDRESS_IN_USE: Final = "client address in use by a live connection"
+"""QUIC CONNECTION_CLOSE reason for a new connection from the address of a live flow to another pod."""

@@ -11,6 +11,14 @@ the Source Connection ID of the pod's long-header packets: a datagram from an un
 address whose Destination Connection ID is a learned one belongs to that flow. CIDs the
 pod issues later in (encrypted) NEW_CONNECTION_ID frames cannot be seen by an L4 router,
 so a client that migrates *and* switches to such a CID at the same time is not followed.
+
+A new connection from the address of an established flow (a NAT reusing a port whose mapping
+expired, a client reusing its socket) is told apart by its Initial: a DCID that is neither one
+of the flow's client DCIDs nor a learned pod CID. It is sniffed as a *contender* (a pending
+flow at the same address, bounded like any pending flow) and, once its ClientHello is read,
+``contend`` decides: same pod, it shares the flow; another pod (or refused), it takes the
+address over only if the old flow's client has been quiet for ``takeover_quiet_s``, so a live
+connection's ACKs and keepalives keep it safe from a spoofed Initial.
 """
 
 from __future__ import annotations
@@ -56,6 +64,7 @@ class FlowLimits:
     rejection_memory_s: float = c.QUIC_REJECTION_MEMORY_MS / 1000
     max_remembered_rejections: int = c.QUIC_MAX_REMEMBERED_REJECTIONS
     answers_per_rejection: int = c.QUIC_ANSWERS_PER_REJECTION
+    takeover_quiet_s: float = c.QUIC_FLOW_TAKEOVER_QUIET_MS / 1000
 
     def __post_init__(self) -> None:
         for name in self.__dataclass_fields__:
@@ -74,6 +83,8 @@ class PendingFlow(Generic[S]):
     buffered_bytes: int = 0
     decided: bool = False
     """The pod is chosen and its socket is being opened; datagrams still queue here."""
+    dcid: bytes = b""
+    """DCID of the Initial that opened it: the client's original DCID (tells a contender's datagrams)."""
 
 
 @dataclass(slots=True, eq=False)
@@ -86,6 +97,10 @@ class Flow(Generic[H]):
     last_active: float
     cids: deque[bytes] = field(default_factory=deque)
     """Learned pod connection IDs, oldest first (bounded)."""
+    client_dcids: deque[bytes] = field(default_factory=deque)
+    """Original DCIDs of the client connections spliced here (bounded like ``cids``)."""
+    client_seen_at: float = 0.0
+    """When the client last sent a datagram on this flow (pod traffic does not count)."""
 
 
 @dataclass(slots=True, eq=False)
@@ -158,17 +173,31 @@ class UdpFlowTable(Generic[S, H]):
         return tuple(self._pending.values())
 
     # -- pending flows ------------------------------------------------------------------
-    def open_pending(self, address: Address, sniffer: S, now: float) -> PendingFlow[S] | str:
-        """Start buffering for a new address, or say (a drop reason) why not."""
-        if address in self._pending or address in self._flows:
+    def open_pending(
+        self, address: Address, sniffer: S, now: float, *, dcid: bytes = b"", contending: bool = False
+    ) -> PendingFlow[S] | str:
+        """Start buffering for a new address (or, ``contending``, a new connection from an
+        established flow's address), or say (a drop reason) why not."""
+        if address in self._pending or (address in self._flows and not contending):
             raise FlowTableError(f"address {address!r} already has a flow")
         if len(self._flows) + len(self._pending) >= self.limits.max_flows:
             return "flow_table_full"
         if len(self._pending) >= self.limits.max_pending_flows:
             return "pending_full"
-        pending = PendingFlow(address, now, sniffer)
+        pending = PendingFlow(address, now, sniffer, dcid=dcid)
         self._pending[address] = pending
         return pending
+
+    def make_room(self) -> PendingFlow[S] | None:
+        """With the pending table full, evict its oldest undecided flow (the one a spoofed
+        flood has held longest; a legitimate one leaves within a round trip) and return it."""
+        if len(self._pending) < self.limits.max_pending_flows:
+            return None
+        for pending in self._pending.values():  # insertion order is creation order
+            if not pending.decided:
+                del self._pending[pending.address]
+                return pending
+        return None
 
     def can_buffer(self, pending: PendingFlow[S], size: int) -> bool:
         """Would one more datagram of ``size`` bytes stay within the per-flow bounds?"""
@@ -194,10 +223,32 @@ class UdpFlowTable(Generic[S, H]):
         """Turn a pending flow into a spliced one; its datagrams stay on ``pending`` to flush."""
         if self._pending.get(pending.address) is not pending:
             raise FlowTableError(f"address {pending.address!r} is not pending")
+        if pending.address in self._flows:
+            raise FlowTableError(f"address {pending.address!r} still has a flow: retire it first")
         del self._pending[pending.address]
-        flow: Flow[H] = Flow(pending.address, pod_name, handle, now)
+        flow: Flow[H] = Flow(pending.address, pod_name, handle, now, client_seen_at=now)
+        self._add_client_dcid(flow, pending.dcid)
         self._flows[pending.address] = flow
         return flow
+
+    def contend(self, flow: Flow[H], pod_name: str | None, now: float) -> Contention:
+        """Decide for a contender whose ClientHello names ``pod_name`` (None: refused)."""
+        if pod_name is not None and pod_name == flow.pod_name:
+            return Contention.SHARE
+        if now - flow.client_seen_at >= self.limits.takeover_quiet_s:
+            return Contention.TAKE_OVER
+        return Contention.REFUSE
+
+    def share(self, pending: PendingFlow[S], flow: Flow[H]) -> None:
+        """A contender for the flow's own pod joins it: its datagrams stay on ``pending`` to flush."""
+        self.discard_pending(pending)
+        self._add_client_dcid(flow, pending.dcid)
+
+    def _add_client_dcid(self, flow: Flow[H], dcid: bytes) -> None:
+        if dcid and dcid not in flow.client_dcids:
+            flow.client_dcids.append(dcid)
+            if len(flow.client_dcids) > self.limits.max_learned_cids_per_flow:
+                flow.client_dcids.popleft()
 
     # -- established flows ----------------------------------------------------------------
     def learn_cid(self, flow: Flow[H], cid: bytes) -> None:
@@ -327,6 +378,17 @@ class ByteBudget:
         return True
 
 
+class Contention(Enum):
+    """What becomes of a new connection from an established flow's address (see ``contend``)."""
+
+    SHARE = "share"
+    """It names the flow's pod: its datagrams go through the flow's socket, nothing else changes."""
+    TAKE_OVER = "take_over"
+    """Another pod (or refused) and the old client is quiet: retire the old flow, route the new."""
+    REFUSE = "refuse"
+    """Another pod (or refused) but the old client is live: the new attempt is refused."""
+
+
 class Verdict(Enum):
     """What the edge does with a datagram from an address that has no flow."""
 
@@ -340,6 +402,10 @@ class Verdict(Enum):
     """A retransmit of a refused attempt: resend ``Unrouted.rejection.answer`` if allowed."""
     OPEN = "open"
     """A client Initial of a new attempt: start a pending flow and sniff it."""
+    FORWARD = "forward"
+    """(Established flow) one of its connections' datagrams: send it to the pod."""
+    CONTEND = "contend"
+    """(Established flow) a datagram of the contender already sniffed at this address: feed it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -386,4 +452,36 @@ def classify_unrouted(
         return Unrouted(Verdict.REANSWER, header=header, rejection=rejection)
     if not big_enough:
         return Unrouted(Verdict.DROP, "short_initial")
+    return Unrouted(Verdict.OPEN, header=header)
+
+
+def classify_on_flow(
+    table: UdpFlowTable[S, H], flow: Flow[H], datagram: bytes, now: float
+) -> Unrouted[H]:
+    """Judge a long-header datagram from the address of an established flow.
+
+    FORWARD unless it belongs to the contender sniffed at this address (CONTEND) or is a
+    client Initial (v1/v2, >= 1200 bytes) whose DCID is neither a client DCID of the flow nor
+    a learned pod CID: a new connection, which OPENs a contender (REANSWER if it was refused,
+    DROP ``pending_full`` while another contender holds the address).
+    """
+    try:
+        header = parse_long_header(datagram)
+    except QuicPacketError:
+        return Unrouted(Verdict.FORWARD)
+    contender = table.pending(flow.address)
+    if contender is not None and contender.dcid == header.dcid:
+        return Unrouted(Verdict.CONTEND, header=header)
+    if (
+        header.packet_type is not PacketType.INITIAL
+        or len(datagram) < c.QUIC_MIN_INITIAL_DATAGRAM_BYTES
+        or header.dcid in flow.client_dcids
+        or table.flow_for_cid(header.dcid) is flow
+    ):
+        return Unrouted(Verdict.FORWARD)
+    rejection = table.rejection(flow.address, header.dcid, now)
+    if rejection is not None:
+        return Unrouted(Verdict.REANSWER, header=header, rejection=rejection)
+    if contender is not None:
+        return Unrouted(Verdict.DROP, "pending_full")
     return Unrouted(Verdict.OPEN, header=header)

@@ -11,7 +11,12 @@ module only adapts sockets, the clock and metrics to it.
 Refusals (missing/unknown SNI, pod not ready, draining) are answered with an Initial
 CONNECTION_CLOSE so the worker fails fast: never larger than what provoked it, under a
 global byte budget, at most a few times per attempt. An unknown version gets a Version
-Negotiation under the same rules.
+Negotiation under the same rules (``router/quic_refusals.py``).
+
+A new connection from the address of an established flow (a client Initial with a DCID the
+flow does not know) is sniffed as a contender beside the flow; ``UdpFlowTable.contend``
+decides whether it shares the flow, takes the address over, or is refused
+(``REASON_ADDRESS_IN_USE``, outcome ``target_unavailable``).
 """
 
 from __future__ import annotations
@@ -26,18 +31,19 @@ from discovery.targets import Target, TargetSnapshot
 from quic.clienthello import ClientHelloInfo
 from quic.initial_sniffer import InitialSniffer
 from quic.packet import LongHeader, QuicPacketError
-from quic.server_replies import build_initial_close, build_version_negotiation
 from router import constants as c
 from router.hostname import HostnameTemplate
 from router.metrics import RouterMetrics
+from router.quic_refusals import QuicRefusals, peer
 from router.udp_flows import (
     Address,
-    ByteBudget,
+    Contention,
     Flow,
     FlowLimits,
     PendingFlow,
     UdpFlowTable,
     Verdict,
+    classify_on_flow,
     classify_unrouted,
 )
 
@@ -64,6 +70,7 @@ class UdpRouterSettings:
     rejection_memory_s: float = c.QUIC_REJECTION_MEMORY_MS / 1000
     max_remembered_rejections: int = c.QUIC_MAX_REMEMBERED_REJECTIONS
     answers_per_rejection: int = c.QUIC_ANSWERS_PER_REJECTION
+    flow_takeover_quiet_s: float = c.QUIC_FLOW_TAKEOVER_QUIET_MS / 1000
     sweep_interval_s: float = c.QUIC_FLOW_SWEEP_INTERVAL_MS / 1000
 
     def __post_init__(self) -> None:
@@ -87,6 +94,7 @@ class UdpRouterSettings:
             rejection_memory_s=self.rejection_memory_s,
             max_remembered_rejections=self.max_remembered_rejections,
             answers_per_rejection=self.answers_per_rejection,
+            takeover_quiet_s=self.flow_takeover_quiet_s,
         )
 
 
@@ -143,11 +151,6 @@ class _PodLink(_Endpoint):
             self.transport.close()
 
 
-def _peer(addr: Address) -> str:
-    host, port = addr[0], addr[1]
-    return f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
-
-
 class UdpRouter:
     """Routes QUIC flows by ClientHello SNI to the named pod and splices their datagrams."""
 
@@ -163,8 +166,7 @@ class UdpRouter:
         self._snapshot = snapshot
         self._metrics = metrics
         self._table: UdpFlowTable[InitialSniffer, _PodLink] = UdpFlowTable(settings.flow_limits())
-        budget = settings.reject_budget_bytes_per_s
-        self._budget = ByteBudget(budget, budget)
+        self._refusals = QuicRefusals(self._table, metrics, settings.reject_budget_bytes_per_s, self._send)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._listener: _Listener | None = None
         self._transport: asyncio.DatagramTransport | None = None
@@ -236,13 +238,15 @@ class UdpRouter:
 
     def _from_client(self, data: bytes, addr: Address) -> None:
         flow = self._table.flow(addr)
-        if flow is not None:
+        if flow is None:
+            self._from_new_address(data, addr, self._now())
+        elif data and data[0] & 0x80:  # a long header may start another connection from this address
+            self._from_flow_address(flow, data, addr, self._now())
+        else:
             self._to_pod(flow, data, self._now())
-            return
-        self._from_new_address(data, addr, self._now())
 
     def _to_pod(self, flow: Flow[_PodLink], data: bytes, now: float) -> None:
-        flow.last_active = now
+        flow.last_active = flow.client_seen_at = now
         link = flow.handle
         if link.transport is not None and not link.paused:
             self._client_bytes += len(data)
@@ -267,16 +271,27 @@ class UdpRouter:
         if verdict is Verdict.JOIN and unrouted.flow is not None:
             self._join(unrouted.flow, data, addr, now)
         elif verdict is Verdict.REANSWER and unrouted.rejection is not None:
-            rejection = unrouted.rejection
-            if rejection.answers_left > 0 and self._answer(rejection.answer, len(data), addr, now):
-                rejection.answers_left -= 1
-            else:
-                self._drop("rate_limited")
+            self._refusals.reanswer(unrouted.rejection, len(data), addr, now)
         elif verdict is Verdict.NEGOTIATE and header is not None:
             self._drop("not_initial")
-            self._negotiate_version(header.dcid, header.scid, len(data), addr, now)
+            self._refusals.negotiate_version(header.dcid, header.scid, len(data), addr, now)
         elif verdict is Verdict.OPEN and header is not None:
             self._open(header, data, addr, now)
+        else:
+            self._drop(unrouted.drop_reason or "malformed")
+
+    def _from_flow_address(self, flow: Flow[_PodLink], data: bytes, addr: Address, now: float) -> None:
+        """A long header from a flow's address: the flow's, or another connection's Initial."""
+        unrouted = classify_on_flow(self._table, flow, data, now)
+        verdict, header = unrouted.verdict, unrouted.header
+        if verdict is Verdict.FORWARD:
+            self._to_pod(flow, data, now)
+        elif verdict is Verdict.CONTEND and (contender := self._table.pending(addr)) is not None:
+            self._feed(contender, data, now)
+        elif verdict is Verdict.REANSWER and unrouted.rejection is not None:
+            self._refusals.reanswer(unrouted.rejection, len(data), addr, now)
+        elif verdict is Verdict.OPEN and header is not None:
+            self._open(header, data, addr, now, contending=True)
         else:
             self._drop(unrouted.drop_reason or "malformed")
 
@@ -286,15 +301,19 @@ class UdpRouter:
         if not self._table.migrate(flow, addr):
             self._drop("not_initial")
             return
-        log.debug("quic flow to %s moved from %s to %s", flow.pod_name, _peer(old), _peer(addr))
+        log.debug("quic flow to %s moved from %s to %s", flow.pod_name, peer(old), peer(addr))
         self._to_pod(flow, data, now)
 
-    def _open(self, header: LongHeader, data: bytes, addr: Address, now: float) -> None:
+    def _open(self, header: LongHeader, data: bytes, addr: Address, now: float, contending: bool = False) -> None:
         if not self._accepting:
-            self._refuse(addr, header.version, header.dcid, header.scid, len(data), now,
-                         None, "target_unavailable", c.REASON_TARGET_NOT_READY)
+            self._refusals.refuse(addr, header.version, header.dcid, header.scid, len(data), now,
+                                  None, "target_unavailable", c.REASON_TARGET_NOT_READY)
             return
-        opened = self._table.open_pending(addr, InitialSniffer(self.settings.max_crypto_bytes), now)
+        evicted = self._table.make_room()
+        if evicted is not None:
+            self._evict(evicted)
+        sniffer = InitialSniffer(self.settings.max_crypto_bytes)
+        opened = self._table.open_pending(addr, sniffer, now, dcid=header.dcid, contending=contending)
         if isinstance(opened, str):
             self._drop(opened)
             return
@@ -314,7 +333,7 @@ class UdpRouter:
         try:
             info = pending.sniffer.feed(data)
         except QuicPacketError as exc:
-            log.debug("quic Initial from %s unusable: %s", _peer(pending.address), exc)
+            log.debug("quic Initial from %s unusable: %s", peer(pending.address), exc)
             self._drop("malformed", 1 + len(pending.datagrams))
             self._discard(pending)
             return
@@ -326,15 +345,29 @@ class UdpRouter:
     def _route(self, pending: PendingFlow[InitialSniffer], info: ClientHelloInfo, now: float) -> None:
         self._metrics.decision_latency.labels(protocol=PROTOCOL).observe(now - pending.created_at)
         hostname = info.server_name
+        pod_name = self._template.pod_name_for(hostname) if hostname else None
+        target = self._snapshot().get(pod_name) if pod_name is not None else None
+        routable = target is not None and 0 < target.quic_port < 65536
+        old = self._table.flow(pending.address)
+        if old is not None:  # a contender: a new connection from an established flow's address
+            decision = self._table.contend(old, pod_name if routable else None, now)
+            if decision is Contention.SHARE:
+                self._share(pending, old, now)
+                return
+            if decision is Contention.REFUSE:
+                self._refuse_pending(pending, hostname, "target_unavailable", c.REASON_ADDRESS_IN_USE, now)
+                return
+            log.debug("quic flow %s -> %s retired: a new connection took its address",
+                      peer(old.address), old.pod_name)
+            if self._table.remove(old):
+                self._finish(old, "completed")
         if not hostname:
             self._refuse_pending(pending, None, "missing_sni", c.REASON_MISSING_SNI, now)
             return
-        pod_name = self._template.pod_name_for(hostname)
         if pod_name is None:
             self._refuse_pending(pending, hostname, "unknown_sni", c.REASON_UNKNOWN_SNI, now)
             return
-        target = self._snapshot().get(pod_name)
-        if target is None or not 0 < target.quic_port < 65536:
+        if target is None or not routable:
             self._refuse_pending(pending, hostname, "target_unavailable", c.REASON_TARGET_NOT_READY, now)
             return
         pending.decided = True
@@ -342,6 +375,15 @@ class UdpRouter:
         task = self._loop.create_task(self._dial(pending, target, hostname))
         self._dials.add(task)
         task.add_done_callback(self._dials.discard)
+
+    def _share(self, pending: PendingFlow[InitialSniffer], flow: Flow[_PodLink], now: float) -> None:
+        """A contender naming the flow's own pod: its datagrams go through the flow's socket."""
+        self._table.share(pending, flow)
+        self._metrics.pending_flows.set(self._table.pending_count)
+        self._metrics.quic_outcome("accepted")
+        for datagram in pending.datagrams:
+            self._to_pod(flow, datagram, now)
+        pending.datagrams.clear()
 
     async def _dial(self, pending: PendingFlow[InitialSniffer], target: Target, hostname: str) -> None:
         """Open the flow's socket to the pod, then flush the buffered datagrams in order."""
@@ -352,7 +394,8 @@ class UdpRouter:
                 lambda: _PodLink(self), remote_addr=(target.address, target.quic_port)
             )
         except OSError as exc:
-            log.info("quic dial to %s for %s failed: %s", target.quic_endpoint, _peer(pending.address), exc)
+            self._refusals.log.info("quic dial to %s for %s failed: %s", target.quic_endpoint,
+                                    peer(pending.address), exc)
             self._refuse_pending(pending, hostname, "target_unavailable", c.REASON_TARGET_NOT_READY,
                                  self._now())
             return
@@ -366,7 +409,7 @@ class UdpRouter:
         self._metrics.pending_flows.set(self._table.pending_count)
         self._metrics.quic_outcome("accepted")
         self._metrics.active_connections.labels(protocol=PROTOCOL).inc()
-        log.debug("quic flow %s -> %s (%s)", _peer(flow.address), target.quic_endpoint, hostname)
+        log.debug("quic flow %s -> %s (%s)", peer(flow.address), target.quic_endpoint, hostname)
         for datagram in pending.datagrams:
             self._to_pod(flow, datagram, now)
         pending.datagrams.clear()
@@ -380,42 +423,19 @@ class UdpRouter:
         if sniffer.version is None or sniffer.original_dcid is None or sniffer.client_scid is None:
             self._metrics.quic_outcome(outcome)
             return
-        self._refuse(pending.address, sniffer.version, sniffer.original_dcid, sniffer.client_scid,
-                     pending.buffered_bytes, now, hostname, outcome, reason)
+        self._refusals.refuse(pending.address, sniffer.version, sniffer.original_dcid, sniffer.client_scid,
+                              pending.buffered_bytes, now, hostname, outcome, reason)
 
-    def _refuse(
-        self, addr: Address, version: int, dcid: bytes, scid: bytes, received: int, now: float,
-        hostname: str | None, outcome: str, reason: str,
-    ) -> None:
-        """Count, log, remember and (budget permitting) answer a refused attempt."""
-        self._metrics.quic_outcome(outcome)
-        log.info("quic flow refused: hostname=%r peer=%s outcome=%s", hostname, _peer(addr), outcome)
-        try:
-            answer = build_initial_close(version, dcid, scid, reason, c.QUIC_CLOSE_CONNECTION_REFUSED)
-        except QuicPacketError:  # CIDs no close can be built for: nothing to answer
-            self._drop("malformed")
-            return
-        self._table.remember_rejection(addr, dcid, answer, now)
-        if not self._answer(answer, received, addr, now):
-            self._drop("rate_limited")
-
-    def _negotiate_version(self, dcid: bytes, scid: bytes, received: int, addr: Address, now: float) -> None:
-        try:
-            answer = build_version_negotiation(dcid, scid)
-        except QuicPacketError:
-            return
-        self._answer(answer, received, addr, now)
-
-    def _answer(self, answer: bytes, received: int, addr: Address, now: float) -> bool:
-        """Send a refusal answer if it is no larger than what provoked it and within budget."""
-        if len(answer) > received or self._transport is None or not self._budget.take(len(answer), now):
+    def _send(self, answer: bytes, addr: Address) -> bool:
+        """Send a refusal answer through the listener (the refusals' only way out)."""
+        if self._transport is None:
             return False
         self._transport.sendto(answer, addr)
         return True
 
     # -- ending flows ---------------------------------------------------------------------
     def _flow_failed(self, flow: Flow[_PodLink], exc: Exception) -> None:
-        log.info("quic flow %s -> %s failed: %s", _peer(flow.address), flow.pod_name, exc)
+        log.info("quic flow %s -> %s failed: %s", peer(flow.address), flow.pod_name, exc)
         if self._table.remove(flow):
             self._finish(flow, "relay_error")
 
@@ -430,6 +450,11 @@ class UdpRouter:
         self._table.discard_pending(pending)
         self._metrics.pending_flows.set(self._table.pending_count)
         self._note_if_empty()
+
+    def _evict(self, pending: PendingFlow[InitialSniffer]) -> None:
+        """The oldest pending flow made room for a new one: its datagrams count as ``pending_full``."""
+        self._drop("pending_full", max(1, len(pending.datagrams)))
+        self._metrics.pending_flows.set(self._table.pending_count)
 
     def _note_if_empty(self) -> None:
         if not self._table.flow_count and not self._table.pending_count:

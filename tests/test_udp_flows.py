@@ -9,12 +9,14 @@ from hypothesis import strategies as st
 from router.constants import QUIC_DROP_REASONS
 from router.udp_flows import (
     ByteBudget,
+    Contention,
     Flow,
     FlowLimits,
     FlowTableError,
     PendingFlow,
     UdpFlowTable,
     Verdict,
+    classify_on_flow,
     classify_unrouted,
 )
 
@@ -55,6 +57,23 @@ def test_pending_flows_are_bounded_then_the_whole_table() -> None:
     _pending(table, C)
     assert table.open_pending(("192.0.2.4", 1), "s", 0.0) == "flow_table_full"
     assert (table.pending_count, table.flow_count) == (2, 1)
+
+
+def test_a_full_pending_table_evicts_its_oldest_undecided_flow_to_admit_one_more() -> None:
+    table = _table(max_pending_flows=3)
+    assert table.make_room() is None  # room left: nobody is evicted
+    a, b, _ = _pending(table, A, 0.0), _pending(table, B, 1.0), _pending(table, C, 2.0)
+    a.decided = True  # its pod's socket is being opened: about to leave on its own
+    assert table.make_room() is b
+    assert table.pending(B) is None and table.pending_count == 2
+    d = _pending(table, ("192.0.2.4", 4), 3.0)
+    assert table.pending_count == 3 and table.pending_flows()[-1] is d
+    assert table.expire(3.5).pending == (a,)  # creation order still drives expiry
+    _pending(table, A, 4.0)
+    for pending in table.pending_flows():
+        pending.decided = True
+    assert table.pending_count == 3 and table.make_room() is None  # nobody to evict: refused instead
+    assert table.open_pending(B, "s", 4.0) == "pending_full"
 
 
 def test_opening_an_address_twice_is_a_programming_error() -> None:
@@ -222,8 +241,15 @@ def test_any_sequence_keeps_bounds_and_the_cid_index_consistent(
         now += dt
         address, cid = _ADDRESSES[a], _CIDS[k]
         pending, flow = table.pending(address), table.flow(address)
-        if op == "open" and pending is None and flow is None:
-            table.open_pending(address, "s", now)
+        if op == "open" and pending is None:
+            table.make_room()
+            table.open_pending(address, "s", now, dcid=cid, contending=flow is not None)
+        elif op == "establish" and pending is not None and flow is not None:
+            if table.contend(flow, "stargate-1", now) is Contention.TAKE_OVER:
+                table.remove(flow)
+                table.establish(pending, "stargate-1", "link", now)
+            else:
+                table.share(pending, flow)
         elif op == "buffer" and pending is not None:
             table.buffer(pending, b"x" * 1200)
         elif op == "establish" and pending is not None:
@@ -244,7 +270,7 @@ def _check_invariants(table: Table, limits: FlowLimits) -> None:
     assert table.pending_count + table.flow_count <= limits.max_flows
     flows = table.flows()
     assert all(table.flow(f.address) is f for f in flows)
-    assert not {f.address for f in flows} & {p.address for p in table.pending_flows()}
+    assert all(len(f.client_dcids) <= limits.max_learned_cids_per_flow for f in flows)
     lengths: dict[int, int] = {}
     for flow in flows:
         assert len(flow.cids) <= limits.max_learned_cids_per_flow
@@ -347,3 +373,85 @@ def test_any_bytes_get_a_verdict_never_an_exception(datagram: bytes, cid_length:
     got = classify_unrouted(table, datagram, B, 0.0, cid_length)
     assert got.verdict is not Verdict.DROP or got.drop_reason in QUIC_DROP_REASONS
     table.learn_from_pod(table.flow(A), datagram, cid_length)  # type: ignore[arg-type]
+
+
+# -- a new connection from an established flow's address ----------------------------------
+OLD_DCID, NEW_DCID = b"O" * 8, b"N" * 8
+
+
+def _established(table: Table, now: float = 0.0) -> Flow[str]:
+    opened = table.open_pending(A, "sniffer", now, dcid=OLD_DCID)
+    assert isinstance(opened, PendingFlow)
+    return table.establish(opened, "stargate-0", "link", now)
+
+
+def test_only_a_full_initial_with_an_unknown_dcid_contends_for_an_established_flow() -> None:
+    table = _table()
+    flow = _established(table)
+    table.learn_cid(flow, POD_CID)
+    for datagram in (
+        _long(0, 1200, dcid=OLD_DCID),  # the old connection's retransmitted Initial
+        _long(0, 1200, dcid=POD_CID),  # its Initial after the pod's Initial (or Retry)
+        _long(2, 1300, dcid=b"X" * 8),  # not an Initial
+        _long(0, 1199, dcid=NEW_DCID),  # too small to start a connection
+        _long(0, 1300, version=0x1A2A3A4A, dcid=NEW_DCID),  # unknown version
+        b"\xc0\x00",  # unparseable
+    ):
+        assert classify_on_flow(table, flow, datagram, 0.0).verdict is Verdict.FORWARD
+    got = classify_on_flow(table, flow, _long(0, 1200, dcid=NEW_DCID), 0.0)
+    assert got.verdict is Verdict.OPEN and got.header is not None and got.header.dcid == NEW_DCID
+
+
+def test_a_contender_is_a_bounded_pending_flow_beside_the_flow() -> None:
+    table = _table(max_pending_flows=1)
+    flow = _established(table)
+    with pytest.raises(FlowTableError):
+        table.open_pending(A, "s", 0.0, dcid=NEW_DCID)  # only as a contender
+    contender = table.open_pending(A, "s", 0.0, dcid=NEW_DCID, contending=True)
+    assert isinstance(contender, PendingFlow) and table.pending(A) is contender and table.flow(A) is flow
+    assert table.pending_count == 1 and table.open_pending(B, "s", 0.0) == "pending_full"
+    zero_rtt = _long(1, 1300, dcid=NEW_DCID)
+    assert classify_on_flow(table, flow, zero_rtt, 0.0).verdict is Verdict.CONTEND
+    third = classify_on_flow(table, flow, _long(0, 1200, dcid=b"T" * 8), 0.0)
+    assert (third.verdict, third.drop_reason) == (Verdict.DROP, "pending_full")  # one contender at a time
+    with pytest.raises(FlowTableError):
+        table.establish(contender, "stargate-1", "link", 0.0)  # the old flow must be retired first
+    assert table.expire(10.0).pending == (contender,)
+
+
+def test_a_contender_for_the_same_pod_shares_the_flow_and_is_known_from_then_on() -> None:
+    table = _table()
+    flow = _established(table)
+    contender = table.open_pending(A, "s", 0.0, dcid=NEW_DCID, contending=True)
+    assert isinstance(contender, PendingFlow)
+    assert table.contend(flow, "stargate-0", 0.0) is Contention.SHARE  # even while the old one is live
+    table.share(contender, flow)
+    assert table.pending(A) is None and list(flow.client_dcids) == [OLD_DCID, NEW_DCID]
+    assert classify_on_flow(table, flow, _long(0, 1200, dcid=NEW_DCID), 0.0).verdict is Verdict.FORWARD
+
+
+def test_another_pod_takes_the_address_only_from_a_quiet_client() -> None:
+    table = _table(takeover_quiet_s=2.0)
+    flow = _established(table, now=0.0)
+    flow.client_seen_at = 10.0
+    flow.last_active = 11.5  # the pod's traffic does not make the client live
+    for pod in ("stargate-1", None):  # another pod, or a refused attempt
+        assert table.contend(flow, pod, 11.9) is Contention.REFUSE
+        assert table.contend(flow, pod, 12.0) is Contention.TAKE_OVER
+
+
+def test_a_refused_contender_is_reanswered_not_sniffed_again() -> None:
+    table = _table()
+    flow = _established(table)
+    table.remember_rejection(A, NEW_DCID, b"close", 0.0)
+    got = classify_on_flow(table, flow, _long(0, 1200, dcid=NEW_DCID), 1.0)
+    assert got.verdict is Verdict.REANSWER and got.rejection is not None
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=1400))
+def test_any_bytes_from_a_flow_address_get_a_verdict_never_an_exception(datagram: bytes) -> None:
+    table = _table()
+    flow = _established(table)
+    got = classify_on_flow(table, flow, datagram, 0.0)
+    assert got.verdict is not Verdict.DROP or got.drop_reason in QUIC_DROP_REASONS

@@ -225,6 +225,20 @@ async def test_refusals_fail_fast_with_the_reason(
         assert any(outcome in m and repr(server_name) in m and "127.0.0.1:" in m for m in logged)
 
 
+async def test_a_flood_of_refusals_is_counted_but_logged_at_a_bounded_rate(
+    pki: DemoPki, caplog: pytest.LogCaptureFixture
+) -> None:
+    attempts = 3 * int(c.REJECTION_LOG_LINES_PER_S)
+    async with running(pki) as h, raw_socket() as sock:
+        flights = [_initial(h, "nobody.example.com")[0] for _ in range(attempts)]  # a new DCID each
+        with caplog.at_level(logging.INFO, logger="router.udp_router"):
+            for initial in flights:
+                sock.sendto(initial, (ROUTER_HOST, h.port))
+            await eventually(lambda: h.outcome("unknown_sni") == attempts, "every attempt refused")
+        refused = [r for r in caplog.records if "quic flow refused" in r.getMessage()]
+        assert 1 <= len(refused) <= c.REJECTION_LOG_LINES_PER_S + 1
+
+
 async def test_snapshot_changes_apply_to_new_flows_only(pki: DemoPki) -> None:
     async with running(pki) as h:
         h.publish("stargate-0")
@@ -393,3 +407,38 @@ async def test_drain_refuses_new_flows_and_keeps_established_ones(pki: DemoPki) 
             assert await request(client, b"draining") == b"stargate-0:draining"
             await asyncio.wait_for(h.router.drain(0.2), T)  # the flow outlives the drain: cut
             assert h.router.active_flows == 0 and h.outcome("completed") == 1
+
+
+async def test_clients_reusing_a_local_port_reach_their_own_pods(pki: DemoPki) -> None:
+    """Two clients on one local port, one after the other, to two pods: while the first one's flow
+    is still established, the second (another pod) is refused until the first client has been quiet
+    for the takeover grace, then reaches its pod; a third, to that same pod, shares the flow."""
+    async with running(pki, flow_takeover_quiet_s=0.3) as h:
+        probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        probe.bind((ROUTER_HOST, 0))
+        local_port = probe.getsockname()[1]
+        probe.close()
+
+        async def whoami_from_port(pod: str, create: Any = QuicConnectionProtocol) -> str:
+            config = client_configuration(sni(pod), h.cafile)
+            async with connect(ROUTER_HOST, h.port, configuration=config, local_port=local_port,
+                               create_protocol=create) as client:
+                return (await request(client, WHOAMI)).partition(b":")[0].decode()
+
+        assert await asyncio.wait_for(whoami_from_port("stargate-0"), T) == "stargate-0"
+        made: list[_Recorder] = []
+
+        def recorder(*args: Any, **kwargs: Any) -> _Recorder:
+            made.append(_Recorder(*args, **kwargs))
+            return made[-1]
+
+        with pytest.raises(ConnectionError):  # the first client spoke a moment ago
+            await asyncio.wait_for(whoami_from_port("stargate-1", recorder), T)
+        terminated = made[0].terminated
+        assert terminated is not None and terminated.reason_phrase == c.REASON_ADDRESS_IN_USE
+        assert h.outcome("target_unavailable") == 1 and h.router.active_flows == 1
+        await asyncio.sleep(0.4)
+        assert await asyncio.wait_for(whoami_from_port("stargate-1"), T) == "stargate-1"
+        assert h.outcome("completed") == 1 and h.router.active_flows == 1
+        assert await asyncio.wait_for(whoami_from_port("stargate-1"), T) == "stargate-1"  # shares the flow
+        assert h.outcome("accepted") == 3 and h.router.active_flows == 1 and h.router.pending_flows == 0

@@ -1,0 +1,86 @@
+"""Answers of the QUIC edge to attempts it will not route: CONNECTION_CLOSE and Version Negotiation.
+
+A refusal is counted (outcome metric), logged at info through a ``RateLimitedLog`` (a flood is
+counted, not written line by line), remembered per address and DCID so retransmits cost a
+lookup, and answered: never larger than what provoked it, under one global byte budget, at
+most ``answers_per_rejection`` times per attempt. Sending goes through a callable of the
+router, which owns the listener socket.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from quic.packet import QuicPacketError
+from quic.server_replies import build_initial_close, build_version_negotiation
+from router import constants as c
+from router.log_limiter import RateLimitedLog
+from router.metrics import RouterMetrics
+from router.udp_flows import Address, ByteBudget, Rejection, UdpFlowTable
+
+log = logging.getLogger("router.udp_router")
+"""The router's logger: refusal lines keep the name operators filter on."""
+
+
+def peer(addr: Address) -> str:
+    """``host:port``, IPv6 hosts bracketed."""
+    host, port = addr[0], addr[1]
+    return f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
+
+
+class QuicRefusals:
+    """Counts, logs, remembers and (budget permitting) answers refused QUIC attempts."""
+
+    def __init__(
+        self,
+        table: UdpFlowTable[Any, Any],
+        metrics: RouterMetrics,
+        budget_bytes_per_s: float,
+        send: Callable[[bytes, Address], bool],
+    ) -> None:
+        self._table = table
+        self._metrics = metrics
+        self._budget = ByteBudget(budget_bytes_per_s, budget_bytes_per_s)
+        self._send = send
+        self.log = RateLimitedLog(log)
+
+    def refuse(
+        self, addr: Address, version: int, dcid: bytes, scid: bytes, received: int, now: float,
+        hostname: str | None, outcome: str, reason: str,
+    ) -> None:
+        """Count, log, remember and answer a refused attempt (``received``: bytes it sent)."""
+        self._metrics.quic_outcome(outcome)
+        self.log.info("quic flow refused: hostname=%r peer=%s outcome=%s", hostname, peer(addr), outcome)
+        try:
+            answer = build_initial_close(version, dcid, scid, reason, c.QUIC_CLOSE_CONNECTION_REFUSED)
+        except QuicPacketError:  # CIDs no close can be built for: nothing to answer
+            self._drop("malformed")
+            return
+        self._table.remember_rejection(addr, dcid, answer, now)
+        if not self.answer(answer, received, addr, now):
+            self._drop("rate_limited")
+
+    def reanswer(self, rejection: Rejection, received: int, addr: Address, now: float) -> None:
+        """A retransmit of a refused attempt: answer again while its answers last, else drop."""
+        if rejection.answers_left > 0 and self.answer(rejection.answer, received, addr, now):
+            rejection.answers_left -= 1
+        else:
+            self._drop("rate_limited")
+
+    def negotiate_version(self, dcid: bytes, scid: bytes, received: int, addr: Address, now: float) -> None:
+        try:
+            answer = build_version_negotiation(dcid, scid)
+        except QuicPacketError:
+            return
+        self.answer(answer, received, addr, now)
+
+    def answer(self, answer: bytes, received: int, addr: Address, now: float) -> bool:
+        """Send an answer if it is no larger than what provoked it and within budget."""
+        if len(answer) > received or not self._budget.take(len(answer), now):
+            return False
+        return self._send(answer, addr)
+
+    def _drop(self, reason: str) -> None:
+        self._metrics.quic_dropped.labels(reason=reason).inc()
