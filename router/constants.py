@@ -414,3 +414,7 @@ spoofed Initial cannot cut a busy flow, while a reused NAT port or socket waits 
 
 REASON_ADDRESS_IN_USE: Final = "client address in use by a live connection"
 """QUIC CONNECTION_CLOSE reason for a new connection from the address of a live flow to another pod."""
+
+QUIC_SOCKET_BUFFER_BYTES: Final = 4 * 1024 * 1024
+"""QUIC listener SO_RCVBUF/SO_SNDBUF: a burst of a few hundred Initials overflowed the default
+(the kernel clamps it to net.core.rmem_max / wmem_max)."""

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 
@@ -186,6 +187,10 @@ class UdpRouter:
             lambda: _Listener(self), local_addr=(host, port), reuse_port=reuse_port or None
         )
         self._transport, self._listener = transport, listener
+        sock = transport.get_extra_info("socket")
+        for option in (socket.SO_RCVBUF, socket.SO_SNDBUF):
+            with contextlib.suppress(OSError):  # best effort: the kernel clamps or refuses
+                sock.setsockopt(socket.SOL_SOCKET, option, c.QUIC_SOCKET_BUFFER_BYTES)
         self._sweeper = loop.create_task(self._sweep_forever(), name="quic-flow-sweeper")
         sockname = transport.get_extra_info("sockname")
         return str(sockname[0]), int(sockname[1])
