@@ -96,9 +96,10 @@ class _ProtocolSeries:
 class _Rejected(Exception):
     """Internal: the connection is answered and closed with ``outcome``."""
 
-    def __init__(self, outcome: str, detail: str) -> None:
+    def __init__(self, outcome: str, detail: str, pod: str | None = None) -> None:
         super().__init__(detail)
         self.outcome = outcome
+        self.pod = pod
 
 
 @dataclass(slots=True)
@@ -259,7 +260,8 @@ class TcpRouter:
                 self._count(protocol, rej.outcome)
                 self._rejections.info(
                     "rejected %s connection: %s", protocol, rej,
-                    extra={"peer": str(peer), "hostname": peeked.hostname, "outcome": rej.outcome},
+                    extra={"peer": str(peer), "hostname": peeked.hostname, "pod": rej.pod,
+                           "outcome": rej.outcome},
                 )
                 await self._answer_rejection(conn, peeked, rej)
                 return
@@ -332,7 +334,7 @@ class TcpRouter:
             raise _Rejected("missing_authority", "missing authority")
         if pod_name is None:
             raise _Rejected("unknown_authority", f"unknown authority {hostname!r}")
-        raise _Rejected("target_unavailable", f"target stargate not ready for {hostname!r}")
+        raise _Rejected("target_unavailable", f"target stargate not ready for {hostname!r}", pod_name)
 
     async def _dial(self, target: Target, protocol: str) -> socket.socket:
         loop = asyncio.get_running_loop()
@@ -340,7 +342,9 @@ class TcpRouter:
         try:
             pod = socket.socket(family, socket.SOCK_STREAM)
         except OSError as exc:  # EMFILE under a connection flood: the client hears UNAVAILABLE
-            raise _Rejected("connect_error", f"dial {target.grpc_endpoint}: {exc.strerror}") from None
+            raise _Rejected(
+                "connect_error", f"dial {target.grpc_endpoint}: {exc.strerror}", target.pod_name
+            ) from None
         pod.setblocking(False)
         pod.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         started = time.monotonic()
@@ -349,10 +353,12 @@ class TcpRouter:
                 await _connect(loop, pod, (target.address, target.grpc_port))
         except TimeoutError:
             pod.close()
-            raise _Rejected("connect_error", f"dial {target.grpc_endpoint} timed out") from None
+            raise _Rejected("connect_error", f"dial {target.grpc_endpoint} timed out", target.pod_name) from None
         except OSError as exc:
             pod.close()
-            raise _Rejected("connect_error", f"dial {target.grpc_endpoint}: {exc.strerror}") from None
+            raise _Rejected(
+                "connect_error", f"dial {target.grpc_endpoint}: {exc.strerror}", target.pod_name
+            ) from None
         except BaseException:
             pod.close()
             raise
