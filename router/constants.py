@@ -418,3 +418,12 @@ REASON_ADDRESS_IN_USE: Final = "client address in use by a live connection"
 QUIC_SOCKET_BUFFER_BYTES: Final = 4 * 1024 * 1024
 """QUIC listener SO_RCVBUF/SO_SNDBUF: a burst of a few hundred Initials overflowed the default
 (the kernel clamps it to net.core.rmem_max / wmem_max)."""
+
+# ---------------------------------------------------------------------------
+# QUIC: batched pod -> client path (appended by the UDP batching helper)
+# ---------------------------------------------------------------------------
+QUIC_POD_RECEIVE_BUFFER_BYTES: Final = 64 * 1024
+"""One pod read: a UDP payload or a GRO batch is at most 65,535 bytes, so nothing is truncated."""
+
+QUIC_POD_READS_PER_CALLBACK: Final = 16
+"""Reads of one flow's pod socket per readiness callback: drains a burst without starving other flows."""

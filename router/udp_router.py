@@ -5,7 +5,10 @@ Initial datagrams are decrypted for the SNI; then a connected socket to the name
 ``quic`` port is opened, the buffered datagrams are sent in arrival order, and from then
 on datagrams are spliced both ways. Pod replies leave through the listener, so workers only
 ever see the router's address, and the pod sees one stable peer (the flow's socket) even
-when the worker's NAT rebinds. All bookkeeping is in the sans-IO ``UdpFlowTable``; this
+when the worker's NAT rebinds. A pod socket has UDP GRO on and is read with ``recvmsg``, so
+a burst from the pod arrives as one buffer and leaves through the listener in one ``sendmsg``
+with ``UDP_SEGMENT`` (``router/udp_batching.py``; one datagram per call where the kernel
+refuses either). All bookkeeping is in the sans-IO ``UdpFlowTable``; this
 module only adapts sockets, the clock and metrics to it.
 
 Refusals (missing/unknown SNI, pod not ready, draining) are answered with an Initial
@@ -36,6 +39,7 @@ from router import constants as c
 from router.hostname import HostnameTemplate
 from router.metrics import RouterMetrics
 from router.quic_refusals import QuicRefusals, peer
+from router.udp_batching import GRO_CMSG_SPACE, enable_gro, gro_segment_size, send_segments, split_segments
 from router.udp_flows import (
     Address,
     Contention,
@@ -123,33 +127,36 @@ class _Listener(_Endpoint):
         log.debug("quic listener socket error: %s", exc)
 
 
-class _PodLink(_Endpoint):
-    """One flow's connected socket to its pod; the table keeps it as the flow's handle."""
+class _PodLink:
+    """One flow's connected, non-blocking socket to its pod, read from a readiness callback;
+    the table keeps it as the flow's handle."""
 
-    def __init__(self, router: UdpRouter) -> None:
-        super().__init__(router)
+    def __init__(self, router: UdpRouter, loop: asyncio.AbstractEventLoop, sock: socket.socket) -> None:
+        self.router, self.loop = router, loop
+        self.sock: socket.socket | None = sock
         self.flow: Flow[_PodLink] | None = None
-        self.transport: asyncio.DatagramTransport | None = None
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
-
-    def datagram_received(self, data: bytes, addr: Address) -> None:
-        if self.flow is not None:
-            self.router._from_pod(self.flow, data)
-
-    def error_received(self, exc: Exception) -> None:
-        if self.flow is not None:
-            self.router._flow_failed(self.flow, exc)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if exc is not None and self.flow is not None:
-            self.router._flow_failed(self.flow, exc)
+    def send(self, data: bytes) -> bool:
+        """One client datagram to the pod; False if it was not sent (buffer full, socket gone)."""
+        if self.sock is None:
+            return False
+        try:
+            self.sock.send(data)
+        except (BlockingIOError, InterruptedError):
+            return False
+        except OSError as exc:  # ECONNREFUSED from an earlier ICMP: the pod port is gone
+            if self.flow is not None:
+                self.router._flow_failed(self.flow, exc)
+            return False
+        return True
 
     def close(self) -> None:
         self.flow = None
-        if self.transport is not None:
-            self.transport.close()
+        if self.sock is not None:
+            with contextlib.suppress(RuntimeError):  # the loop is already closed
+                self.loop.remove_reader(self.sock.fileno())
+            self.sock.close()
+            self.sock = None
 
 
 class UdpRouter:
@@ -176,6 +183,9 @@ class UdpRouter:
         self._dials: set[asyncio.Task[None]] = set()
         self._empty = asyncio.Event()
         self._empty.set()
+        self._listener_sock: socket.socket | None = None
+        """A duplicate of the listener's descriptor for ``sendmsg`` (the transport offers none)."""
+        self._receive_buffer = memoryview(bytearray(c.QUIC_POD_RECEIVE_BUFFER_BYTES))
         self._client_bytes = 0  # batched into relayed_bytes at each sweep
         self._pod_bytes = 0
 
@@ -191,6 +201,8 @@ class UdpRouter:
         for option in (socket.SO_RCVBUF, socket.SO_SNDBUF):
             with contextlib.suppress(OSError):  # best effort: the kernel clamps or refuses
                 sock.setsockopt(socket.SOL_SOCKET, option, c.QUIC_SOCKET_BUFFER_BYTES)
+        self._listener_sock = socket.fromfd(sock.fileno(), sock.family, sock.type)
+        self._listener_sock.setblocking(False)
         self._sweeper = loop.create_task(self._sweep_forever(), name="quic-flow-sweeper")
         sockname = transport.get_extra_info("sockname")
         return str(sockname[0]), int(sockname[1])
@@ -222,6 +234,9 @@ class UdpRouter:
         if self._transport is not None:
             self._transport.close()
             self._transport = None
+        if self._listener_sock is not None:
+            self._listener_sock.close()
+            self._listener_sock = None
         self._flush_byte_counters()
 
     @property
@@ -252,19 +267,43 @@ class UdpRouter:
 
     def _to_pod(self, flow: Flow[_PodLink], data: bytes, now: float) -> None:
         flow.last_active = flow.client_seen_at = now
-        link = flow.handle
-        if link.transport is not None and not link.paused:
+        if flow.handle.send(data):
             self._client_bytes += len(data)
-            link.transport.sendto(data)
 
-    def _from_pod(self, flow: Flow[_PodLink], data: bytes) -> None:
+    def _pod_readable(self, link: _PodLink) -> None:
+        """Read what the pod sent (each read one datagram or a GRO batch), a bounded number of reads."""
+        buffer = self._receive_buffer
+        for _ in range(c.QUIC_POD_READS_PER_CALLBACK):
+            if link.sock is None or link.flow is None:
+                return
+            try:
+                length, ancdata, flags, _ = link.sock.recvmsg_into([buffer], GRO_CMSG_SPACE)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                self._flow_failed(link.flow, exc)
+                return
+            if not flags & socket.MSG_TRUNC:
+                self._from_pod(link.flow, buffer[:length], gro_segment_size(ancdata, length))
+
+    def _from_pod(self, flow: Flow[_PodLink], data: memoryview, segment_size: int) -> None:
+        """``data``: one datagram, or several of ``segment_size`` bytes (the last shorter or equal)."""
         flow.last_active = self._now()
-        if data and data[0] & 0x80:
-            self._table.learn_from_pod(flow, data, self.settings.cid_length)
-        listener = self._listener
-        if self._transport is not None and listener is not None and not listener.paused:
-            self._pod_bytes += len(data)
-            self._transport.sendto(data, flow.address)
+        if data and data[0] & 0x80:  # long headers are never coalesced with others: read the first
+            self._table.learn_from_pod(flow, bytes(data[:segment_size]), self.settings.cid_length)
+        listener, transport = self._listener, self._transport
+        if transport is None or listener is None or listener.paused or not data:
+            return
+        self._pod_bytes += len(data)
+        sent = 0
+        if self._listener_sock is not None and not _queued_bytes(transport):
+            try:
+                sent = send_segments(self._listener_sock, data, segment_size, flow.address)
+            except OSError as exc:  # as the transport would: logged, the rest of the batch dropped
+                listener.error_received(exc)
+                return
+        for datagram in split_segments(data[sent:], segment_size):  # queued behind a full buffer
+            transport.sendto(bytes(datagram), flow.address)
 
     def _from_new_address(self, data: bytes, addr: Address, now: float) -> None:
         pending = self._table.pending(addr)
@@ -394,10 +433,9 @@ class UdpRouter:
         """Open the flow's socket to the pod, then flush the buffered datagrams in order."""
         assert self._loop is not None
         started = self._now()
+        await asyncio.sleep(0)  # after the datagrams that arrived with the ClientHello
         try:
-            transport, link = await self._loop.create_datagram_endpoint(
-                lambda: _PodLink(self), remote_addr=(target.address, target.quic_port)
-            )
+            sock = _connect_udp(target.address, target.quic_port)
         except OSError as exc:
             self._refusals.log.info("quic dial to %s for %s failed: %s", target.quic_endpoint,
                                     peer(pending.address), exc)
@@ -407,10 +445,12 @@ class UdpRouter:
         now = self._now()
         self._metrics.dial_latency.labels(protocol=PROTOCOL).observe(now - started)
         if self._table.pending(pending.address) is not pending:  # expired or closed meanwhile
-            transport.close()
+            sock.close()
             return
+        link = _PodLink(self, self._loop, sock)
         flow = self._table.establish(pending, target.pod_name, link, now)
         link.flow = flow
+        self._loop.add_reader(sock.fileno(), self._pod_readable, link)
         self._metrics.pending_flows.set(self._table.pending_count)
         self._metrics.quic_outcome("accepted")
         self._metrics.active_connections.labels(protocol=PROTOCOL).inc()
@@ -506,3 +546,25 @@ class UdpRouter:
                 self._pod_bytes
             )
             self._pod_bytes = 0
+
+
+def _connect_udp(address: str, port: int) -> socket.socket:
+    """A non-blocking UDP socket connected to a pod IP (never a name: no DNS here), GRO on if offered."""
+    family, kind, proto, _, sockaddr = socket.getaddrinfo(
+        address, port, type=socket.SOCK_DGRAM, flags=socket.AI_NUMERICHOST
+    )[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setblocking(False)
+        enable_gro(sock)
+        sock.connect(sockaddr)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def _queued_bytes(transport: asyncio.DatagramTransport) -> int:
+    """What the listener transport holds back for a full socket buffer: sends must queue behind it."""
+    size: int = getattr(transport, "get_write_buffer_size", lambda: 0)()
+    return size

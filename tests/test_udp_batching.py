@@ -1,0 +1,234 @@
+"""router.udp_batching: the bytes helpers, the kernel fallback, and GRO -> GSO through the router."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+import socket
+import struct
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aioquic.asyncio import connect, serve
+from aioquic.quic.configuration import QuicConfiguration
+from aioquic.quic.connection import QuicConnection
+
+from discovery.targets import Target, TargetSnapshot
+from router import constants as c
+from router import udp_batching as b
+from router import udp_router
+from router.demo_pki import DemoPki, make_pki
+from router.demo_quic_pods import ALPN, client_configuration
+from router.hostname import HostnameTemplate
+from router.metrics import RouterMetrics
+from router.udp_router import UdpRouter, UdpRouterSettings
+
+ROUTER_HOST, POD_HOST = "127.0.0.1", "127.0.0.2"
+SNI = "stargate-0.stargate.external"
+T = 5.0
+
+
+@pytest.fixture(autouse=True)
+def fresh_capabilities(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test probes the kernel anew; a refusal in one test does not leak into the next."""
+    monkeypatch.setattr(b, "_gro_usable", True)
+    monkeypatch.setattr(b, "_gso_usable", True)
+
+
+# -- bytes --------------------------------------------------------------------------------
+def test_split_cuts_equal_segments_and_a_shorter_last_one() -> None:
+    data = memoryview(bytes(range(250)))
+    assert [bytes(s) for s in b.split_segments(data, 100)] == [bytes(range(100)), bytes(range(100, 200)),
+                                                              bytes(range(200, 250))]
+    assert [len(s) for s in b.split_segments(data[:200], 100)] == [100, 100]
+    assert list(b.split_segments(data[:0], 100)) == []
+
+
+@pytest.mark.parametrize("size", [0, -1, 0x10000])
+def test_impossible_segment_sizes_are_refused(size: int) -> None:
+    with pytest.raises(b.BatchingError):
+        list(b.split_segments(memoryview(b"x"), size))
+    with pytest.raises(b.BatchingError):
+        b.segment_cmsg(size)
+
+
+def test_segment_cmsg_is_a_native_u16_at_sol_udp() -> None:
+    assert b.segment_cmsg(1200) == (17, 103, struct.pack("H", 1200))
+
+
+def test_gro_cmsg_gives_the_segment_size_else_the_whole_buffer_is_one_datagram() -> None:
+    gro = (17, 104, struct.pack("i", 1200))
+    assert b.gro_segment_size([gro], 3000) == 1200
+    assert b.gro_segment_size([], 3000) == 3000
+    assert b.gro_segment_size([(17, 104, b"\x01")], 3000) == 3000  # truncated cmsg
+    assert b.gro_segment_size([(17, 104, struct.pack("i", 0))], 3000) == 3000
+    assert b.gro_segment_size([(0, 104, struct.pack("i", 1200))], 3000) == 3000  # another level
+    assert b.gro_segment_size([(17, 104, struct.pack("i", 1200))], 1200) == 1200  # one segment
+
+
+# -- the fallback -------------------------------------------------------------------------
+class _RefusingSocket:
+    """Refuses UDP_SEGMENT / UDP_GRO like a kernel or device without them; records what it sends."""
+
+    def __init__(self, full_after: int | None = None) -> None:
+        self.sent: list[bytes] = []
+        self.sendmsg_calls = 0
+        self.full_after = full_after
+
+    def sendmsg(self, *_: Any) -> int:
+        self.sendmsg_calls += 1
+        raise OSError(errno.EIO, "no checksum offload")
+
+    def sendto(self, data: memoryview, _addr: Any) -> int:
+        if self.full_after is not None and len(self.sent) >= self.full_after:
+            raise BlockingIOError(errno.EAGAIN, "full")
+        self.sent.append(bytes(data))
+        return len(data)
+
+    def setsockopt(self, *_: Any) -> None:
+        raise OSError(errno.ENOPROTOOPT, "no UDP_GRO")
+
+
+def test_a_refused_gso_send_falls_back_to_one_datagram_per_call_for_good() -> None:
+    sock: Any = _RefusingSocket()
+    data = memoryview(os.urandom(2500))
+    assert b.send_segments(sock, data, 1000, ("127.0.0.1", 1)) == 2500
+    assert sock.sent == [bytes(data[:1000]), bytes(data[1000:2000]), bytes(data[2000:])]
+    assert b.batching_usable() == (True, False)
+    assert b.send_segments(sock, data, 1000, ("127.0.0.1", 1)) == 2500
+    assert sock.sendmsg_calls == 1
+
+
+def test_a_full_socket_buffer_reports_how_far_the_batch_got() -> None:
+    sock: Any = _RefusingSocket(full_after=1)
+    assert b.send_segments(sock, memoryview(bytes(2500)), 1000, ("127.0.0.1", 1)) == 1000
+
+
+def test_a_refused_gro_option_is_not_asked_again() -> None:
+    sock: Any = _RefusingSocket()
+    assert not b.enable_gro(sock)
+    assert b.batching_usable() == (False, True)
+    assert not b.enable_gro(sock)
+
+
+# -- the kernel ---------------------------------------------------------------------------
+def _udp(host: str) -> socket.socket:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.bind((host, 0))
+    sock.settimeout(T)
+    return sock
+
+
+def test_a_gso_send_reaches_a_gro_receiver_as_one_buffer_and_a_plain_one_as_datagrams() -> None:
+    data = memoryview(os.urandom(5 * 1200 + 300))
+    with _udp(ROUTER_HOST) as sender, _udp(ROUTER_HOST) as gro, _udp(ROUTER_HOST) as plain:
+        if not b.enable_gro(gro):
+            pytest.skip("kernel without UDP_GRO")
+        assert b.send_segments(sender, data, 1200, gro.getsockname()) == len(data)
+        if not b.batching_usable()[1]:
+            pytest.skip("kernel without UDP_SEGMENT")
+        received, ancdata, _, _ = gro.recvmsg(65536, b.GRO_CMSG_SPACE)
+        assert received == bytes(data)
+        assert b.gro_segment_size(ancdata, len(received)) == 1200
+
+        assert b.send_segments(sender, data, 1200, plain.getsockname()) == len(data)
+        assert [plain.recv(65536) for _ in range(6)] == [bytes(s) for s in b.split_segments(data, 1200)]
+
+
+# -- through the router -------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> DemoPki:
+    return make_pki(tmp_path_factory.mktemp("pki"))
+
+
+@dataclass
+class Relay:
+    router: UdpRouter
+    port: int
+    batches: list[tuple[int, int]]
+    """(buffer bytes, segment size) of every pod read the router forwarded."""
+
+
+@asynccontextmanager
+async def relay_to(pod_port: int, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Relay]:
+    batches: list[tuple[int, int]] = []
+    send = udp_router.send_segments
+
+    def recording(sock: socket.socket, buffer: memoryview, size: int, addr: Any) -> int:
+        batches.append((len(buffer), size))
+        return send(sock, buffer, size, addr)
+
+    monkeypatch.setattr(udp_router, "send_segments", recording)
+    snapshot = TargetSnapshot.of([Target("stargate-0", POD_HOST, 1, pod_port)])
+    router = UdpRouter(UdpRouterSettings(), HostnameTemplate.parse(c.DEFAULT_ADVERTISED_HOSTNAME_TEMPLATE,
+                                                                   "default"), lambda: snapshot, RouterMetrics())
+    _, port = await router.start(ROUTER_HOST, 0)
+    try:
+        yield Relay(router, port, batches)
+    finally:
+        await asyncio.wait_for(router.close(), T)
+
+
+def _client_initial() -> bytes:
+    config = QuicConfiguration(is_client=True, alpn_protocols=[ALPN], server_name=SNI)
+    conn = QuicConnection(configuration=config)
+    conn.connect(("127.0.0.1", 443), now=time.monotonic())
+    return conn.datagrams_to_send(now=time.monotonic())[0][0]
+
+
+async def test_a_pod_gso_burst_is_read_as_one_batch_and_reaches_the_client_datagram_by_datagram(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    loop = asyncio.get_running_loop()
+    with _udp(POD_HOST) as pod, _udp(ROUTER_HOST) as client:
+        pod.setblocking(False)
+        client.setblocking(False)
+        async with relay_to(pod.getsockname()[1], monkeypatch) as relay:
+            initial = _client_initial()
+            await loop.sock_sendto(client, initial, (ROUTER_HOST, relay.port))
+            got, flow_socket = await asyncio.wait_for(loop.sock_recvfrom(pod, 65536), T)
+            assert got == initial
+            burst = bytearray(os.urandom(5 * 1200 + 300))
+            for start in range(0, len(burst), 1200):  # short headers, as after the handshake
+                burst[start] = 0x40 | (burst[start] & 0x3F)
+            assert b.send_segments(pod, memoryview(burst), 1200, flow_socket) == len(burst)
+            answers = [await asyncio.wait_for(loop.sock_recv(client, 65536), T) for _ in range(6)]
+            assert answers == [bytes(s) for s in b.split_segments(memoryview(burst), 1200)]
+            relay.router.flush_metrics()
+            if all(b.batching_usable()):
+                assert (len(burst), 1200) in relay.batches
+
+
+async def test_a_quic_download_through_the_router_is_byte_exact(pki: DemoPki, monkeypatch: pytest.MonkeyPatch) -> None:
+    payload = os.urandom(300_000)
+
+    def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        async def answer() -> None:
+            await reader.read()
+            writer.write(payload)
+            writer.write_eof()
+
+        tasks.add(asyncio.get_running_loop().create_task(answer()))
+
+    tasks: set[asyncio.Task[None]] = set()
+    config = QuicConfiguration(is_client=False, alpn_protocols=[ALPN])
+    config.load_cert_chain(str(pki.cert_path), str(pki.key_path))
+    server = await serve(POD_HOST, 0, configuration=config, stream_handler=handler)
+    try:
+        pod_port = server._transport.get_extra_info("sockname")[1]
+        async with relay_to(pod_port, monkeypatch) as relay:
+            client_config = client_configuration(SNI, Path(pki.ca_path))
+            async with connect(ROUTER_HOST, relay.port, configuration=client_config) as client:
+                reader, writer = await client.create_stream()
+                writer.write(b"download")
+                writer.write_eof()
+                assert await asyncio.wait_for(reader.read(), T) == payload
+            assert sum(size for size, _ in relay.batches) >= len(payload)
+    finally:
+        server.close()
