@@ -88,15 +88,37 @@ class HealthServer(ProbeHttpServer):
 
     def respond(self, method: str, path: str) -> bytes:
         """The full HTTP response for one request (pure, so it is testable without sockets)."""
-        path = path.split("?", 1)[0]
-        if method not in ("GET", "HEAD"):
-            return http_response("405 Method Not Allowed", b"method not allowed\n")
-        if path == "/healthz":
-            return http_response("200 OK", b"ok\n")
-        if path == "/readyz":
-            if self._is_ready():
-                return http_response("200 OK", b"ready\n")
-            return http_response("503 Service Unavailable", b"not ready\n")
-        if path == "/metrics":
-            return http_response("200 OK", self._metrics.render(), PROMETHEUS_CONTENT_TYPE)
-        return http_response("404 Not Found", b"not found\n")
+        route = probe_route(method, path)
+        if isinstance(route, bytes):
+            return route
+        if route == "readyz":
+            return readiness_response(self._is_ready())
+        if route == "metrics":
+            return metrics_response(self._metrics.render())
+        return HEALTHY_RESPONSE
+
+
+HEALTHY_RESPONSE = http_response("200 OK", b"ok\n")
+
+
+def probe_route(method: str, path: str) -> str | bytes:
+    """``"healthz"``, ``"readyz"`` or ``"metrics"`` for a probe request, else the error response.
+
+    The router and the ``--workers`` supervisor answer the same paths from different state.
+    """
+    path = path.split("?", 1)[0]
+    if method not in ("GET", "HEAD"):
+        return http_response("405 Method Not Allowed", b"method not allowed\n")
+    if path in ("/healthz", "/readyz", "/metrics"):
+        return path[1:]
+    return http_response("404 Not Found", b"not found\n")
+
+
+def readiness_response(ready: bool) -> bytes:
+    if ready:
+        return http_response("200 OK", b"ready\n")
+    return http_response("503 Service Unavailable", b"not ready\n")
+
+
+def metrics_response(exposition: bytes) -> bytes:
+    return http_response("200 OK", exposition, PROMETHEUS_CONTENT_TYPE)

@@ -38,7 +38,14 @@ from prometheus_client import CollectorRegistry, Counter, ProcessCollector, gene
 from discovery.backoff import Backoff
 from router import constants as c
 from router.config import RouterConfig, SocketAddress
-from router.health import PROMETHEUS_CONTENT_TYPE, ProbeHttpServer, http_response
+from router.health import (
+    HEALTHY_RESPONSE,
+    ProbeHttpServer,
+    http_response,
+    metrics_response,
+    probe_route,
+    readiness_response,
+)
 from router.metrics_merge import ExpositionError, merge_expositions
 
 log = logging.getLogger(__name__)
@@ -384,22 +391,18 @@ class Supervisor:
         return merge_expositions(texts)
 
     async def respond(self, method: str, path: str) -> bytes:
-        path = path.split("?", 1)[0]
-        if method not in ("GET", "HEAD"):
-            return http_response("405 Method Not Allowed", b"method not allowed\n")
-        if path == "/healthz":
-            return http_response("200 OK", b"ok\n")
-        if path == "/readyz":
-            if await self.is_ready():
-                return http_response("200 OK", b"ready\n")
-            return http_response("503 Service Unavailable", b"not ready\n")
-        if path == "/metrics":
+        route = probe_route(method, path)
+        if isinstance(route, bytes):
+            return route
+        if route == "readyz":
+            return readiness_response(await self.is_ready())
+        if route == "metrics":
             try:
-                return http_response("200 OK", await self.metrics(), PROMETHEUS_CONTENT_TYPE)
+                return metrics_response(await self.metrics())
             except ExpositionError as exc:
                 log.error("cannot merge worker metrics: %s", exc)
                 return http_response("500 Internal Server Error", b"cannot merge worker metrics\n")
-        return http_response("404 Not Found", b"not found\n")
+        return HEALTHY_RESPONSE
 
 
 def supervise(config: RouterConfig, argv: list[str]) -> int:
