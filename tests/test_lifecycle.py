@@ -16,6 +16,7 @@ import grpc
 
 from router.demo_pki import make_pki
 from router.demo_pods import call_whoami, start_pod
+from tests.bulk_tls import BulkTlsPod, bulk_tls_client
 from tests.router_process import RouterProcess, router_args, write_endpoints
 
 HOST = "stargate-bulk.stargate.external"
@@ -57,77 +58,40 @@ def test_sigterm_fails_readiness_at_once_and_keeps_serving_during_delay(tmp_path
 def test_bulk_transfer_in_flight_during_sigterm_completes_byte_exact(tmp_path: Path) -> None:
     pki = make_pki(tmp_path / "pki")
     size = 24 * 1024 * 1024
-    chunk = 256 * 1024
+    chunk, pace_s = 256 * 1024, 0.02  # paced both ways so the transfer spans the SIGTERM
+    up, down = os.urandom(size), os.urandom(size)
 
-    async def scenario() -> tuple[str, str, str, str, int]:
-        server_ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        server_ctx.load_cert_chain(pki.cert_path, pki.key_path)
-        up, down = os.urandom(size), os.urandom(size)
-        pod_got = hashlib.sha256()
-        pod_done = asyncio.Event()
-
-        async def pod_handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            async def send() -> None:
-                for i in range(0, size, chunk):  # paced so the transfer spans the SIGTERM
-                    writer.write(down[i : i + chunk])
-                    await writer.drain()
-                    await asyncio.sleep(0.02)
-
-            sender = asyncio.create_task(send())
-            remaining = size
-            while remaining:
-                data = await reader.read(1 << 20)
-                if not data:
-                    break
-                pod_got.update(data)
-                remaining -= len(data)
-            await sender
-            writer.close()
-            pod_done.set()
-
-        server = await asyncio.start_server(pod_handler, "127.0.0.2", 0, ssl=server_ctx)
-        pod_port = server.sockets[0].getsockname()[1]
+    async def scenario() -> tuple[str, str, int]:
+        pod = BulkTlsPod(pki, down, expect_up=size, chunk=chunk, pace_s=pace_s)
+        pod_port = await pod.start("127.0.0.2")
         write_endpoints(tmp_path / "e.json", [("stargate-bulk", "127.0.0.2", pod_port, 1)])
         router = RouterProcess(_drain_args(tmp_path / "e.json", delay_ms=200, drain_ms=20000))
+        signalled = False
+
+        def sigterm_an_eighth_in(received: int) -> None:
+            nonlocal signalled
+            if not signalled and received > size // 8:
+                router.proc.send_signal(signal.SIGTERM)
+                signalled = True
+
         try:
             await asyncio.to_thread(router.wait_ready)
-            ctx = ssl.create_default_context(cadata=pki.ca_pem.decode())
-            reader, writer = await asyncio.open_connection(
-                "127.0.0.1", router.grpc_port, ssl=ctx, server_hostname=HOST
+            got_down = await bulk_tls_client(
+                router.grpc_port, pki, HOST, up, size, chunk=chunk, pace_s=pace_s,
+                on_progress=sigterm_an_eighth_in,
             )
-            got = hashlib.sha256()
-
-            async def send() -> None:
-                for i in range(0, size, chunk):
-                    writer.write(up[i : i + chunk])
-                    await writer.drain()
-                    await asyncio.sleep(0.02)
-
-            sender = asyncio.create_task(send())
-            received = 0
-            signalled = False
-            while received < size:
-                data = await asyncio.wait_for(reader.read(1 << 20), 20)
-                assert data, f"connection cut after {received} bytes"
-                got.update(data)
-                received += len(data)
-                if not signalled and received > size // 8:
-                    router.proc.send_signal(signal.SIGTERM)
-                    signalled = True
-            await sender
-            writer.close()
-            await asyncio.wait_for(pod_done.wait(), 20)
+            await asyncio.wait_for(pod.done.wait(), 20)
             status = await asyncio.to_thread(router.proc.wait, 30)
-            return (hashlib.sha256(up).hexdigest(), pod_got.hexdigest(),
-                    hashlib.sha256(down).hexdigest(), got.hexdigest(), status)
+            assert signalled
+            return pod.received.hexdigest(), got_down, status
         finally:
-            server.close()
+            pod.close()
             if router.proc.poll() is None:
                 router.proc.kill()
 
-    sent_up, got_up, sent_down, got_down, status = asyncio.run(scenario())
-    assert got_up == sent_up
-    assert got_down == sent_down
+    got_up, got_down, status = asyncio.run(scenario())
+    assert got_up == hashlib.sha256(up).hexdigest()
+    assert got_down == hashlib.sha256(down).hexdigest()
     assert status == 0
 
 

@@ -24,6 +24,7 @@ import pytest
 from router import constants as c
 from router.demo_pki import DemoPki, make_pki
 from router.demo_pods import ECHO, WATCH, RunningPod, call_whoami, start_pod
+from tests.bulk_tls import BulkTlsPod, bulk_tls_client
 from tests.router_process import RouterProcess, router_args, write_endpoints
 
 H2C_PODS = (("stargate-0", "127.0.0.2"), ("stargate-1", "127.0.0.3"))
@@ -300,73 +301,27 @@ def test_metrics_count_after_traffic(cluster: Cluster) -> None:
 
 # -- 64 MiB both ways, byte-exact, through a TLS pod that is a plain TLS peer ------------------
 
-async def _bulk_client(router_port: int, pki: DemoPki, up: bytes, down: bytes) -> tuple[str, str]:
-    """Send ``up`` and receive ``down`` at the same time; returns (sha256 sent, sha256 received)."""
-    ctx = ssl.create_default_context(cadata=pki.ca_pem.decode())
-    reader, writer = await asyncio.open_connection(
-        "127.0.0.1", router_port, ssl=ctx, server_hostname=host("stargate-bulk")
-    )
-    client_got = hashlib.sha256()
-
-    async def send() -> None:
-        for i in range(0, len(up), 1 << 20):
-            writer.write(up[i : i + (1 << 20)])
-            await writer.drain()
-
-    sender = asyncio.create_task(send())
-    remaining = len(down)
-    while remaining:
-        chunk = await reader.read(1 << 20)
-        assert chunk, "connection closed early"
-        client_got.update(chunk)
-        remaining -= len(chunk)
-    await sender
-    writer.close()
-    return hashlib.sha256(up).hexdigest(), client_got.hexdigest()
-
-
 def test_64_mib_both_ways_byte_exact(tmp_path: Path) -> None:
     pki = make_pki(tmp_path / "pki")
     size = 64 * 1024 * 1024
+    up, down = os.urandom(size), os.urandom(size)
 
-    async def scenario() -> tuple[str, str, str, str]:
-        server_ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        server_ctx.load_cert_chain(pki.cert_path, pki.key_path)
-        up, down = os.urandom(size), os.urandom(size)
-        pod_got = hashlib.sha256()
-        done = asyncio.Event()
-
-        async def pod_handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            async def send() -> None:
-                for i in range(0, size, 1 << 20):
-                    writer.write(down[i : i + (1 << 20)])
-                    await writer.drain()
-
-            sender = asyncio.create_task(send())
-            remaining = size
-            while remaining:
-                chunk = await reader.read(1 << 20)
-                if not chunk:
-                    break
-                pod_got.update(chunk)
-                remaining -= len(chunk)
-            await sender
-            writer.close()
-            done.set()
-
-        server = await asyncio.start_server(pod_handler, "127.0.0.2", 0, ssl=server_ctx)
-        pod_port = server.sockets[0].getsockname()[1]
+    async def scenario() -> tuple[str, str]:
+        pod = BulkTlsPod(pki, down, expect_up=size)
+        pod_port = await pod.start("127.0.0.2")
         write_endpoints(tmp_path / "e.json", [("stargate-bulk", "127.0.0.2", pod_port, 1)])
         router = RouterProcess(router_args(tmp_path / "e.json"))
         try:
             await asyncio.to_thread(router.wait_ready)
-            sent_up, got_down = await asyncio.wait_for(_bulk_client(router.grpc_port, pki, up, down), 60)
-            await asyncio.wait_for(done.wait(), 10)
-            return sent_up, pod_got.hexdigest(), hashlib.sha256(down).hexdigest(), got_down
+            got_down = await asyncio.wait_for(
+                bulk_tls_client(router.grpc_port, pki, host("stargate-bulk"), up, size), 60
+            )
+            await asyncio.wait_for(pod.done.wait(), 10)
+            return pod.received.hexdigest(), got_down
         finally:
-            server.close()
+            pod.close()
             await asyncio.to_thread(router.stop)
 
-    sent_up, got_up, sent_down, got_down = asyncio.run(scenario())
-    assert got_up == sent_up
-    assert got_down == sent_down
+    got_up, got_down = asyncio.run(scenario())
+    assert got_up == hashlib.sha256(up).hexdigest()
+    assert got_down == hashlib.sha256(down).hexdigest()
