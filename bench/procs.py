@@ -221,6 +221,33 @@ class Router:
             self.process.__exit__(None, None, None)
 
 
+class _PeerProcess:
+    """A peer middle box (HAProxy, nginx) run as a child until ``close``."""
+
+    proc: subprocess.Popen[bytes]
+
+    def _start(self, argv: list[str], ports: Sequence[int], udp: bool, what: str) -> None:
+        self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        try:
+            wait_bound(ports, udp, self.proc, what)
+        except BenchError:
+            self.close()
+            raise
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+
+
 HAPROXY_GLOBAL = """global
     nbthread {threads}
     maxconn {maxconn}
@@ -254,7 +281,7 @@ backend pod_{port}
 """
 
 
-class Haproxy:
+class Haproxy(_PeerProcess):
     """HAProxy in TCP mode: SNI-routed (``req.ssl_sni``) or plain frontends to one pod each;
     ``option splice-auto`` unless ``forced_splice``."""
 
@@ -289,26 +316,8 @@ class Haproxy:
         os.close(fd)
         self.config = Path(name)
         self.config.write_text(text)
-        self.proc = subprocess.Popen([binary, "-db", "-q", "-f", str(self.config)],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        try:
-            wait_bound(self.ports, False, self.proc, "haproxy")
-        except BenchError:
-            self.close()
-            raise
+        self._start([binary, "-db", "-q", "-f", str(self.config)], self.ports, False, "haproxy")
 
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
 
 
 NGINX_CONFIG = """daemon off;
@@ -331,7 +340,7 @@ stream {{
 """
 
 
-class Nginx:
+class Nginx(_PeerProcess):
     """nginx ``stream`` UDP proxy, one worker, to one pod (it cannot route by QUIC SNI)."""
 
     kind = "nginx"
@@ -347,28 +356,11 @@ class Nginx:
             nofile=nofile, dir=self.dir, module=NGINX_STREAM_MODULE, connections=connections,
             port=self.port, pod_host=pod_host, pod_port=pod_port,
         ))
-        self.proc = subprocess.Popen(
+        self._start(
             [binary, "-e", "stderr", "-p", str(self.dir), "-c", str(self.dir / "nginx.conf")],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            [self.port], True, "nginx",
         )
-        try:
-            wait_bound([self.port], True, self.proc, "nginx")
-        except BenchError:
-            self.close()
-            raise
 
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
 
 
 def python_version() -> str:
