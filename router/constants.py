@@ -427,3 +427,16 @@ QUIC_POD_RECEIVE_BUFFER_BYTES: Final = 64 * 1024
 
 QUIC_POD_READS_PER_CALLBACK: Final = 16
 """Reads of one flow's pod socket per readiness callback: drains a burst without starving other flows."""
+
+# ---------------------------------------------------------------------------
+# QUIC: batched client -> pod path
+# ---------------------------------------------------------------------------
+QUIC_GSO_MAX_SEGMENTS: Final = 64
+"""Datagrams in one ``UDP_SEGMENT`` send: the kernel's UDP_MAX_SEGMENTS before Linux 6.x (newer allow 128)."""
+
+QUIC_GSO_MAX_BYTES: Final = 65_507
+"""Payload of one ``UDP_SEGMENT`` send: the largest IPv4 UDP payload (IPv6 allows 20 bytes more)."""
+
+QUIC_OUTBOX_DATAGRAMS: Final = QUIC_GSO_MAX_SEGMENTS
+"""Client datagrams a flow collects within one loop iteration before it sends them at once: one
+full GSO run, so a flood holds at most this many per flow between two sends."""

@@ -5,9 +5,15 @@ cmsg gives the segment size, every segment that long but the last) and can take 
 in one ``sendmsg`` with a ``UDP_SEGMENT`` cmsg, cutting it back into the same datagrams on the
 wire. The stdlib names neither option, so the numbers of ``<linux/udp.h>`` are here.
 
-The bytes helpers are pure. ``enable_gro`` and ``send_segments`` touch sockets: the first
-time the kernel refuses an option (no such option, a device without checksum offload) the
-process stops asking and sends one datagram per call from then on.
+Pod -> client: a GRO buffer from the pod leaves in one ``send_segments``. Client -> pod: the
+listener stays on uvloop's C receive path, the datagrams of one flow read in one loop
+iteration are collected, and ``send_datagrams`` plans them into GSO runs (``gso_runs``: equal
+sizes, the last one shorter or equal) so a burst costs one ``sendmsg`` instead of one ``send``
+each; the datagrams on the wire are the same ones, in the same order.
+
+The bytes helpers are pure. ``enable_gro``, ``send_segments`` and ``send_datagrams`` touch
+sockets: the first time the kernel refuses an option (no such option, a device without
+checksum offload) the process stops asking and sends one datagram per call from then on.
 """
 
 from __future__ import annotations
@@ -15,8 +21,10 @@ from __future__ import annotations
 import errno
 import socket
 import struct
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
+
+from router import constants as c
 
 SOL_UDP = 17
 UDP_SEGMENT = 103
@@ -29,6 +37,10 @@ _SEGMENT_SIZE = struct.Struct("=H")
 GRO_CMSG_SPACE = socket.CMSG_SPACE(_GRO_SIZE.size)
 """``ancbufsize`` for ``recvmsg`` on a GRO socket."""
 MAX_SEGMENT_BYTES = 0xFFFF
+IP_MTU = 14
+"""``<linux/in.h>``: the path MTU of a connected IPv4 socket (the stdlib lacks the name)."""
+IPV6_MTU = 24
+"""``<linux/in6.h>``: the path MTU of a connected IPv6 socket."""
 
 REFUSALS = frozenset({errno.EINVAL, errno.EIO, errno.ENOPROTOOPT})
 """Errors meaning the kernel (or the route's device) does not do GRO/GSO here."""
@@ -60,6 +72,47 @@ def gro_segment_size(ancdata: list[tuple[int, int, bytes]], length: int) -> int:
 def segment_cmsg(size: int) -> tuple[int, int, bytes]:
     """The ``sendmsg`` ancillary item asking the kernel to send datagrams of ``size`` bytes."""
     return SOL_UDP, UDP_SEGMENT, _SEGMENT_SIZE.pack(_check_size(size))
+
+
+def gso_runs(
+    sizes: Sequence[int],
+    max_segment: int,
+    max_segments: int = c.QUIC_GSO_MAX_SEGMENTS,
+    max_bytes: int = c.QUIC_GSO_MAX_BYTES,
+) -> list[tuple[int, int, int]]:
+    """Cut datagrams of these ``sizes`` (in order) into ``(start, stop, segment size)`` runs that
+    one ``UDP_SEGMENT`` send carries unchanged: every datagram of a run as long as its first
+    but the last, which may be shorter (and then ends the run); at most ``max_segments`` of them
+    and ``max_bytes`` in all. A datagram longer than ``max_segment`` (the path MTU's payload) or
+    empty goes alone. A run of one is a plain send."""
+    runs: list[tuple[int, int, int]] = []
+    start, count = 0, len(sizes)
+    while start < count:
+        size = sizes[start]
+        stop, total = start + 1, size
+        if 0 < size <= max_segment:
+            while stop < count and stop - start < max_segments:
+                following = sizes[stop]
+                if not 0 < following <= size or total + following > max_bytes:
+                    break
+                total += following
+                stop += 1
+                if following < size:
+                    break
+        runs.append((start, stop, size))
+        start = stop
+    return runs
+
+
+def path_segment_limit(sock: socket.socket) -> int:
+    """Largest datagram a GSO send on the connected ``sock`` may cut: the route's MTU less the IP
+    and UDP headers (the kernel refuses a larger segment size with EINVAL); 0 if unknown."""
+    try:
+        if sock.family == socket.AF_INET6:
+            return max(0, sock.getsockopt(socket.IPPROTO_IPV6, IPV6_MTU) - 48)
+        return max(0, sock.getsockopt(socket.IPPROTO_IP, IP_MTU) - 28)
+    except OSError:
+        return 0
 
 
 def split_segments(buffer: memoryview, size: int) -> Iterator[memoryview]:
@@ -121,4 +174,46 @@ def send_segments(sock: socket.socket, buffer: memoryview, size: int, addr: Addr
         except BlockingIOError:
             break
         sent += len(segment)
+    return sent
+
+
+def send_datagrams(sock: socket.socket, datagrams: list[bytes], max_segment: int) -> int:
+    """Send ``datagrams`` in order through the connected ``sock``, each run of ``gso_runs`` in one
+    ``sendmsg`` with ``UDP_SEGMENT`` while the kernel takes it, else one ``send`` each. Returns
+    the bytes sent: the rest is dropped, as UDP drops, when the socket buffer is full. Other
+    errors (ECONNREFUSED from an earlier ICMP) propagate."""
+    global _gso_usable
+    if len(datagrams) == 1 or not _gso_usable or not max_segment:
+        return _send_each(sock, datagrams)
+    sent = 0
+    for start, stop, size in gso_runs([len(d) for d in datagrams], max_segment):
+        run = datagrams[start:stop]
+        if len(run) > 1 and _gso_usable:
+            try:
+                sock.sendmsg(run, [segment_cmsg(size)])
+            except BlockingIOError:
+                return sent
+            except OSError as exc:
+                if exc.errno not in REFUSALS:
+                    raise
+                _gso_usable = False
+            else:
+                sent += sum(len(d) for d in run)
+                continue
+        run_sent = _send_each(sock, run)
+        sent += run_sent
+        if run_sent < sum(len(d) for d in run):
+            return sent
+    return sent
+
+
+def _send_each(sock: socket.socket, datagrams: Sequence[bytes]) -> int:
+    """One ``send`` per datagram until the socket buffer is full; the bytes sent."""
+    sent = 0
+    for datagram in datagrams:
+        try:
+            sock.send(datagram)
+        except BlockingIOError:
+            break
+        sent += len(datagram)
     return sent

@@ -39,7 +39,7 @@ from router import constants as c
 from router.hostname import HostnameTemplate
 from router.metrics import RouterMetrics
 from router.quic_refusals import QuicRefusals, peer
-from router.udp_batching import GRO_CMSG_SPACE, enable_gro, gro_segment_size, send_segments, split_segments
+from router.udp_batching import GRO_CMSG_SPACE, gro_segment_size, send_segments, split_segments
 from router.udp_flows import (
     Address,
     Contention,
@@ -51,10 +51,14 @@ from router.udp_flows import (
     classify_on_flow,
     classify_unrouted,
 )
+from router.udp_pod_link import PodLink, connect_udp
 
 log = logging.getLogger(__name__)
 
 PROTOCOL = "quic"
+
+_Link = PodLink["Flow[_Link]"]
+"""A flow's pod link; the flow table keeps it as the flow's handle."""
 
 
 @dataclass(frozen=True)
@@ -127,38 +131,6 @@ class _Listener(_Endpoint):
         log.debug("quic listener socket error: %s", exc)
 
 
-class _PodLink:
-    """One flow's connected, non-blocking socket to its pod, read from a readiness callback;
-    the table keeps it as the flow's handle."""
-
-    def __init__(self, router: UdpRouter, loop: asyncio.AbstractEventLoop, sock: socket.socket) -> None:
-        self.router, self.loop = router, loop
-        self.sock: socket.socket | None = sock
-        self.flow: Flow[_PodLink] | None = None
-
-    def send(self, data: bytes) -> bool:
-        """One client datagram to the pod; False if it was not sent (buffer full, socket gone)."""
-        if self.sock is None:
-            return False
-        try:
-            self.sock.send(data)
-        except (BlockingIOError, InterruptedError):
-            return False
-        except OSError as exc:  # ECONNREFUSED from an earlier ICMP: the pod port is gone
-            if self.flow is not None:
-                self.router._flow_failed(self.flow, exc)
-            return False
-        return True
-
-    def close(self) -> None:
-        self.flow = None
-        if self.sock is not None:
-            with contextlib.suppress(RuntimeError):  # the loop is already closed
-                self.loop.remove_reader(self.sock.fileno())
-            self.sock.close()
-            self.sock = None
-
-
 class UdpRouter:
     """Routes QUIC flows by ClientHello SNI to the named pod and splices their datagrams."""
 
@@ -173,7 +145,7 @@ class UdpRouter:
         self._template = template
         self._snapshot = snapshot
         self._metrics = metrics
-        self._table: UdpFlowTable[InitialSniffer, _PodLink] = UdpFlowTable(settings.flow_limits())
+        self._table: UdpFlowTable[InitialSniffer, _Link] = UdpFlowTable(settings.flow_limits())
         self._refusals = QuicRefusals(self._table, metrics, settings.reject_budget_bytes_per_s, self._send)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._listener: _Listener | None = None
@@ -186,6 +158,9 @@ class UdpRouter:
         self._listener_sock: socket.socket | None = None
         """A duplicate of the listener's descriptor for ``sendmsg`` (the transport offers none)."""
         self._receive_buffer = memoryview(bytearray(c.QUIC_POD_RECEIVE_BUFFER_BYTES))
+        self._outboxes: list[_Link] = []
+        """Links with client datagrams to send once this loop iteration's reads are done."""
+        self._outboxes_scheduled = False
         self._client_bytes = 0  # batched into relayed_bytes at each sweep
         self._pod_bytes = 0
 
@@ -265,12 +240,31 @@ class UdpRouter:
         else:
             self._to_pod(flow, data, self._now())
 
-    def _to_pod(self, flow: Flow[_PodLink], data: bytes, now: float) -> None:
+    def _to_pod(self, flow: Flow[_Link], data: bytes, now: float) -> None:
+        """Into the flow's outbox; every outbox touched in this loop iteration is sent right after
+        its I/O callbacks (``_send_outboxes``), a full one at once."""
         flow.last_active = flow.client_seen_at = now
-        if flow.handle.send(data):
-            self._client_bytes += len(data)
+        link = flow.handle
+        if link.sock is None:
+            return
+        outbox = link.outbox
+        outbox.append(data)
+        if len(outbox) == 1:
+            self._outboxes.append(link)
+            if not self._outboxes_scheduled:
+                self._outboxes_scheduled = True
+                assert self._loop is not None
+                self._loop.call_soon(self._send_outboxes)
+        elif len(outbox) >= c.QUIC_OUTBOX_DATAGRAMS:
+            self._client_bytes += link.flush()
 
-    def _pod_readable(self, link: _PodLink) -> None:
+    def _send_outboxes(self) -> None:
+        self._outboxes_scheduled = False
+        links, self._outboxes = self._outboxes, []
+        for link in links:
+            self._client_bytes += link.flush()
+
+    def _pod_readable(self, link: _Link) -> None:
         """Read what the pod sent (each read one datagram or a GRO batch), a bounded number of reads."""
         buffer = self._receive_buffer
         for _ in range(c.QUIC_POD_READS_PER_CALLBACK):
@@ -286,7 +280,7 @@ class UdpRouter:
             if not flags & socket.MSG_TRUNC:
                 self._from_pod(link.flow, buffer[:length], gro_segment_size(ancdata, length))
 
-    def _from_pod(self, flow: Flow[_PodLink], data: memoryview, segment_size: int) -> None:
+    def _from_pod(self, flow: Flow[_Link], data: memoryview, segment_size: int) -> None:
         """``data``: one datagram, or several of ``segment_size`` bytes (the last shorter or equal)."""
         flow.last_active = self._now()
         if data and data[0] & 0x80:  # long headers are never coalesced with others: read the first
@@ -324,7 +318,7 @@ class UdpRouter:
         else:
             self._drop(unrouted.drop_reason or "malformed")
 
-    def _from_flow_address(self, flow: Flow[_PodLink], data: bytes, addr: Address, now: float) -> None:
+    def _from_flow_address(self, flow: Flow[_Link], data: bytes, addr: Address, now: float) -> None:
         """A long header from a flow's address: the flow's, or another connection's Initial."""
         unrouted = classify_on_flow(self._table, flow, data, now)
         verdict, header = unrouted.verdict, unrouted.header
@@ -339,7 +333,7 @@ class UdpRouter:
         else:
             self._drop(unrouted.drop_reason or "malformed")
 
-    def _join(self, flow: Flow[_PodLink], data: bytes, addr: Address, now: float) -> None:
+    def _join(self, flow: Flow[_Link], data: bytes, addr: Address, now: float) -> None:
         """A known pod CID from a new address: NAT rebinding or migration; follow the client."""
         old = flow.address
         if not self._table.migrate(flow, addr):
@@ -420,7 +414,7 @@ class UdpRouter:
         self._dials.add(task)
         task.add_done_callback(self._dials.discard)
 
-    def _share(self, pending: PendingFlow[InitialSniffer], flow: Flow[_PodLink], now: float) -> None:
+    def _share(self, pending: PendingFlow[InitialSniffer], flow: Flow[_Link], now: float) -> None:
         """A contender naming the flow's own pod: its datagrams go through the flow's socket."""
         self._table.share(pending, flow)
         self._metrics.pending_flows.set(self._table.pending_count)
@@ -435,7 +429,7 @@ class UdpRouter:
         started = self._now()
         await asyncio.sleep(0)  # after the datagrams that arrived with the ClientHello
         try:
-            sock = _connect_udp(target.address, target.quic_port)
+            sock = connect_udp(target.address, target.quic_port)
         except OSError as exc:
             self._refusals.log.info("quic dial to %s for %s failed: %s", target.quic_endpoint,
                                     peer(pending.address), exc)
@@ -447,7 +441,7 @@ class UdpRouter:
         if self._table.pending(pending.address) is not pending:  # expired or closed meanwhile
             sock.close()
             return
-        link = _PodLink(self, self._loop, sock)
+        link: _Link = PodLink(self._loop, sock, self._flow_failed)
         flow = self._table.establish(pending, target.pod_name, link, now)
         link.flow = flow
         self._loop.add_reader(sock.fileno(), self._pod_readable, link)
@@ -479,12 +473,12 @@ class UdpRouter:
         return True
 
     # -- ending flows ---------------------------------------------------------------------
-    def _flow_failed(self, flow: Flow[_PodLink], exc: Exception) -> None:
+    def _flow_failed(self, flow: Flow[_Link], exc: Exception) -> None:
         log.info("quic flow %s -> %s failed: %s", peer(flow.address), flow.pod_name, exc)
         if self._table.remove(flow):
             self._finish(flow, "relay_error")
 
-    def _finish(self, flow: Flow[_PodLink], outcome: str) -> None:
+    def _finish(self, flow: Flow[_Link], outcome: str) -> None:
         """Account for a flow the table no longer holds and close its socket."""
         flow.handle.close()
         self._metrics.quic_outcome(outcome)
@@ -546,22 +540,6 @@ class UdpRouter:
                 self._pod_bytes
             )
             self._pod_bytes = 0
-
-
-def _connect_udp(address: str, port: int) -> socket.socket:
-    """A non-blocking UDP socket connected to a pod IP (never a name: no DNS here), GRO on if offered."""
-    family, kind, proto, _, sockaddr = socket.getaddrinfo(
-        address, port, type=socket.SOCK_DGRAM, flags=socket.AI_NUMERICHOST
-    )[0]
-    sock = socket.socket(family, kind, proto)
-    try:
-        sock.setblocking(False)
-        enable_gro(sock)
-        sock.connect(sockaddr)
-    except OSError:
-        sock.close()
-        raise
-    return sock
 
 
 def _queued_bytes(transport: asyncio.DatagramTransport) -> int:

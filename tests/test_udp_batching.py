@@ -8,21 +8,24 @@ import os
 import socket
 import struct
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+import uvloop
 from aioquic.asyncio import connect, serve
 from aioquic.quic.configuration import QuicConfiguration
 from aioquic.quic.connection import QuicConnection
+from hypothesis import given
+from hypothesis import strategies as st
 
 from discovery.targets import Target, TargetSnapshot
 from router import constants as c
 from router import udp_batching as b
-from router import udp_router
+from router import udp_pod_link, udp_router
 from router.demo_pki import DemoPki, make_pki
 from router.demo_quic_pods import ALPN, client_configuration
 from router.hostname import HostnameTemplate
@@ -72,6 +75,33 @@ def test_gro_cmsg_gives_the_segment_size_else_the_whole_buffer_is_one_datagram()
     assert b.gro_segment_size([(17, 104, struct.pack("i", 1200))], 1200) == 1200  # one segment
 
 
+@given(st.lists(st.integers(0, 2000), max_size=200), st.integers(0, 1500),
+       st.integers(1, 70), st.integers(1, 70_000))
+def test_gso_runs_carry_every_datagram_unchanged_and_in_order(
+    sizes: list[int], max_segment: int, max_segments: int, max_bytes: int
+) -> None:
+    runs = b.gso_runs(sizes, max_segment, max_segments, max_bytes)
+    assert [i for start, stop, _ in runs for i in range(start, stop)] == list(range(len(sizes)))
+    for start, stop, size in runs:
+        run = sizes[start:stop]
+        assert size == run[0]
+        if len(run) == 1:
+            continue
+        # what the kernel does with one UDP_SEGMENT send: cut the payload every ``size`` bytes
+        assert 0 < size <= max_segment and len(run) <= max_segments and sum(run) <= max_bytes
+        assert all(n == size for n in run[:-1]) and 0 < run[-1] <= size
+        payload = memoryview(bytes(sum(run)))
+        assert [len(s) for s in b.split_segments(payload, size)] == run
+
+
+def test_gso_runs_batch_a_burst_and_keep_odd_sizes_apart() -> None:
+    assert b.gso_runs([1200] * 5 + [300, 1200], 1472) == [(0, 6, 1200), (6, 7, 1200)]
+    assert b.gso_runs([300, 1200, 1200], 1472) == [(0, 1, 300), (1, 3, 1200)]
+    assert b.gso_runs([1500, 1500], 1472) == [(0, 1, 1500), (1, 2, 1500)]  # over the path MTU
+    assert b.gso_runs([1200] * 130, 1472, 64) == [(0, 54, 1200), (54, 108, 1200), (108, 130, 1200)]
+    assert b.gso_runs([0, 0, 5], 1472) == [(0, 1, 0), (1, 2, 0), (2, 3, 5)]
+
+
 # -- the fallback -------------------------------------------------------------------------
 class _RefusingSocket:
     """Refuses UDP_SEGMENT / UDP_GRO like a kernel or device without them; records what it sends."""
@@ -91,6 +121,9 @@ class _RefusingSocket:
         self.sent.append(bytes(data))
         return len(data)
 
+    def send(self, data: bytes) -> int:
+        return self.sendto(memoryview(data), None)
+
     def setsockopt(self, *_: Any) -> None:
         raise OSError(errno.ENOPROTOOPT, "no UDP_GRO")
 
@@ -108,6 +141,18 @@ def test_a_refused_gso_send_falls_back_to_one_datagram_per_call_for_good() -> No
 def test_a_full_socket_buffer_reports_how_far_the_batch_got() -> None:
     sock: Any = _RefusingSocket(full_after=1)
     assert b.send_segments(sock, memoryview(bytes(2500)), 1000, ("127.0.0.1", 1)) == 1000
+    sock = _RefusingSocket(full_after=2)
+    assert b.send_datagrams(sock, [bytes(1000)] * 3 + [bytes(10)], 1472) == 2000
+
+
+def test_refused_gso_on_a_connected_socket_sends_the_same_datagrams_one_by_one_for_good() -> None:
+    sock: Any = _RefusingSocket()
+    datagrams = [os.urandom(1200) for _ in range(4)] + [os.urandom(40), os.urandom(1200)]
+    assert b.send_datagrams(sock, datagrams, 1472) == sum(map(len, datagrams))
+    assert sock.sent == datagrams
+    assert b.batching_usable() == (True, False)
+    assert b.send_datagrams(sock, datagrams, 1472) == sum(map(len, datagrams))
+    assert sock.sendmsg_calls == 1
 
 
 def test_a_refused_gro_option_is_not_asked_again() -> None:
@@ -141,6 +186,22 @@ def test_a_gso_send_reaches_a_gro_receiver_as_one_buffer_and_a_plain_one_as_data
         assert [plain.recv(65536) for _ in range(6)] == [bytes(s) for s in b.split_segments(data, 1200)]
 
 
+def test_a_connected_gso_send_arrives_as_the_same_datagrams_in_order() -> None:
+    datagrams = [os.urandom(1200) for _ in range(70)] + [os.urandom(700), os.urandom(30), os.urandom(1200)]
+    with _udp(ROUTER_HOST) as sender, _udp(POD_HOST) as pod:
+        pod.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
+        sender.connect(pod.getsockname())
+        limit = b.path_segment_limit(sender)
+        assert limit >= 1500 - 28  # loopback's MTU (capped at 65,535) less the IPv4 and UDP headers
+        assert b.send_datagrams(sender, datagrams, limit) == sum(map(len, datagrams))
+        assert [pod.recv(65536) for _ in datagrams] == datagrams
+
+
+def test_an_unconnected_socket_has_no_path_segment_limit() -> None:
+    with _udp(ROUTER_HOST) as sock:
+        assert b.path_segment_limit(sock) == 0
+
+
 # -- through the router -------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> DemoPki:
@@ -153,6 +214,8 @@ class Relay:
     port: int
     batches: list[tuple[int, int]]
     """(buffer bytes, segment size) of every pod read the router forwarded."""
+    outboxes: list[int]
+    """Datagrams in every client outbox the router sent to a pod."""
 
 
 @asynccontextmanager
@@ -165,12 +228,20 @@ async def relay_to(pod_port: int, monkeypatch: pytest.MonkeyPatch) -> AsyncItera
         return send(sock, buffer, size, addr)
 
     monkeypatch.setattr(udp_router, "send_segments", recording)
+    outboxes: list[int] = []
+    send_outbox = udp_pod_link.send_datagrams
+
+    def recording_outbox(sock: socket.socket, datagrams: list[bytes], max_segment: int) -> int:
+        outboxes.append(len(datagrams))
+        return send_outbox(sock, datagrams, max_segment)
+
+    monkeypatch.setattr(udp_pod_link, "send_datagrams", recording_outbox)
     snapshot = TargetSnapshot.of([Target("stargate-0", POD_HOST, 1, pod_port)])
     router = UdpRouter(UdpRouterSettings(), HostnameTemplate.parse(c.DEFAULT_ADVERTISED_HOSTNAME_TEMPLATE,
                                                                    "default"), lambda: snapshot, RouterMetrics())
     _, port = await router.start(ROUTER_HOST, 0)
     try:
-        yield Relay(router, port, batches)
+        yield Relay(router, port, batches, outboxes)
     finally:
         await asyncio.wait_for(router.close(), T)
 
@@ -230,5 +301,63 @@ async def test_a_quic_download_through_the_router_is_byte_exact(pki: DemoPki, mo
                 writer.write_eof()
                 assert await asyncio.wait_for(reader.read(), T) == payload
             assert sum(size for size, _ in relay.batches) >= len(payload)
+    finally:
+        server.close()
+
+
+def on_uvloop(test: Callable[[], Awaitable[None]]) -> None:
+    """Run ``test`` on the router's own loop: uvloop reads several datagrams per readiness event
+    (the stdlib loop reads one), which is what lets a flow's outbox collect a burst."""
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(test())
+
+
+def test_a_client_burst_reaches_the_pod_in_one_outbox_datagram_by_datagram(monkeypatch: pytest.MonkeyPatch) -> None:
+    async def burst_through_the_router() -> None:
+        with _udp(POD_HOST) as pod, _udp(ROUTER_HOST) as client:
+            async with relay_to(pod.getsockname()[1], monkeypatch) as relay:
+                initial = _client_initial()
+                client.sendto(initial, (ROUTER_HOST, relay.port))
+                assert await asyncio.to_thread(pod.recv, 65536) == initial
+                burst = [bytes([0x40]) + os.urandom(1199) for _ in range(10)] + [bytes([0x41]) + os.urandom(99)]
+                for datagram in burst:  # all queued before the router reads: one readiness event
+                    client.sendto(datagram, (ROUTER_HOST, relay.port))
+                assert [await asyncio.to_thread(pod.recv, 65536) for _ in burst] == burst
+                assert max(relay.outboxes) > 1
+
+    on_uvloop(burst_through_the_router)
+
+
+def test_a_quic_upload_through_the_router_is_byte_exact(pki: DemoPki, monkeypatch: pytest.MonkeyPatch) -> None:
+    on_uvloop(lambda: _upload(pki, monkeypatch))
+
+
+async def _upload(pki: DemoPki, monkeypatch: pytest.MonkeyPatch) -> None:
+    payload = os.urandom(1_000_000)
+    received: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+
+    def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        async def take() -> None:
+            received.set_result(await reader.read())
+            writer.write(b"ok")
+            writer.write_eof()
+
+        tasks.add(asyncio.get_running_loop().create_task(take()))
+
+    tasks: set[asyncio.Task[None]] = set()
+    config = QuicConfiguration(is_client=False, alpn_protocols=[ALPN])
+    config.load_cert_chain(str(pki.cert_path), str(pki.key_path))
+    server = await serve(POD_HOST, 0, configuration=config, stream_handler=handler)
+    try:
+        pod_port = server._transport.get_extra_info("sockname")[1]
+        async with relay_to(pod_port, monkeypatch) as relay:
+            client_config = client_configuration(SNI, Path(pki.ca_path))
+            async with connect(ROUTER_HOST, relay.port, configuration=client_config) as client:
+                reader, writer = await client.create_stream()
+                writer.write(payload)
+                writer.write_eof()
+                assert await asyncio.wait_for(reader.read(), T) == b"ok"
+            assert await asyncio.wait_for(received, T) == payload
+            assert max(relay.outboxes) > 1  # aioquic sends its congestion window in bursts
     finally:
         server.close()

@@ -1,0 +1,84 @@
+"""One routed QUIC flow's connected UDP socket to its pod, and the client datagrams it collects.
+
+The listener stays on uvloop's C receive path (``DatagramProtocol``), which hands the router up
+to a few dozen datagrams per readiness event. Instead of one ``send`` per datagram, a flow's
+link collects what arrives in one loop iteration (its *outbox*, at most
+``QUIC_OUTBOX_DATAGRAMS``) and the router flushes every touched link once, right after the
+I/O callbacks of that iteration: equal-sized runs go out in one ``UDP_SEGMENT`` ``sendmsg``
+(``router/udp_batching.py``). Every datagram reaches the pod unchanged and in order; the
+wait is within the same loop iteration, so no timer and no added round trip.
+
+The pod side of the socket (replies, errors) is read by the router, which owns the listener.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+from collections.abc import Callable
+from typing import Generic, TypeVar
+
+from router.udp_batching import enable_gro, path_segment_limit, send_datagrams
+
+F = TypeVar("F")
+"""The flow this link belongs to (the router's ``Flow[PodLink]``)."""
+
+
+class PodLink(Generic[F]):
+    """A flow's connected, non-blocking socket to its pod, plus its outbox of client datagrams."""
+
+    __slots__ = ("_failed", "flow", "loop", "max_segment", "outbox", "sock")
+
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, sock: socket.socket, failed: Callable[[F, Exception], None]
+    ) -> None:
+        self.loop = loop
+        self.sock: socket.socket | None = sock
+        self.flow: F | None = None
+        self.outbox: list[bytes] = []
+        self.max_segment = path_segment_limit(sock)
+        """Longest datagram a GSO send may cut on this route (0: never batch)."""
+        self._failed = failed
+
+    def flush(self) -> int:
+        """Send the outbox to the pod; returns the bytes sent (the rest dropped on a full buffer).
+        An error such as ECONNREFUSED (the pod port is gone) fails the flow."""
+        outbox = self.outbox
+        if not outbox:
+            return 0
+        self.outbox = []
+        if self.sock is None:
+            return 0
+        try:
+            return send_datagrams(self.sock, outbox, self.max_segment)
+        except OSError as exc:
+            if self.flow is not None:
+                self._failed(self.flow, exc)
+            return 0
+
+    def close(self) -> None:
+        """Stop reading and close the socket; what the outbox still holds is dropped."""
+        self.flow = None
+        self.outbox = []
+        if self.sock is not None:
+            with contextlib.suppress(RuntimeError):  # the loop is already closed
+                self.loop.remove_reader(self.sock.fileno())
+            self.sock.close()
+            self.sock = None
+
+
+def connect_udp(address: str, port: int) -> socket.socket:
+    """A non-blocking UDP socket connected to a pod IP (never a name: no DNS here), GRO on if offered."""
+    family, kind, proto, _, sockaddr = socket.getaddrinfo(
+        address, port, type=socket.SOCK_DGRAM, flags=socket.AI_NUMERICHOST
+    )[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setblocking(False)
+        enable_gro(sock)
+        sock.connect(sockaddr)
+    except OSError:
+        sock.close()
+        raise
+    return sock
