@@ -422,11 +422,16 @@ QUIC_SOCKET_BUFFER_BYTES: Final = 4 * 1024 * 1024
 # ---------------------------------------------------------------------------
 # QUIC: batched pod -> client path (appended by the UDP batching helper)
 # ---------------------------------------------------------------------------
-QUIC_POD_RECEIVE_BUFFER_BYTES: Final = 64 * 1024
-"""One pod read: a UDP payload or a GRO batch is at most 65,535 bytes, so nothing is truncated."""
+QUIC_MAX_UDP_PAYLOAD_BYTES: Final = 65_535
+"""Room every pod read gets: no UDP payload or GRO batch is longer, so nothing is truncated."""
 
-QUIC_POD_READS_PER_CALLBACK: Final = 16
-"""Reads of one flow's pod socket per readiness callback: drains a burst without starving other flows."""
+QUIC_POD_RECEIVE_BUFFER_BYTES: Final = 256 * 1024
+"""The router's one pod-read buffer: reads land back to back so a burst leaves as one GSO send;
+four maximal reads fit before it wraps (after sending what it holds)."""
+
+QUIC_POD_READS_PER_CALLBACK: Final = 64
+"""Reads of one flow's pod socket per readiness callback: one full GSO run of single datagrams,
+and a bound (about 64 syscalls) so one busy flow cannot starve the others."""
 
 # ---------------------------------------------------------------------------
 # QUIC: batched client -> pod path

@@ -104,6 +104,45 @@ def gso_runs(
     return runs
 
 
+class SegmentRun:
+    """Pieces a socket delivered one after another (each one datagram or a GRO batch), read back
+    to back into one buffer, and merged while one ``UDP_SEGMENT`` send still carries them
+    unchanged: the same segment size, no short segment but the last, at most ``max_segments``
+    and ``max_bytes``. ``start:stop`` is the run's region of the buffer."""
+
+    __slots__ = ("closed", "count", "max_bytes", "max_segments", "size", "start", "stop")
+
+    def __init__(self, max_segments: int = c.QUIC_GSO_MAX_SEGMENTS, max_bytes: int = c.QUIC_GSO_MAX_BYTES) -> None:
+        self.max_segments, self.max_bytes = max_segments, max_bytes
+        self.start = self.stop = self.size = self.count = 0
+        self.closed = False
+
+    def restart(self, at: int) -> None:
+        """An empty run whose next piece is read at offset ``at``."""
+        self.start = self.stop = at
+        self.size = self.count = 0
+        self.closed = False
+
+    def joins(self, length: int, size: int) -> bool:
+        """Whether a piece of ``length`` bytes in segments of ``size`` (``size == length`` for a
+        single datagram), read at ``stop``, joins the run: a batch of the run's segment size, or
+        one datagram no longer than it (a shorter one ends the run)."""
+        if not self.count:
+            return True
+        if self.closed or size > self.size or (size < self.size and length > size):
+            return False
+        return (self.count + -(-length // self.size) <= self.max_segments
+                and self.stop - self.start + length <= self.max_bytes)
+
+    def add(self, length: int, size: int) -> None:
+        """The piece read at ``stop`` (``length`` > 0 bytes, segments of ``size``) is now the run's tail."""
+        if not self.count:
+            self.size = size
+        self.stop += length
+        self.count += -(-length // self.size)
+        self.closed = length % self.size != 0
+
+
 def path_segment_limit(sock: socket.socket) -> int:
     """Largest datagram a GSO send on the connected ``sock`` may cut: the route's MTU less the IP
     and UDP headers (the kernel refuses a larger segment size with EINVAL); 0 if unknown."""

@@ -39,7 +39,7 @@ from router import constants as c
 from router.hostname import HostnameTemplate
 from router.metrics import RouterMetrics
 from router.quic_refusals import QuicRefusals, peer
-from router.udp_batching import GRO_CMSG_SPACE, gro_segment_size, send_segments, split_segments
+from router.udp_batching import GRO_CMSG_SPACE, SegmentRun, gro_segment_size, send_segments, split_segments
 from router.udp_flows import (
     Address,
     Contention,
@@ -158,6 +158,7 @@ class UdpRouter:
         self._listener_sock: socket.socket | None = None
         """A duplicate of the listener's descriptor for ``sendmsg`` (the transport offers none)."""
         self._receive_buffer = memoryview(bytearray(c.QUIC_POD_RECEIVE_BUFFER_BYTES))
+        self._pod_run = SegmentRun()
         self._outboxes: list[_Link] = []
         """Links with client datagrams to send once this loop iteration's reads are done."""
         self._outboxes_scheduled = False
@@ -265,26 +266,41 @@ class UdpRouter:
             self._client_bytes += link.flush()
 
     def _pod_readable(self, link: _Link) -> None:
-        """Read what the pod sent (each read one datagram or a GRO batch), a bounded number of reads."""
-        buffer = self._receive_buffer
+        """Read what the pod sent, a bounded number of reads, back to back into one buffer: each
+        read is one datagram or a GRO batch, and consecutive ones leave for the client together
+        while one ``UDP_SEGMENT`` send carries them (``SegmentRun``), so a pod that sends one
+        datagram per call still costs the client side one ``sendmsg`` per burst."""
+        buffer, run = self._receive_buffer, self._pod_run
+        run.restart(0)
         for _ in range(c.QUIC_POD_READS_PER_CALLBACK):
-            if link.sock is None or link.flow is None:
+            flow = link.flow
+            if link.sock is None or flow is None:
                 return
+            if len(buffer) - run.stop < c.QUIC_MAX_UDP_PAYLOAD_BYTES:  # no room for one more read
+                self._from_pod(flow, buffer[run.start:run.stop], run.size)
+                run.restart(0)
             try:
-                length, ancdata, flags, _ = link.sock.recvmsg_into([buffer], GRO_CMSG_SPACE)
+                length, ancdata, flags, _ = link.sock.recvmsg_into([buffer[run.stop:]], GRO_CMSG_SPACE)
             except (BlockingIOError, InterruptedError):
-                return
+                break
             except OSError as exc:
-                self._flow_failed(link.flow, exc)
+                self._flow_failed(flow, exc)
                 return
-            if not flags & socket.MSG_TRUNC:
-                self._from_pod(link.flow, buffer[:length], gro_segment_size(ancdata, length))
+            flow.last_active = self._now()
+            if flags & socket.MSG_TRUNC or not length:
+                continue
+            size = gro_segment_size(ancdata, length)
+            if buffer[run.stop] & 0x80:  # a long header: handshake packets are never GRO-batched
+                self._table.learn_from_pod(flow, bytes(buffer[run.stop:run.stop + size]), self.settings.cid_length)
+            if not run.joins(length, size):
+                self._from_pod(flow, buffer[run.start:run.stop], run.size)
+                run.restart(run.stop)
+            run.add(length, size)
+        if run.count and link.flow is not None:
+            self._from_pod(link.flow, buffer[run.start:run.stop], run.size)
 
     def _from_pod(self, flow: Flow[_Link], data: memoryview, segment_size: int) -> None:
-        """``data``: one datagram, or several of ``segment_size`` bytes (the last shorter or equal)."""
-        flow.last_active = self._now()
-        if data and data[0] & 0x80:  # long headers are never coalesced with others: read the first
-            self._table.learn_from_pod(flow, bytes(data[:segment_size]), self.settings.cid_length)
+        """``data``: datagrams of ``segment_size`` bytes (the last shorter or equal) to the client."""
         listener, transport = self._listener, self._transport
         if transport is None or listener is None or listener.paused or not data:
             return

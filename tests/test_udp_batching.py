@@ -102,6 +102,55 @@ def test_gso_runs_batch_a_burst_and_keep_odd_sizes_apart() -> None:
     assert b.gso_runs([0, 0, 5], 1472) == [(0, 1, 0), (1, 2, 0), (2, 3, 5)]
 
 
+@st.composite
+def _pieces(draw: st.DrawFn) -> list[tuple[int, int]]:
+    """What successive reads return: (length, segment size), a GRO batch or a single datagram."""
+    pieces = []
+    for _ in range(draw(st.integers(0, 30))):
+        size = draw(st.integers(1, 1500))
+        segments = draw(st.integers(1, 5))
+        last = draw(st.integers(1, size))
+        pieces.append(((segments - 1) * size + last, size))
+    return pieces
+
+
+@given(_pieces(), st.integers(1, 70), st.integers(1, 70_000))
+def test_a_segment_run_only_merges_what_one_gso_send_cuts_back_into_the_same_datagrams(
+    pieces: list[tuple[int, int]], max_segments: int, max_bytes: int
+) -> None:
+    run, runs, joined = b.SegmentRun(max_segments, max_bytes), [], 0
+    for length, size in pieces:
+        if not run.joins(length, size):
+            runs.append((run.stop - run.start, run.size, run.count, joined))
+            run.restart(run.stop)
+            joined = 0
+        run.add(length, size)
+        joined += 1
+    if run.count:
+        runs.append((run.stop - run.start, run.size, run.count, joined))
+
+    def cut(length: int, size: int) -> list[int]:
+        return [len(s) for s in b.split_segments(memoryview(bytes(length)), size)]
+
+    assert [n for length, size, _, _ in runs for n in cut(length, size)] == [
+        n for length, size in pieces for n in cut(length, size)]
+    for length, size, count, joined in runs:
+        assert count == len(cut(length, size))
+        if joined > 1:  # a merge never makes a send the kernel would refuse
+            assert count <= max_segments and length <= max_bytes
+
+
+def test_a_segment_run_merges_single_datagrams_until_a_short_one() -> None:
+    run = b.SegmentRun()
+    for length in (1200, 1200, 1200, 300):
+        assert run.joins(length, length)
+        run.add(length, length)
+    assert (run.start, run.stop, run.size, run.count, run.closed) == (0, 3900, 1200, 4, True)
+    assert not run.joins(1200, 1200)
+    run.restart(run.stop)
+    assert (run.start, run.stop, run.count) == (3900, 3900, 0)
+
+
 # -- the fallback -------------------------------------------------------------------------
 class _RefusingSocket:
     """Refuses UDP_SEGMENT / UDP_GRO like a kernel or device without them; records what it sends."""
@@ -274,6 +323,23 @@ async def test_a_pod_gso_burst_is_read_as_one_batch_and_reaches_the_client_datag
             relay.router.flush_metrics()
             if all(b.batching_usable()):
                 assert (len(burst), 1200) in relay.batches
+
+
+async def test_single_pod_datagrams_read_in_one_callback_reach_the_client_as_one_batch(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    loop = asyncio.get_running_loop()
+    with _udp(POD_HOST) as pod, _udp(ROUTER_HOST) as client:
+        pod.setblocking(False)
+        client.setblocking(False)
+        async with relay_to(pod.getsockname()[1], monkeypatch) as relay:
+            await loop.sock_sendto(client, _client_initial(), (ROUTER_HOST, relay.port))
+            _, flow_socket = await asyncio.wait_for(loop.sock_recvfrom(pod, 65536), T)
+            burst = [bytes([0x40]) + os.urandom(1199) for _ in range(8)] + [bytes([0x41]) + os.urandom(99)]
+            for datagram in burst:  # one send each, all queued before the router reads
+                pod.sendto(datagram, flow_socket)
+            assert [await asyncio.wait_for(loop.sock_recv(client, 65536), T) for _ in burst] == burst
+            assert (8 * 1200 + 100, 1200) in relay.batches
 
 
 async def test_a_quic_download_through_the_router_is_byte_exact(pki: DemoPki, monkeypatch: pytest.MonkeyPatch) -> None:
