@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import selectors
 import socket
 import threading
 import time
@@ -69,6 +70,58 @@ def udp_sink_stats() -> tuple[int, int, int]:
     """(datagrams, bytes, distinct source addresses) received so far."""
     _sock, counts, sources = _STATE["sink"]
     return counts[0], counts[1], len(sources)
+
+
+def udp_sink_blast(seconds: float, size: int) -> tuple[int, float]:
+    """The pod sends ``size``-byte short-header-looking datagrams, round-robin, to every source
+    address it has seen (each flow's middle-box socket, or the client itself when direct), for
+    ``seconds``, one ``sendto`` each as a pod without GSO would; returns (sent, elapsed)."""
+    sock, _counts, sources = _STATE["sink"]
+    targets = list(sources)
+    payload = bytearray(os.urandom(size))
+    payload[0] = 0x40 | (payload[0] & 0x3F)
+    data = bytes(payload)
+    sent = errors = 0
+    clock = time.perf_counter
+    started = clock()
+    deadline = started + seconds
+    rounds_per_check = max(1, 256 // max(1, len(targets)))
+    while clock() < deadline:
+        for _ in range(rounds_per_check):
+            for target in targets:
+                try:
+                    sock.sendto(data, target)
+                except OSError:  # ENOBUFS
+                    errors += 1
+            sent += len(targets)
+    return sent - errors, clock() - started
+
+
+def count_flow_datagrams(seconds: float) -> int:
+    """Datagrams the open flows' sockets receive within ``seconds`` (the download side)."""
+    selector = selectors.DefaultSelector()
+    for sock, _flight in _STATE.get("flows", []):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SOCKET_BUFFER_BYTES)
+        sock.setblocking(False)
+        selector.register(sock, selectors.EVENT_READ)
+    buf = bytearray(65536)
+    received = 0
+    deadline = time.monotonic() + seconds
+    try:
+        while (left := deadline - time.monotonic()) > 0:
+            for key, _events in selector.select(min(left, 0.1)):
+                recv = key.fileobj.recv_into  # type: ignore[union-attr]
+                try:
+                    while True:
+                        recv(buf)
+                        received += 1
+                except BlockingIOError:
+                    pass
+    finally:
+        selector.close()
+        for sock, _flight in _STATE.get("flows", []):
+            sock.setblocking(True)
+    return received
 
 
 def udp_sink_forget_sources() -> None:

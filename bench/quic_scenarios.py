@@ -1,4 +1,5 @@
-"""QUIC scenarios: SNI extraction cost, handshakes/s, UDP relay packets/s (1 and 100 flows).
+"""QUIC scenarios: SNI extraction cost, handshakes/s, UDP relay packets/s (1 and 100 flows),
+client to pod (the worker's upload) and pod to client (its download).
 
 The peer is nginx's ``stream`` UDP proxy with one worker. It cannot route QUIC by SNI
 (``ssl_preread`` reads TLS over TCP only), so it forwards every flow to the one pod, with
@@ -16,6 +17,7 @@ from bench.context import POD, POD_HOST, SNI, BenchContext, try_start
 from bench.procs import Agent, BenchError, Nginx, Router, call_all, cpu_seconds
 from bench.quic_load import (
     client_initials,
+    count_flow_datagrams,
     open_udp_flows,
     quic_handshakes,
     resend_initials,
@@ -23,6 +25,8 @@ from bench.quic_load import (
     start_quic_pod_thread,
     start_udp_sink,
     udp_blast,
+    udp_sink_blast,
+    udp_sink_forget_sources,
     udp_sink_stats,
 )
 from bench.results import Row, Target, interleaved, median
@@ -171,6 +175,57 @@ def _udp_case(ctx: BenchContext, blaster: Agent, sink: Agent, addr: tuple[str, i
         delivered = sink.call(udp_sink_stats)[0] - before
         cpu = (cpu_seconds(pid) - cpu_before) / max(delivered, 1) * 1e6 if pid is not None else None
         blaster.call(retire_udp_flows)
+        return delivered / elapsed, cpu, sent / elapsed
+
+    return case
+
+
+def udp_download(ctx: BenchContext) -> list[Row]:
+    """Pod -> client: the pod sends one datagram per call (as aioquic does; quinn would send GSO
+    batches, which the router's GRO pod socket takes as they come)."""
+    sink = ctx.own(Agent("udp-pod"))
+    port = sink.call(start_udp_sink, POD_HOST)
+    clients = ctx.own(Agent("udp-clients"))
+    router = ctx.own(Router(ctx.workdir, [(POD, POD_HOST, 1, port)], workers=ctx.workers))
+    nginx = try_start(ctx, "nginx", lambda: Nginx(ctx.workdir, POD_HOST, port))
+    endpoints: dict[str, tuple[tuple[str, int], int | None]] = {
+        "router": (("127.0.0.1", router.udp_port), router.pid), "direct": ((POD_HOST, port), None)}
+    if nginx is not None:
+        endpoints["nginx"] = (("127.0.0.1", nginx.port), nginx.pid)
+    flights = client_initials(SNI, 100)
+    seconds = ctx.pick(0.5, 2.0)
+    rows = []
+    for flows in (1, 100):
+        ctx.log(f"udp download: {flows} flow(s), {DATAGRAM_BYTES} B datagrams, {seconds}s per case")
+        results = interleaved(ctx.rounds, {
+            n: _download_case(sink, clients, addr, pid, flows, flights, seconds)
+            for n, (addr, pid) in endpoints.items()})
+
+        def med(name: str, i: int, results: dict[str, list[Any]] = results) -> float | None:
+            return median([r[i] for r in results.get(name, []) if r[i] is not None])
+
+        rows += [
+            Row(f"udp_download_{flows}flow_pps", f"{DATAGRAM_BYTES} B pod datagrams delivered to the client, "
+                f"{flows} flow(s)", "pkt/s", med("router", 0), "nginx", med("nginx", 0), med("direct", 0),
+                targets=UDP_TARGETS, note=f"one Python pod offered ~{med('direct', 2) or 0:,.0f} pkt/s"),
+            Row(f"udp_download_{flows}flow_cpu", f"middle-box CPU per delivered pod datagram, {flows} flow(s)",
+                "CPU us/pkt", med("router", 1), "nginx", med("nginx", 1), None, higher_is_better=False),
+        ]
+    return rows
+
+
+def _download_case(sink: Agent, clients: Agent, addr: tuple[str, int], pid: int | None, flows: int,
+                   flights: list[list[bytes]], seconds: float) -> Callable[[], tuple[float, float | None, float]]:
+    def case() -> tuple[float, float | None, float]:
+        sink.call(udp_sink_forget_sources)  # the pod sends only to this case's flows
+        establish_flows(clients, sink, addr, flows, flights)
+        time.sleep(0.1)
+        cpu_before = cpu_seconds(pid) if pid is not None else 0.0
+        clients.submit(count_flow_datagrams, seconds + 0.3)
+        sent, elapsed = sink.call(udp_sink_blast, seconds, DATAGRAM_BYTES)
+        delivered = clients.result()
+        cpu = (cpu_seconds(pid) - cpu_before) / max(delivered, 1) * 1e6 if pid is not None else None
+        clients.call(retire_udp_flows)
         return delivered / elapsed, cpu, sent / elapsed
 
     return case
