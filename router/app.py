@@ -23,7 +23,8 @@ from router.health import HealthServer
 from router.hostname import HostnameTemplate, TemplateError
 from router.metrics import RouterMetrics
 from router.tcp_router import TcpRouter, TcpRouterSettings
-from router.udp_router import UdpRouter, UdpRouterSettings
+from router.udp_router import UdpRouter
+from router.udp_settings import UdpRouterSettings
 
 log = logging.getLogger(__name__)
 

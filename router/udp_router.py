@@ -5,11 +5,11 @@ Initial datagrams are decrypted for the SNI; then a connected socket to the name
 ``quic`` port is opened, the buffered datagrams are sent in arrival order, and from then
 on datagrams are spliced both ways. Pod replies leave through the listener, so workers only
 ever see the router's address, and the pod sees one stable peer (the flow's socket) even
-when the worker's NAT rebinds. A pod socket has UDP GRO on and is read with ``recvmsg``, so
-a burst from the pod arrives as one buffer and leaves through the listener in one ``sendmsg``
-with ``UDP_SEGMENT`` (``router/udp_batching.py``; one datagram per call where the kernel
-refuses either). All bookkeeping is in the sans-IO ``UdpFlowTable``; this
-module only adapts sockets, the clock and metrics to it.
+when the worker's NAT rebinds. Both directions are batched with UDP GSO/GRO where the kernel
+offers them: client datagrams of one loop iteration leave per flow in one send
+(``router/udp_pod_link.py``), pod replies read back to back leave in one send
+(``router/udp_replies.py``). All bookkeeping is in the sans-IO ``UdpFlowTable`` and the
+verdicts of ``router/udp_verdicts.py``; this module adapts sockets, the clock and metrics.
 
 Refusals (missing/unknown SNI, pod not ready, draining) are answered with an Initial
 CONNECTION_CLOSE so the worker fails fast: never larger than what provoked it, under a
@@ -29,7 +29,6 @@ import contextlib
 import logging
 import socket
 from collections.abc import Callable
-from dataclasses import dataclass, fields
 
 from discovery.targets import Target, TargetSnapshot
 from quic.clienthello import ClientHelloInfo
@@ -39,19 +38,11 @@ from router import constants as c
 from router.hostname import HostnameTemplate
 from router.metrics import RouterMetrics
 from router.quic_refusals import QuicRefusals, peer
-from router.udp_batching import GRO_CMSG_SPACE, SegmentRun, gro_segment_size, send_segments, split_segments
-from router.udp_flows import (
-    Address,
-    Contention,
-    Flow,
-    FlowLimits,
-    PendingFlow,
-    UdpFlowTable,
-    Verdict,
-    classify_on_flow,
-    classify_unrouted,
-)
+from router.udp_flows import Address, Contention, Flow, PendingFlow, UdpFlowTable
 from router.udp_pod_link import PodLink, connect_udp
+from router.udp_replies import ClientReplies
+from router.udp_settings import UdpRouterSettings
+from router.udp_verdicts import Verdict, classify_on_flow, classify_unrouted
 
 log = logging.getLogger(__name__)
 
@@ -59,52 +50,6 @@ PROTOCOL = "quic"
 
 _Link = PodLink["Flow[_Link]"]
 """A flow's pod link; the flow table keeps it as the flow's handle."""
-
-
-@dataclass(frozen=True)
-class UdpRouterSettings:
-    """Knobs of the QUIC side; every default comes from ``router/constants.py``."""
-
-    relay_idle_timeout_s: float = c.DEFAULT_RELAY_IDLE_TIMEOUT_MS / 1000
-    cid_length: int | None = None
-    """Length of the pod's connection IDs in short headers; None learns it from long headers."""
-    max_crypto_bytes: int = c.QUIC_MAX_CRYPTO_BYTES
-    max_pending_flows: int = c.QUIC_MAX_PENDING_FLOWS
-    max_pending_datagrams_per_flow: int = c.QUIC_MAX_PENDING_DATAGRAMS_PER_FLOW
-    max_pending_bytes_per_flow: int = c.QUIC_MAX_PENDING_BYTES_PER_FLOW
-    pending_flow_timeout_s: float = c.QUIC_PENDING_FLOW_TIMEOUT_MS / 1000
-    max_flows: int = c.QUIC_MAX_FLOWS
-    max_learned_cids_per_flow: int = c.QUIC_MAX_LEARNED_CIDS_PER_FLOW
-    reject_budget_bytes_per_s: float = c.QUIC_REJECT_BUDGET_BYTES_PER_S
-    rejection_memory_s: float = c.QUIC_REJECTION_MEMORY_MS / 1000
-    max_remembered_rejections: int = c.QUIC_MAX_REMEMBERED_REJECTIONS
-    answers_per_rejection: int = c.QUIC_ANSWERS_PER_REJECTION
-    flow_takeover_quiet_s: float = c.QUIC_FLOW_TAKEOVER_QUIET_MS / 1000
-    sweep_interval_s: float = c.QUIC_FLOW_SWEEP_INTERVAL_MS / 1000
-
-    def __post_init__(self) -> None:
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if f.name == "cid_length":
-                if value is not None and not 1 <= value <= 20:
-                    raise ValueError(f"cid_length must be None or 1..20, got {value!r}")
-            elif not value > 0:
-                raise ValueError(f"{f.name} must be > 0, got {value!r}")
-
-    def flow_limits(self) -> FlowLimits:
-        return FlowLimits(
-            max_pending_flows=self.max_pending_flows,
-            max_pending_datagrams_per_flow=self.max_pending_datagrams_per_flow,
-            max_pending_bytes_per_flow=self.max_pending_bytes_per_flow,
-            pending_flow_timeout_s=self.pending_flow_timeout_s,
-            max_flows=self.max_flows,
-            idle_timeout_s=self.relay_idle_timeout_s,
-            max_learned_cids_per_flow=self.max_learned_cids_per_flow,
-            rejection_memory_s=self.rejection_memory_s,
-            max_remembered_rejections=self.max_remembered_rejections,
-            answers_per_rejection=self.answers_per_rejection,
-            takeover_quiet_s=self.flow_takeover_quiet_s,
-        )
 
 
 class _Endpoint(asyncio.DatagramProtocol):
@@ -155,15 +100,11 @@ class UdpRouter:
         self._dials: set[asyncio.Task[None]] = set()
         self._empty = asyncio.Event()
         self._empty.set()
-        self._listener_sock: socket.socket | None = None
-        """A duplicate of the listener's descriptor for ``sendmsg`` (the transport offers none)."""
-        self._receive_buffer = memoryview(bytearray(c.QUIC_POD_RECEIVE_BUFFER_BYTES))
-        self._pod_run = SegmentRun()
+        self._replies = ClientReplies(self._learn_from_pod, self._flow_failed, self._now)
         self._outboxes: list[_Link] = []
         """Links with client datagrams to send once this loop iteration's reads are done."""
         self._outboxes_scheduled = False
         self._client_bytes = 0  # batched into relayed_bytes at each sweep
-        self._pod_bytes = 0
 
     # -- lifecycle ------------------------------------------------------------------------
     async def start(self, host: str, port: int, *, reuse_port: bool = False) -> tuple[str, int]:
@@ -177,8 +118,7 @@ class UdpRouter:
         for option in (socket.SO_RCVBUF, socket.SO_SNDBUF):
             with contextlib.suppress(OSError):  # best effort: the kernel clamps or refuses
                 sock.setsockopt(socket.SOL_SOCKET, option, c.QUIC_SOCKET_BUFFER_BYTES)
-        self._listener_sock = socket.fromfd(sock.fileno(), sock.family, sock.type)
-        self._listener_sock.setblocking(False)
+        self._replies.attach(transport, listener)
         self._sweeper = loop.create_task(self._sweep_forever(), name="quic-flow-sweeper")
         sockname = transport.get_extra_info("sockname")
         return str(sockname[0]), int(sockname[1])
@@ -210,9 +150,7 @@ class UdpRouter:
         if self._transport is not None:
             self._transport.close()
             self._transport = None
-        if self._listener_sock is not None:
-            self._listener_sock.close()
-            self._listener_sock = None
+        self._replies.detach()
         self._flush_byte_counters()
 
     @property
@@ -265,55 +203,8 @@ class UdpRouter:
         for link in links:
             self._client_bytes += link.flush()
 
-    def _pod_readable(self, link: _Link) -> None:
-        """Read what the pod sent, a bounded number of reads, back to back into one buffer: each
-        read is one datagram or a GRO batch, and consecutive ones leave for the client together
-        while one ``UDP_SEGMENT`` send carries them (``SegmentRun``), so a pod that sends one
-        datagram per call still costs the client side one ``sendmsg`` per burst."""
-        buffer, run = self._receive_buffer, self._pod_run
-        run.restart(0)
-        for _ in range(c.QUIC_POD_READS_PER_CALLBACK):
-            flow = link.flow
-            if link.sock is None or flow is None:
-                return
-            if len(buffer) - run.stop < c.QUIC_MAX_UDP_PAYLOAD_BYTES:  # no room for one more read
-                self._from_pod(flow, buffer[run.start:run.stop], run.size)
-                run.restart(0)
-            try:
-                length, ancdata, flags, _ = link.sock.recvmsg_into([buffer[run.stop:]], GRO_CMSG_SPACE)
-            except (BlockingIOError, InterruptedError):
-                break
-            except OSError as exc:
-                self._flow_failed(flow, exc)
-                return
-            flow.last_active = self._now()
-            if flags & socket.MSG_TRUNC or not length:
-                continue
-            size = gro_segment_size(ancdata, length)
-            if buffer[run.stop] & 0x80:  # a long header: handshake packets are never GRO-batched
-                self._table.learn_from_pod(flow, bytes(buffer[run.stop:run.stop + size]), self.settings.cid_length)
-            if not run.joins(length, size):
-                self._from_pod(flow, buffer[run.start:run.stop], run.size)
-                run.restart(run.stop)
-            run.add(length, size)
-        if run.count and link.flow is not None:
-            self._from_pod(link.flow, buffer[run.start:run.stop], run.size)
-
-    def _from_pod(self, flow: Flow[_Link], data: memoryview, segment_size: int) -> None:
-        """``data``: datagrams of ``segment_size`` bytes (the last shorter or equal) to the client."""
-        listener, transport = self._listener, self._transport
-        if transport is None or listener is None or listener.paused or not data:
-            return
-        self._pod_bytes += len(data)
-        sent = 0
-        if self._listener_sock is not None and not _queued_bytes(transport):
-            try:
-                sent = send_segments(self._listener_sock, data, segment_size, flow.address)
-            except OSError as exc:  # as the transport would: logged, the rest of the batch dropped
-                listener.error_received(exc)
-                return
-        for datagram in split_segments(data[sent:], segment_size):  # queued behind a full buffer
-            transport.sendto(bytes(datagram), flow.address)
+    def _learn_from_pod(self, flow: Flow[_Link], datagram: bytes) -> None:
+        self._table.learn_from_pod(flow, datagram, self.settings.cid_length)
 
     def _from_new_address(self, data: bytes, addr: Address, now: float) -> None:
         pending = self._table.pending(addr)
@@ -460,7 +351,7 @@ class UdpRouter:
         link: _Link = PodLink(self._loop, sock, self._flow_failed)
         flow = self._table.establish(pending, target.pod_name, link, now)
         link.flow = flow
-        self._loop.add_reader(sock.fileno(), self._pod_readable, link)
+        self._loop.add_reader(sock.fileno(), self._replies.readable, link)
         self._metrics.pending_flows.set(self._table.pending_count)
         self._metrics.quic_outcome("accepted")
         self._metrics.active_connections.labels(protocol=PROTOCOL).inc()
@@ -551,14 +442,8 @@ class UdpRouter:
                 self._client_bytes
             )
             self._client_bytes = 0
-        if self._pod_bytes:
+        if self._replies.sent_bytes:
             self._metrics.relayed_bytes.labels(protocol=PROTOCOL, direction="pod_to_client").inc(
-                self._pod_bytes
+                self._replies.sent_bytes
             )
-            self._pod_bytes = 0
-
-
-def _queued_bytes(transport: asyncio.DatagramTransport) -> int:
-    """What the listener transport holds back for a full socket buffer: sends must queue behind it."""
-    size: int = getattr(transport, "get_write_buffer_size", lambda: 0)()
-    return size
+            self._replies.sent_bytes = 0

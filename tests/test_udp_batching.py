@@ -25,12 +25,13 @@ from hypothesis import strategies as st
 from discovery.targets import Target, TargetSnapshot
 from router import constants as c
 from router import udp_batching as b
-from router import udp_pod_link, udp_router
+from router import udp_pod_link, udp_replies
 from router.demo_pki import DemoPki, make_pki
 from router.demo_quic_pods import ALPN, client_configuration
 from router.hostname import HostnameTemplate
 from router.metrics import RouterMetrics
-from router.udp_router import UdpRouter, UdpRouterSettings
+from router.udp_router import UdpRouter
+from router.udp_settings import UdpRouterSettings
 
 ROUTER_HOST, POD_HOST = "127.0.0.1", "127.0.0.2"
 SNI = "stargate-0.stargate.external"
@@ -270,13 +271,13 @@ class Relay:
 @asynccontextmanager
 async def relay_to(pod_port: int, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Relay]:
     batches: list[tuple[int, int]] = []
-    send = udp_router.send_segments
+    send = udp_replies.send_segments
 
     def recording(sock: socket.socket, buffer: memoryview, size: int, addr: Any) -> int:
         batches.append((len(buffer), size))
         return send(sock, buffer, size, addr)
 
-    monkeypatch.setattr(udp_router, "send_segments", recording)
+    monkeypatch.setattr(udp_replies, "send_segments", recording)
     outboxes: list[int] = []
     send_outbox = udp_pod_link.send_datagrams
 

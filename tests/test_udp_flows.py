@@ -15,10 +15,8 @@ from router.udp_flows import (
     FlowTableError,
     PendingFlow,
     UdpFlowTable,
-    Verdict,
-    classify_on_flow,
-    classify_unrouted,
 )
+from router.udp_verdicts import Verdict, classify_on_flow, classify_unrouted
 
 A = ("192.0.2.1", 1000)
 B = ("192.0.2.2", 2000)

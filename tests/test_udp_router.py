@@ -32,7 +32,8 @@ from router.demo_quic_pods import (
 )
 from router.hostname import HostnameTemplate
 from router.metrics import RouterMetrics
-from router.udp_router import UdpRouter, UdpRouterSettings
+from router.udp_router import UdpRouter
+from router.udp_settings import UdpRouterSettings
 from tests.quic_initial_rewriter import BIG_HELLO_ALPN, SERVER_COMPLETABLE, rewrite_flight
 
 pytestmark = pytest.mark.timeout(30)

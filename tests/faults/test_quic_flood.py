@@ -48,7 +48,8 @@ from router.demo_pki import DemoPki, make_pki
 from router.demo_quic_pods import WHOAMI, bound_port, client_configuration, request, start_quic_pod
 from router.hostname import HostnameTemplate
 from router.metrics import RouterMetrics
-from router.udp_router import UdpRouter, UdpRouterSettings
+from router.udp_router import UdpRouter
+from router.udp_settings import UdpRouterSettings
 from tests.faults import rss_kib
 from tests.quic_initial_rewriter import client_first_flight, crypto_frame, open_flight
 from tests.router_process import RouterProcess, router_args, write_endpoints

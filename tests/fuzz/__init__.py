@@ -61,7 +61,8 @@ from router.h2_peek import H2PeekError, H2RequestReader, SettingsAckStripper
 from router.hostname import HostnameTemplate
 from router.metrics import RouterMetrics
 from router.tls_peek import ClientHelloReader, TlsPeekError
-from router.udp_router import UdpRouter, UdpRouterSettings
+from router.udp_router import UdpRouter
+from router.udp_settings import UdpRouterSettings
 from tests.quic_initial_rewriter import CASES, crypto_frame, open_flight, rewrite_flight
 
 SEPARATOR = b"\xfe\xfd\xfc\xfb"
