@@ -42,8 +42,14 @@ IP_MTU = 14
 IPV6_MTU = 24
 """``<linux/in6.h>``: the path MTU of a connected IPv6 socket."""
 
-REFUSALS = frozenset({errno.EINVAL, errno.EIO, errno.ENOPROTOOPT})
-"""Errors meaning the kernel (or the route's device) does not do GRO/GSO here."""
+REFUSALS = frozenset({errno.EINVAL, errno.EIO, errno.ENOPROTOOPT, errno.EOPNOTSUPP})
+"""Errors of ``setsockopt(UDP_GRO)`` meaning the kernel does not do GRO."""
+GSO_UNSUPPORTED = frozenset({errno.EIO, errno.ENOPROTOOPT, errno.EOPNOTSUPP})
+"""Errors of a ``UDP_SEGMENT`` send meaning GSO does not work here (EIO: a device without
+checksum offload): the process stops asking."""
+GSO_REFUSED_ONCE = frozenset({errno.EINVAL, errno.EMSGSIZE})
+"""Errors of a ``UDP_SEGMENT`` send about that send only (a segment over a path MTU that shrank):
+its datagrams go one by one, and the next batch tries GSO again."""
 
 Address = tuple[Any, ...]
 
@@ -162,12 +168,29 @@ def split_segments(buffer: memoryview, size: int) -> Iterator[memoryview]:
 
 
 _gro_usable = True
-_gso_usable = True
+_gso_usable: bool | None = None
+"""None until probed: a kernel before 4.18 ignores a ``UDP_SEGMENT`` cmsg and would send the
+whole batch as one datagram, so GSO is only used once the socket option is known."""
+
+
+def gso_usable() -> bool:
+    """Whether this process sends with ``UDP_SEGMENT``: probed once (the kernel knows the socket
+    option), then False for good after a send fails with ``GSO_UNSUPPORTED``."""
+    global _gso_usable
+    if _gso_usable is None:
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+                probe.getsockopt(SOL_UDP, UDP_SEGMENT)
+        except OSError:
+            _gso_usable = False
+        else:
+            _gso_usable = True
+    return _gso_usable
 
 
 def batching_usable() -> tuple[bool, bool]:
     """(GRO, GSO): whether this process still asks the kernel for them."""
-    return _gro_usable, _gso_usable
+    return _gro_usable, gso_usable()
 
 
 def enable_gro(sock: socket.socket) -> bool:
@@ -190,22 +213,19 @@ def send_segments(sock: socket.socket, buffer: memoryview, size: int, addr: Addr
     ``sock``: one ``sendmsg`` with ``UDP_SEGMENT`` if the kernel takes it, else one ``sendto``
     each. Returns the bytes sent: less than all when the socket buffer is full (the caller
     queues the rest). Other errors propagate after the datagrams already sent."""
-    global _gso_usable
     if len(buffer) <= size:
         try:
             return sock.sendto(buffer, addr)
         except BlockingIOError:
             return 0
-    if _gso_usable:
+    if gso_usable():
         try:
             sock.sendmsg([buffer], [segment_cmsg(size)], 0, addr)
             return len(buffer)
         except BlockingIOError:
             return 0
         except OSError as exc:
-            if exc.errno not in REFUSALS:
-                raise
-            _gso_usable = False
+            _gso_failed(exc)
     sent = 0
     for segment in split_segments(buffer, size):
         try:
@@ -221,8 +241,7 @@ def send_datagrams(sock: socket.socket, datagrams: list[bytes], max_segment: int
     ``sendmsg`` with ``UDP_SEGMENT`` while the kernel takes it, else one ``send`` each. Returns
     the bytes sent: the rest is dropped, as UDP drops, when the socket buffer is full. Other
     errors (ECONNREFUSED from an earlier ICMP) propagate."""
-    global _gso_usable
-    if len(datagrams) == 1 or not _gso_usable or not max_segment:
+    if len(datagrams) == 1 or not max_segment or not gso_usable():
         return _send_each(sock, datagrams)
     sent = 0
     for start, stop, size in gso_runs([len(d) for d in datagrams], max_segment):
@@ -233,9 +252,7 @@ def send_datagrams(sock: socket.socket, datagrams: list[bytes], max_segment: int
             except BlockingIOError:
                 return sent
             except OSError as exc:
-                if exc.errno not in REFUSALS:
-                    raise
-                _gso_usable = False
+                _gso_failed(exc)
             else:
                 sent += sum(len(d) for d in run)
                 continue
@@ -244,6 +261,16 @@ def send_datagrams(sock: socket.socket, datagrams: list[bytes], max_segment: int
         if run_sent < sum(len(d) for d in run):
             return sent
     return sent
+
+
+def _gso_failed(exc: OSError) -> None:
+    """A ``UDP_SEGMENT`` send failed: stop using GSO if it cannot work here, re-raise what is not
+    about GSO; the caller then sends the batch one datagram at a time."""
+    global _gso_usable
+    if exc.errno in GSO_UNSUPPORTED:
+        _gso_usable = False
+    elif exc.errno not in GSO_REFUSED_ONCE:
+        raise exc
 
 
 def _send_each(sock: socket.socket, datagrams: Sequence[bytes]) -> int:

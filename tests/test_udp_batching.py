@@ -188,6 +188,46 @@ def test_a_refused_gso_send_falls_back_to_one_datagram_per_call_for_good() -> No
     assert sock.sendmsg_calls == 1
 
 
+class _MtuShrunkSocket(_RefusingSocket):
+    """Refuses one GSO send as a kernel does when a segment no longer fits the path MTU."""
+
+    def sendmsg(self, *_: Any) -> int:
+        self.sendmsg_calls += 1
+        raise OSError(errno.EINVAL, "segment over the path MTU")
+
+
+def test_a_gso_send_refused_for_its_size_goes_one_by_one_and_gso_stays_on() -> None:
+    sock: Any = _MtuShrunkSocket()
+    datagrams = [os.urandom(1400) for _ in range(3)]
+    assert b.send_datagrams(sock, datagrams, 1472) == 4200
+    assert b.send_segments(sock, memoryview(b"".join(datagrams)), 1400, ("127.0.0.1", 1)) == 4200
+    assert sock.sent == datagrams * 2
+    assert b.batching_usable() == (True, True)
+    assert sock.sendmsg_calls == 2
+
+
+def test_gso_is_used_only_on_a_kernel_that_knows_udp_segment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(b, "_gso_usable", None)
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        try:
+            sock.getsockopt(b.SOL_UDP, b.UDP_SEGMENT)
+            known = True
+        except OSError:
+            known = False
+    assert b.gso_usable() is known
+
+    class OldKernelSocket(socket.socket):  # before Linux 4.18: no such option
+        def getsockopt(self, *_: Any) -> Any:
+            raise OSError(errno.ENOPROTOOPT, "Protocol not available")
+
+    monkeypatch.setattr(b, "_gso_usable", None)
+    monkeypatch.setattr(b.socket, "socket", OldKernelSocket)
+    assert not b.gso_usable()
+    sock: Any = _MtuShrunkSocket()
+    assert b.send_datagrams(sock, [bytes(1200)] * 3, 1472) == 3600
+    assert sock.sendmsg_calls == 0
+
+
 def test_a_full_socket_buffer_reports_how_far_the_batch_got() -> None:
     sock: Any = _RefusingSocket(full_after=1)
     assert b.send_segments(sock, memoryview(bytes(2500)), 1000, ("127.0.0.1", 1)) == 1000
