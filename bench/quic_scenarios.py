@@ -123,18 +123,27 @@ def establish_flows(blaster: Agent, sink: Agent, addr: tuple[str, int], count: i
             time.sleep(0.01)
 
 
-def udp_relay(ctx: BenchContext) -> list[Row]:
-    sink = ctx.own(Agent("udp-sink"))
+Endpoints = dict[str, tuple[tuple[str, int], int | None]]
+"""Name -> (address the client flows send to, pid whose CPU is measured or None)."""
+
+
+def _udp_setup(ctx: BenchContext) -> tuple[Agent, Agent, Endpoints, list[list[bytes]], float]:
+    """The UDP pod (a counting sink that can also send), the client agent, the router / nginx /
+    direct endpoints, the Initial flights that open flows, and the seconds per case."""
+    sink = ctx.own(Agent("udp-pod"))
     port = sink.call(start_udp_sink, POD_HOST)
-    blaster = ctx.own(Agent("udp-blaster"))
+    clients = ctx.own(Agent("udp-clients"))
     router = ctx.own(Router(ctx.workdir, [(POD, POD_HOST, 1, port)], workers=ctx.workers))
     nginx = try_start(ctx, "nginx", lambda: Nginx(ctx.workdir, POD_HOST, port))
-    endpoints: dict[str, tuple[tuple[str, int], int | None]] = {
+    endpoints: Endpoints = {
         "router": (("127.0.0.1", router.udp_port), router.pid), "direct": ((POD_HOST, port), None)}
     if nginx is not None:
         endpoints["nginx"] = (("127.0.0.1", nginx.port), nginx.pid)
-    flights = client_initials(SNI, 100)
-    seconds = ctx.pick(0.5, 2.0)
+    return sink, clients, endpoints, client_initials(SNI, 100), ctx.pick(0.5, 2.0)
+
+
+def udp_relay(ctx: BenchContext) -> list[Row]:
+    sink, blaster, endpoints, flights, seconds = _udp_setup(ctx)
     rows = []
     for flows in (1, 100):
         ctx.log(f"udp relay: {flows} flow(s), {DATAGRAM_BYTES} B datagrams, {seconds}s per case")
@@ -183,17 +192,7 @@ def _udp_case(ctx: BenchContext, blaster: Agent, sink: Agent, addr: tuple[str, i
 def udp_download(ctx: BenchContext) -> list[Row]:
     """Pod -> client: the pod sends one datagram per call (as aioquic does; quinn would send GSO
     batches, which the router's GRO pod socket takes as they come)."""
-    sink = ctx.own(Agent("udp-pod"))
-    port = sink.call(start_udp_sink, POD_HOST)
-    clients = ctx.own(Agent("udp-clients"))
-    router = ctx.own(Router(ctx.workdir, [(POD, POD_HOST, 1, port)], workers=ctx.workers))
-    nginx = try_start(ctx, "nginx", lambda: Nginx(ctx.workdir, POD_HOST, port))
-    endpoints: dict[str, tuple[tuple[str, int], int | None]] = {
-        "router": (("127.0.0.1", router.udp_port), router.pid), "direct": ((POD_HOST, port), None)}
-    if nginx is not None:
-        endpoints["nginx"] = (("127.0.0.1", nginx.port), nginx.pid)
-    flights = client_initials(SNI, 100)
-    seconds = ctx.pick(0.5, 2.0)
+    sink, clients, endpoints, flights, seconds = _udp_setup(ctx)
     rows = []
     for flows in (1, 100):
         ctx.log(f"udp download: {flows} flow(s), {DATAGRAM_BYTES} B datagrams, {seconds}s per case")

@@ -343,9 +343,12 @@ def _client_initial() -> bytes:
     return conn.datagrams_to_send(now=time.monotonic())[0][0]
 
 
-async def test_a_pod_gso_burst_is_read_as_one_batch_and_reaches_the_client_datagram_by_datagram(
+@asynccontextmanager
+async def routed_flow(
     monkeypatch: pytest.MonkeyPatch,
-) -> None:
+) -> AsyncIterator[tuple[Relay, socket.socket, socket.socket, Any]]:
+    """A UDP pod and client with one flow routed between them: (relay, pod, client, the address
+    the pod sees the flow's socket at)."""
     loop = asyncio.get_running_loop()
     with _udp(POD_HOST) as pod, _udp(ROUTER_HOST) as client:
         pod.setblocking(False)
@@ -355,46 +358,52 @@ async def test_a_pod_gso_burst_is_read_as_one_batch_and_reaches_the_client_datag
             await loop.sock_sendto(client, initial, (ROUTER_HOST, relay.port))
             got, flow_socket = await asyncio.wait_for(loop.sock_recvfrom(pod, 65536), T)
             assert got == initial
-            burst = bytearray(os.urandom(5 * 1200 + 300))
-            for start in range(0, len(burst), 1200):  # short headers, as after the handshake
-                burst[start] = 0x40 | (burst[start] & 0x3F)
-            assert b.send_segments(pod, memoryview(burst), 1200, flow_socket) == len(burst)
-            answers = [await asyncio.wait_for(loop.sock_recv(client, 65536), T) for _ in range(6)]
-            assert answers == [bytes(s) for s in b.split_segments(memoryview(burst), 1200)]
-            relay.router.flush_metrics()
-            if all(b.batching_usable()):
-                assert (len(burst), 1200) in relay.batches
+            yield relay, pod, client, flow_socket
+
+
+async def test_a_pod_gso_burst_is_read_as_one_batch_and_reaches_the_client_datagram_by_datagram(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    loop = asyncio.get_running_loop()
+    async with routed_flow(monkeypatch) as (relay, pod, client, flow_socket):
+        burst = bytearray(os.urandom(5 * 1200 + 300))
+        for start in range(0, len(burst), 1200):  # short headers, as after the handshake
+            burst[start] = 0x40 | (burst[start] & 0x3F)
+        assert b.send_segments(pod, memoryview(burst), 1200, flow_socket) == len(burst)
+        answers = [await asyncio.wait_for(loop.sock_recv(client, 65536), T) for _ in range(6)]
+        assert answers == [bytes(s) for s in b.split_segments(memoryview(burst), 1200)]
+        relay.router.flush_metrics()
+        if all(b.batching_usable()):
+            assert (len(burst), 1200) in relay.batches
 
 
 async def test_single_pod_datagrams_read_in_one_callback_reach_the_client_as_one_batch(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     loop = asyncio.get_running_loop()
-    with _udp(POD_HOST) as pod, _udp(ROUTER_HOST) as client:
-        pod.setblocking(False)
-        client.setblocking(False)
-        async with relay_to(pod.getsockname()[1], monkeypatch) as relay:
-            await loop.sock_sendto(client, _client_initial(), (ROUTER_HOST, relay.port))
-            _, flow_socket = await asyncio.wait_for(loop.sock_recvfrom(pod, 65536), T)
-            burst = [bytes([0x40]) + os.urandom(1199) for _ in range(8)] + [bytes([0x41]) + os.urandom(99)]
-            for datagram in burst:  # one send each, all queued before the router reads
-                pod.sendto(datagram, flow_socket)
-            assert [await asyncio.wait_for(loop.sock_recv(client, 65536), T) for _ in burst] == burst
-            assert (8 * 1200 + 100, 1200) in relay.batches
+    async with routed_flow(monkeypatch) as (relay, pod, client, flow_socket):
+        burst = [bytes([0x40]) + os.urandom(1199) for _ in range(8)] + [bytes([0x41]) + os.urandom(99)]
+        for datagram in burst:  # one send each, all queued before the router reads
+            pod.sendto(datagram, flow_socket)
+        assert [await asyncio.wait_for(loop.sock_recv(client, 65536), T) for _ in burst] == burst
+        assert (8 * 1200 + 100, 1200) in relay.batches
 
 
-async def test_a_quic_download_through_the_router_is_byte_exact(pki: DemoPki, monkeypatch: pytest.MonkeyPatch) -> None:
-    payload = os.urandom(300_000)
+async def _exchange(pki: DemoPki, monkeypatch: pytest.MonkeyPatch, request: bytes, answer: bytes
+                    ) -> tuple[bytes, bytes, Relay]:
+    """One QUIC stream through the router to a real aioquic pod: the client sends ``request``,
+    the pod answers ``answer``; returns (what the pod read, what the client read, the relay)."""
+    received: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+    tasks: set[asyncio.Task[None]] = set()
 
     def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        async def answer() -> None:
-            await reader.read()
-            writer.write(payload)
+        async def serve_stream() -> None:
+            received.set_result(await reader.read())
+            writer.write(answer)
             writer.write_eof()
 
-        tasks.add(asyncio.get_running_loop().create_task(answer()))
+        tasks.add(asyncio.get_running_loop().create_task(serve_stream()))
 
-    tasks: set[asyncio.Task[None]] = set()
     config = QuicConfiguration(is_client=False, alpn_protocols=[ALPN])
     config.load_cert_chain(str(pki.cert_path), str(pki.key_path))
     server = await serve(POD_HOST, 0, configuration=config, stream_handler=handler)
@@ -404,12 +413,19 @@ async def test_a_quic_download_through_the_router_is_byte_exact(pki: DemoPki, mo
             client_config = client_configuration(SNI, Path(pki.ca_path))
             async with connect(ROUTER_HOST, relay.port, configuration=client_config) as client:
                 reader, writer = await client.create_stream()
-                writer.write(b"download")
+                writer.write(request)
                 writer.write_eof()
-                assert await asyncio.wait_for(reader.read(), T) == payload
-            assert sum(size for size, _ in relay.batches) >= len(payload)
+                got = await asyncio.wait_for(reader.read(), T)
+            return await asyncio.wait_for(received, T), got, relay
     finally:
         server.close()
+
+
+async def test_a_quic_download_through_the_router_is_byte_exact(pki: DemoPki, monkeypatch: pytest.MonkeyPatch) -> None:
+    payload = os.urandom(300_000)
+    _, got, relay = await _exchange(pki, monkeypatch, b"download", payload)
+    assert got == payload
+    assert sum(size for size, _ in relay.batches) >= len(payload)
 
 
 def on_uvloop(test: Callable[[], Awaitable[None]]) -> None:
@@ -436,35 +452,11 @@ def test_a_client_burst_reaches_the_pod_in_one_outbox_datagram_by_datagram(monke
 
 
 def test_a_quic_upload_through_the_router_is_byte_exact(pki: DemoPki, monkeypatch: pytest.MonkeyPatch) -> None:
-    on_uvloop(lambda: _upload(pki, monkeypatch))
-
-
-async def _upload(pki: DemoPki, monkeypatch: pytest.MonkeyPatch) -> None:
     payload = os.urandom(1_000_000)
-    received: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
 
-    def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        async def take() -> None:
-            received.set_result(await reader.read())
-            writer.write(b"ok")
-            writer.write_eof()
+    async def upload() -> None:
+        received, got, relay = await _exchange(pki, monkeypatch, payload, b"ok")
+        assert (received, got) == (payload, b"ok")
+        assert max(relay.outboxes) > 1  # aioquic sends its congestion window in bursts
 
-        tasks.add(asyncio.get_running_loop().create_task(take()))
-
-    tasks: set[asyncio.Task[None]] = set()
-    config = QuicConfiguration(is_client=False, alpn_protocols=[ALPN])
-    config.load_cert_chain(str(pki.cert_path), str(pki.key_path))
-    server = await serve(POD_HOST, 0, configuration=config, stream_handler=handler)
-    try:
-        pod_port = server._transport.get_extra_info("sockname")[1]
-        async with relay_to(pod_port, monkeypatch) as relay:
-            client_config = client_configuration(SNI, Path(pki.ca_path))
-            async with connect(ROUTER_HOST, relay.port, configuration=client_config) as client:
-                reader, writer = await client.create_stream()
-                writer.write(payload)
-                writer.write_eof()
-                assert await asyncio.wait_for(reader.read(), T) == b"ok"
-            assert await asyncio.wait_for(received, T) == payload
-            assert max(relay.outboxes) > 1  # aioquic sends its congestion window in bursts
-    finally:
-        server.close()
+    on_uvloop(upload)
