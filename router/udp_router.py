@@ -28,6 +28,7 @@ import asyncio
 import contextlib
 import logging
 import socket
+import time
 from collections.abc import Callable
 
 from discovery.targets import Target, TargetSnapshot
@@ -93,6 +94,8 @@ class UdpRouter:
         self._table: UdpFlowTable[InitialSniffer, _Link] = UdpFlowTable(settings.flow_limits())
         self._refusals = QuicRefusals(self._table, metrics, settings.reject_budget_bytes_per_s, self._send)
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._clock: Callable[[], float] = time.monotonic
+        """The loop's clock once started (bound once: the per-datagram path reads it)."""
         self._listener: _Listener | None = None
         self._transport: asyncio.DatagramTransport | None = None
         self._accepting = True
@@ -110,6 +113,7 @@ class UdpRouter:
     async def start(self, host: str, port: int, *, reuse_port: bool = False) -> tuple[str, int]:
         """Bind the listener and start the sweeper; returns the bound (host, port)."""
         self._loop = loop = asyncio.get_running_loop()
+        self._clock = loop.time
         transport, listener = await loop.create_datagram_endpoint(
             lambda: _Listener(self), local_addr=(host, port), reuse_port=reuse_port or None
         )
@@ -172,12 +176,13 @@ class UdpRouter:
 
     def _from_client(self, data: bytes, addr: Address) -> None:
         flow = self._table.flow(addr)
+        now = self._clock()
         if flow is None:
-            self._from_new_address(data, addr, self._now())
+            self._from_new_address(data, addr, now)
         elif data and data[0] & 0x80:  # a long header may start another connection from this address
-            self._from_flow_address(flow, data, addr, self._now())
+            self._from_flow_address(flow, data, addr, now)
         else:
-            self._to_pod(flow, data, self._now())
+            self._to_pod(flow, data, now)
 
     def _to_pod(self, flow: Flow[_Link], data: bytes, now: float) -> None:
         """Into the flow's outbox; every outbox touched in this loop iteration is sent right after
