@@ -44,12 +44,8 @@ class PodLink(Generic[F]):
     def flush(self) -> int:
         """Send the outbox to the pod; returns the bytes sent (the rest dropped on a full buffer).
         An error such as ECONNREFUSED (the pod port is gone) fails the flow."""
-        outbox = self.outbox
-        if not outbox:
-            return 0
-        self.outbox = []
-        sock = self.sock
-        if sock is None:
+        outbox, sock = self.outbox, self.sock
+        if not outbox or sock is None:
             return 0
         try:
             if len(outbox) == 1:  # the common case of sparse traffic: no planning
@@ -61,6 +57,8 @@ class PodLink(Generic[F]):
             if self.flow is not None:
                 self._failed(self.flow, exc)
             return 0
+        finally:
+            outbox.clear()  # reused: no list per flush
 
     def close(self) -> None:
         """Stop reading and close the socket; what the outbox still holds is dropped."""

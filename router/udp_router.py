@@ -171,8 +171,7 @@ class UdpRouter:
 
     # -- the per-datagram paths -----------------------------------------------------------
     def _now(self) -> float:
-        assert self._loop is not None
-        return self._loop.time()
+        return self._clock()
 
     def _from_client(self, data: bytes, addr: Address) -> None:
         flow = self._table.flow(addr)
