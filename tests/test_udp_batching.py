@@ -460,3 +460,17 @@ def test_a_quic_upload_through_the_router_is_byte_exact(pki: DemoPki, monkeypatc
         assert max(relay.outboxes) > 1  # aioquic sends its congestion window in bursts
 
     on_uvloop(upload)
+
+
+async def test_a_flood_within_one_loop_iteration_holds_at_most_one_gso_run_per_flow(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    loop = asyncio.get_running_loop()
+    async with routed_flow(monkeypatch) as (relay, pod, client, _flow_socket):
+        pod.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 22)
+        flood = [bytes([0x40]) + os.urandom(1199) for _ in range(150)]
+        for datagram in flood:  # as if one readiness event delivered them all, with no await between
+            relay.router._from_client(datagram, client.getsockname())
+        assert relay.outboxes[:2] == [c.QUIC_OUTBOX_DATAGRAMS] * 2  # sent early, once full
+        assert [await asyncio.wait_for(loop.sock_recv(pod, 65536), T) for _ in flood] == flood
+        assert sum(relay.outboxes) == len(flood)
