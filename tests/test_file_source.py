@@ -126,14 +126,22 @@ def test_a_directory_or_oversized_file_is_refused(tmp_path: Path) -> None:
     assert load.snapshot is None and load.error is not None and "larger than" in load.error
 
 
+async def synced_source(
+    tmp_path: Path, recorder: Recorder, metrics: RouterMetrics | None, running: Start,
+) -> tuple[Path, EndpointsFileSource]:
+    """A running source over an endpoints file naming stargate-0, once it has synced."""
+    path = tmp_path / "endpoints.yaml"
+    write(path, {"stargate-0": "10.0.0.1"})
+    source = EndpointsFileSource(SETTINGS, recorder, metrics, path=path, poll_interval_s=POLL_S)
+    running(source)
+    await asyncio.wait_for(source.synced.wait(), 3)
+    return path, source
+
+
 async def test_run_republishes_when_the_file_changes(
     tmp_path: Path, recorder: Recorder, running: Start,
 ) -> None:
-    path = tmp_path / "endpoints.yaml"
-    write(path, {"stargate-0": "10.0.0.1"})
-    source = EndpointsFileSource(SETTINGS, recorder, path=path, poll_interval_s=POLL_S)
-    running(source)
-    await asyncio.wait_for(source.synced.wait(), 3)
+    path, _source = await synced_source(tmp_path, recorder, None, running)
     assert recorder.pods == ["stargate-0"]
     write(path, {"stargate-0": "10.0.0.1", "stargate-1": "10.0.0.2"})  # scale up
     await eventually(lambda: recorder.pods == ["stargate-0", "stargate-1"], 3)
@@ -144,11 +152,7 @@ async def test_run_republishes_when_the_file_changes(
 async def test_in_place_rewrite_is_noticed(
     tmp_path: Path, recorder: Recorder, running: Start,
 ) -> None:
-    path = tmp_path / "endpoints.yaml"
-    write(path, {"stargate-0": "10.0.0.1"})
-    source = EndpointsFileSource(SETTINGS, recorder, path=path, poll_interval_s=POLL_S)
-    running(source)
-    await asyncio.wait_for(source.synced.wait(), 3)
+    path, _source = await synced_source(tmp_path, recorder, None, running)
     text = path.read_text().replace("10.0.0.1", "10.0.0.9")  # same size, same inode
     path.write_text(text)
     await eventually(lambda: recorder.address_of("stargate-0") == "10.0.0.9", 3)
@@ -175,11 +179,7 @@ async def test_configmap_style_symlink_swap_is_noticed(
 async def test_unchanged_targets_are_not_republished(
     tmp_path: Path, recorder: Recorder, metrics: RouterMetrics, running: Start,
 ) -> None:
-    path = tmp_path / "endpoints.yaml"
-    write(path, {"stargate-0": "10.0.0.1"})
-    source = EndpointsFileSource(SETTINGS, recorder, metrics, path=path, poll_interval_s=POLL_S)
-    running(source)
-    await asyncio.wait_for(source.synced.wait(), 3)
+    path, _source = await synced_source(tmp_path, recorder, metrics, running)
     write(path, {"stargate-0": "10.0.0.1"}, as_json=True)  # a new file, the same targets
     await eventually(lambda: updates(metrics, "unchanged") == 1, 3)
     assert len(recorder.published) == 1
@@ -190,11 +190,7 @@ async def test_broken_file_keeps_the_last_good_snapshot_logged_once_and_counted(
     tmp_path: Path, recorder: Recorder, metrics: RouterMetrics, running: Start,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    path = tmp_path / "endpoints.yaml"
-    write(path, {"stargate-0": "10.0.0.1"})
-    source = EndpointsFileSource(SETTINGS, recorder, metrics, path=path, poll_interval_s=POLL_S)
-    running(source)
-    await asyncio.wait_for(source.synced.wait(), 3)
+    path, _source = await synced_source(tmp_path, recorder, metrics, running)
     with caplog.at_level(logging.WARNING, logger="discovery.file_source"):
         path.write_text("items: [unclosed")
         await eventually(lambda: updates(metrics, "error") == 1, 3)
@@ -211,11 +207,7 @@ async def test_broken_file_keeps_the_last_good_snapshot_logged_once_and_counted(
 async def test_deleted_file_keeps_the_last_good_snapshot_and_sync_age_grows(
     tmp_path: Path, recorder: Recorder, metrics: RouterMetrics, running: Start,
 ) -> None:
-    path = tmp_path / "endpoints.yaml"
-    write(path, {"stargate-0": "10.0.0.1"})
-    source = EndpointsFileSource(SETTINGS, recorder, metrics, path=path, poll_interval_s=POLL_S)
-    running(source)
-    await asyncio.wait_for(source.synced.wait(), 3)
+    path, source = await synced_source(tmp_path, recorder, metrics, running)
     path.unlink()
     await eventually(lambda: updates(metrics, "error") == 1, 3)
     synced_at = source.last_sync_monotonic

@@ -465,6 +465,32 @@ def _dropped(metrics: RouterMetrics) -> dict[str, float]:
 # ---------------------------------------------------------------------------
 # In process
 # ---------------------------------------------------------------------------
+async def _send_flood(
+    flood: FloodSockets, forge: FloodForge, rng: random.Random, port: int, datagrams: int, legit: Legit,
+    min_handshakes: int, rate_per_s: int, burst: int, backlog: Callable[[int], int] | None = None,
+) -> tuple[int, float]:
+    """Send forged datagrams to the router at ``rate_per_s``, ``burst`` at a time, for at least
+    ``datagrams`` and until ``min_handshakes`` real ones ran beside them (at most 3x longer);
+    with ``backlog`` (sent -> not yet read) also never more than WINDOW ahead of the router.
+    Returns (datagrams sent, seconds)."""
+    started, sent, i = time.perf_counter(), 0, -1
+    while i + 1 < datagrams or (legit.total < min_handshakes and i + 1 < 3 * datagrams):
+        i += 1
+        sock, kinds = flood.pick(rng)
+        try:
+            sock.sendto(forge.datagram(sock, kinds)[1], (ROUTER_HOST, port))
+            sent += 1
+        except BlockingIOError:
+            pass
+        if i % burst == burst - 1:
+            await asyncio.sleep(max(0.0, started + (i + 1) / rate_per_s - time.perf_counter()))
+            if backlog is not None:
+                wait_until = time.monotonic() + 0.05
+                while backlog(sent) > WINDOW and time.monotonic() < wait_until:
+                    await asyncio.sleep(0)
+    return sent, time.perf_counter() - started
+
+
 async def _flood_in_process(
     pki: DemoPki, datagrams: int, min_handshakes: int, legit_floor: float | None = 0.99,
     rate_per_s: int = 2_500, **overrides: Any
@@ -491,23 +517,9 @@ async def _flood_in_process(
                 idle.seconds.append(time.perf_counter() - started)
                 idle.ok += 1
             legit_task = loop.create_task(legit.run(port, pki.ca_path, stop))
-            started = time.perf_counter()
-            sent, i = 0, -1
-            # The flood lasts at least until min_handshakes ran in parallel (at most 3x longer).
-            while i + 1 < datagrams or (legit.total < min_handshakes and i + 1 < 3 * datagrams):
-                i += 1
-                sock, kinds = flood.pick(rng)
-                try:
-                    sock.sendto(forge.datagram(sock, kinds)[1], (ROUTER_HOST, port))
-                    sent += 1
-                except BlockingIOError:
-                    pass
-                if i % 8 == 7:  # at rate_per_s, and never more than WINDOW ahead of the router
-                    await asyncio.sleep(max(0.0, started + (i + 1) / rate_per_s - time.perf_counter()))
-                    wait_until = time.monotonic() + 0.05
-                    while sent - audit.processed > WINDOW and time.monotonic() < wait_until:
-                        await asyncio.sleep(0)
-            flood_seconds = time.perf_counter() - started
+            # at rate_per_s, and never more than WINDOW ahead of the router
+            sent, flood_seconds = await _send_flood(flood, forge, rng, port, datagrams, legit, min_handshakes,
+                                                    rate_per_s, 8, lambda sent: sent - audit.processed)
             stop.set()
             await asyncio.wait_for(legit_task, 60)
             listener = {(ROUTER_HOST, port)}
@@ -713,18 +725,9 @@ async def _flood_router_process(
             try:
                 legit_task = loop.create_task(legit.run(port, pki.ca_path, stop))
                 sampler = loop.create_task(_sample(proc, samples, sampling))
-                started, sent, burst, i = time.perf_counter(), 0, max(1, rate_per_s // 100), -1
-                while i + 1 < datagrams or (legit.total < min_handshakes and i + 1 < 3 * datagrams):
-                    i += 1
-                    sock, kinds = flood.pick(rng)
-                    try:
-                        sock.sendto(forge.datagram(sock, kinds)[1], (ROUTER_HOST, port))
-                        sent += 1
-                    except BlockingIOError:
-                        pass
-                    if i % burst == burst - 1:  # open loop at rate_per_s, in 10 ms bursts
-                        await asyncio.sleep(max(0.0, started + (i + 1) / rate_per_s - time.perf_counter()))
-                flood_seconds = time.perf_counter() - started
+                # open loop at rate_per_s, in 10 ms bursts
+                sent, flood_seconds = await _send_flood(flood, forge, rng, port, datagrams, legit, min_handshakes,
+                                                        rate_per_s, max(1, rate_per_s // 100))
                 stop.set()
                 await asyncio.wait_for(legit_task, 60)
                 await asyncio.sleep(c.QUIC_PENDING_FLOW_TIMEOUT_MS / 1000 + 1.0)  # every pending flow expires
