@@ -3,7 +3,7 @@
 #   1. copy only what .dockerignore admits into a temp build context,
 #   2. `pip wheel -w wheels` there (our wheel plus every dependency's, like stage 1),
 #   3. install into a fresh venv from those wheels only (--no-index, like stage 2),
-#   4. run `stargate-router --help` (and `stargate-router demo` when router/demo.py exists)
+#   4. run `stargate-router --help` (and `stargate-router demo` when router/demo/command.py exists)
 #      from outside the source tree, with PYTHONDONTWRITEBYTECODE=1 and HOME unset, and
 #      check that nothing was written into the install.
 # Needs PyPI for step 2 only. The [demo] extra is installed so the demo can run.
@@ -41,11 +41,11 @@ echo "image-smoke: stargate-router --help"
 run --help >"$work/help.txt"
 grep -q -- "--listen-addr" "$work/help.txt"
 
-if [[ -f "$repo/router/demo.py" ]]; then
+if [[ -f "$repo/router/demo/command.py" ]]; then
   echo "image-smoke: stargate-router demo"
   run demo
 else
-  echo "image-smoke: router/demo.py absent, demo skipped"
+  echo "image-smoke: router/demo/command.py absent, demo skipped"
 fi
 
 written="$(find "$work/venv" -newer "$work/installed.marker" -type f | head -n 20)"

@@ -1,6 +1,6 @@
 """gRPC (h2c) pods and clients for the latency scenario; runs inside ``Agent`` processes.
 
-Real grpcio on both ends (``router.demo_pods``): the client names the pod in
+Real grpcio on both ends (``router.demo.grpc_pods``): the client names the pod in
 ``:authority``, which the router reads from the first HEADERS block.
 """
 
@@ -12,7 +12,7 @@ from typing import Any
 
 import grpc
 
-from router.demo_pods import ECHO, WHOAMI, start_pod
+from router.demo.grpc_pods import ECHO, WHOAMI, start_pod
 
 _STATE: dict[str, Any] = {}
 

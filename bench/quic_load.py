@@ -208,7 +208,7 @@ def close_udp_flows() -> None:
 # ---------------------------------------------------------------------------------------
 def start_quic_pod_thread(pod_name: str, host: str, cert_path: str, key_path: str) -> int:
     """An aioquic pod answering ``<pod>:<payload>`` on its own event-loop thread; its port."""
-    from router.demo_quic_pods import bound_port, start_quic_pod
+    from router.demo.quic_pods import bound_port, start_quic_pod
 
     started = threading.Event()
     box: list[int] = []
@@ -231,7 +231,7 @@ def quic_handshakes(host: str, port: int, server_name: str, cafile: str, seconds
                     concurrency: int) -> tuple[int, int, float]:
     """Full aioquic connections (handshake, one stream round trip, close), ``concurrency`` at a
     time for ``seconds``; returns (completed, failed, elapsed)."""
-    from router.demo_quic_pods import quic_whoami
+    from router.demo.quic_pods import quic_whoami
 
     async def main() -> tuple[int, int, float]:
         counts = [0, 0]

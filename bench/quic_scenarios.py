@@ -31,7 +31,7 @@ from bench.quic_load import (
 )
 from bench.results import Row, Target, interleaved, median
 from quic.initial_sniffer import InitialSniffer
-from router.demo_pki import make_pki
+from router.demo.pki import make_pki
 
 UDP_TARGETS = (Target("ratio_vs_peer", ">=", 1.0, ">=1.0x nginx"),)
 NGINX_NOTE = "nginx stream UDP proxy to one pod: it cannot route QUIC by SNI"

@@ -1,4 +1,4 @@
-"""Bulk throughput of router.relay on loopback against a direct socket pair (and HAProxy).
+"""Bulk throughput of router.tcp.relay on loopback against a direct socket pair (and HAProxy).
 
     python bench/relay_throughput.py [--mib N] [--repeat R] [--both-ways] [--haproxy PATH]
 
@@ -32,7 +32,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from router.relay import relay
+from router.tcp.relay import relay
 
 _MIB = 1024 * 1024
 _HAPROXY_CFG = """global

@@ -22,7 +22,7 @@ from discovery.targets import TargetSnapshot
 from router.constants import ENDPOINTS_FILE_MAX_BYTES, ENDPOINTS_FILE_POLL_INTERVAL_S
 from router.metrics import RouterMetrics
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("discovery.file_source")  # pinned: operators filter logs by this name
 
 SOURCE_LABEL = "file"
 

@@ -46,7 +46,7 @@ from router.constants import (
 )
 from router.metrics import RouterMetrics
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("discovery.kubernetes_source")  # pinned: operators filter logs by this name
 
 SOURCE_LABEL = "kubernetes"
 EVENT_TYPES = frozenset({"ADDED", "MODIFIED", "DELETED", "BOOKMARK", "ERROR"})

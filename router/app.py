@@ -22,11 +22,11 @@ from router.config import ConfigError, RouterConfig
 from router.health import HealthServer
 from router.hostname import HostnameTemplate, TemplateError
 from router.metrics import RouterMetrics
-from router.tcp_router import TcpRouter, TcpRouterSettings
-from router.udp_router import UdpRouter
-from router.udp_settings import UdpRouterSettings
+from router.tcp.edge import TcpRouter, TcpRouterSettings
+from router.udp.edge import UdpRouter
+from router.udp.settings import UdpRouterSettings
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("router.app")  # pinned: operators filter logs by this name
 
 
 class DiscoverySource(Protocol):

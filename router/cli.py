@@ -38,7 +38,7 @@ def run_router(config: RouterConfig) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] == ["demo"]:
-        from router.demo import run_demo
+        from router.demo.command import run_demo
 
         return run_demo(args[1:])
     try:
@@ -50,7 +50,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     configure_logging("json" if config.log_format == "json" else "text", config.log_level)
     if config.workers > 1:
-        from router.workers import supervise
+        from router.supervisor import supervise
 
         return supervise(config, args)
     return run_router(config)

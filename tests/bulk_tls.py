@@ -11,7 +11,7 @@ import hashlib
 import ssl
 from collections.abc import Callable
 
-from router.demo_pki import DemoPki
+from router.demo.pki import DemoPki
 
 CHUNK = 1 << 20
 

@@ -17,7 +17,7 @@ import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 
-from router.demo import endpoints_document
+from router.demo.command import endpoints_document
 
 LISTENING = re.compile(r"listening grpc=(\S+):(\d+) quic=(\S+):(\d+) health=(\S+):(\d+)")
 

@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from router.constants import GRPC_STATUS_INVALID_ARGUMENT, H2_PREFACE, MAX_PEEK_BYTES
-from router.h2_peek import (
+from router.tcp.h2c_peek import (
     EMPTY_SETTINGS_FRAME,
     H2PeekError,
     H2Request,

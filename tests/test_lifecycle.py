@@ -14,8 +14,8 @@ from pathlib import Path
 
 import grpc
 
-from router.demo_pki import make_pki
-from router.demo_pods import call_whoami, start_pod
+from router.demo.grpc_pods import call_whoami, start_pod
+from router.demo.pki import make_pki
 from tests.bulk_tls import BulkTlsPod, bulk_tls_client
 from tests.router_process import RouterProcess, router_args, write_endpoints
 

@@ -1,4 +1,4 @@
-"""router.relay on real loopback sockets: splice and buffered modes, asyncio and uvloop.
+"""router.tcp.relay on real loopback sockets: splice and buffered modes, asyncio and uvloop.
 
 The peers are blocking sockets driven from threads (with socket timeouts), so a relay bug
 shows up as a failed assertion or a timeout, never a hang. No test asserts on speed.
@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 import uvloop
 
-import router.relay as relay_module
+import router.tcp.relay as relay_module
 from router.constants import RELAY_CHUNK_BYTES, RELAY_REPORT_BYTES, SPLICE_PIPE_BYTES
-from router.relay import SPLICE_AVAILABLE, RelayResult, live_relays, relay
+from router.tcp.relay import SPLICE_AVAILABLE, RelayResult, live_relays, relay
 
 pytestmark = pytest.mark.timeout(60)
 

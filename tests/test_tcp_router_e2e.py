@@ -22,8 +22,8 @@ import h2.events
 import pytest
 
 from router import constants as c
-from router.demo_pki import DemoPki, make_pki
-from router.demo_pods import ECHO, WATCH, RunningPod, call_whoami, start_pod
+from router.demo.grpc_pods import ECHO, WATCH, RunningPod, call_whoami, start_pod
+from router.demo.pki import DemoPki, make_pki
 from tests.bulk_tls import BulkTlsPod, bulk_tls_client
 from tests.router_process import RouterProcess, router_args, write_endpoints
 

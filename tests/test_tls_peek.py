@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 
 from quic.clienthello import ClientHelloError, ClientHelloInfo
 from router.constants import MAX_PEEK_BYTES, TLS_ALERT_UNRECOGNIZED_NAME
-from router.demo_pki import make_pki
-from router.tls_peek import ClientHelloReader, TlsPeekError, looks_like_tls, tls_alert
+from router.demo.pki import make_pki
+from router.tcp.tls_peek import ClientHelloReader, TlsPeekError, looks_like_tls, tls_alert
 from tests.test_clienthello import HOST, build_hello, sni_ext, ssl_client_hello_records
 
 RECORDS = ssl_client_hello_records(alpn=("h2", "grpc-exp"))

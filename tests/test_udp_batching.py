@@ -1,4 +1,4 @@
-"""router.udp_batching: the bytes helpers, the kernel fallback, and GRO -> GSO through the router."""
+"""router.udp.batching: the bytes helpers, the kernel fallback, and GRO -> GSO through the router."""
 
 from __future__ import annotations
 
@@ -24,14 +24,15 @@ from hypothesis import strategies as st
 
 from discovery.targets import Target, TargetSnapshot
 from router import constants as c
-from router import udp_batching as b
-from router import udp_pod_link, udp_replies
-from router.demo_pki import DemoPki, make_pki
-from router.demo_quic_pods import ALPN, client_configuration
+from router.demo.pki import DemoPki, make_pki
+from router.demo.quic_pods import ALPN, client_configuration
 from router.hostname import HostnameTemplate
 from router.metrics import RouterMetrics
-from router.udp_router import UdpRouter
-from router.udp_settings import UdpRouterSettings
+from router.udp import batching as b
+from router.udp import pod_link as udp_pod_link
+from router.udp import pod_to_client as udp_replies
+from router.udp.edge import UdpRouter
+from router.udp.settings import UdpRouterSettings
 
 ROUTER_HOST, POD_HOST = "127.0.0.1", "127.0.0.2"
 SNI = "stargate-0.stargate.external"

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from router.constants import QUIC_DROP_REASONS
-from router.udp_flows import (
+from router.udp.flow_table import (
     ByteBudget,
     Contention,
     Flow,
@@ -16,7 +16,7 @@ from router.udp_flows import (
     PendingFlow,
     UdpFlowTable,
 )
-from router.udp_verdicts import Verdict, classify_on_flow, classify_unrouted
+from router.udp.verdicts import Verdict, classify_on_flow, classify_unrouted
 
 A = ("192.0.2.1", 1000)
 B = ("192.0.2.2", 2000)

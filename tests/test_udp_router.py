@@ -19,8 +19,8 @@ from aioquic.quic.connection import QuicConnection
 
 from discovery.targets import Target, TargetSnapshot
 from router import constants as c
-from router.demo_pki import DemoPki, make_pki
-from router.demo_quic_pods import (
+from router.demo.pki import DemoPki, make_pki
+from router.demo.quic_pods import (
     QUIC_V1,
     QUIC_V2,
     WHOAMI,
@@ -32,8 +32,8 @@ from router.demo_quic_pods import (
 )
 from router.hostname import HostnameTemplate
 from router.metrics import RouterMetrics
-from router.udp_router import UdpRouter
-from router.udp_settings import UdpRouterSettings
+from router.udp.edge import UdpRouter
+from router.udp.settings import UdpRouterSettings
 from tests.quic_initial_rewriter import BIG_HELLO_ALPN, SERVER_COMPLETABLE, rewrite_flight
 
 pytestmark = pytest.mark.timeout(30)

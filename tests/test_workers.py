@@ -16,10 +16,10 @@ import pytest
 
 from router import constants as c
 from router.config import SocketAddress, config_from_args
-from router.demo_pki import make_pki
-from router.demo_pods import RunningPod, call_whoami, start_pod
-from router.demo_quic_pods import bound_port, quic_whoami, start_quic_pod
-from router.workers import (
+from router.demo.grpc_pods import RunningPod, call_whoami, start_pod
+from router.demo.pki import make_pki
+from router.demo.quic_pods import bound_port, quic_whoami, start_quic_pod
+from router.supervisor import (
     LineSplitter,
     ProbeError,
     concrete_address,

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 import grpc
 
 from router import constants as c
-from router.demo_pods import call_whoami
+from router.demo.grpc_pods import call_whoami
 from tests.router_process import RouterProcess
 
 GRPC_CHANNEL_OPTIONS: tuple[tuple[str, int], ...] = (("grpc.use_local_subchannel_pool", 1),)

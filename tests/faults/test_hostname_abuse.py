@@ -23,8 +23,8 @@ import h2.exceptions
 import pytest
 
 from router import constants as c
-from router.demo_pods import WHOAMI
-from router.tls_peek import tls_alert
+from router.demo.grpc_pods import WHOAMI
+from router.tcp.tls_peek import tls_alert
 from tests.faults import (
     CountingPod,
     alpn_extension,

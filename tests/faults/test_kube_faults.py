@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from router import constants as c
-from router.demo_pods import RunningPod, start_pod
+from router.demo.grpc_pods import RunningPod, start_pod
 from tests.fake_kube_api import FakeKubeApi, make_endpoint, make_slice
 from tests.faults import WhoAmIProbe, timed_whoami
 from tests.router_process import RouterProcess

@@ -44,12 +44,12 @@ from quic.initial_keys import client_initial_keys, encrypt_initial
 from quic.initial_sniffer import InitialSniffer
 from quic.packet import QUIC_V1, QUIC_V2, QUIC_VERSION_NEGOTIATION, QuicPacketError, parse_long_header
 from router import constants as c
-from router.demo_pki import DemoPki, make_pki
-from router.demo_quic_pods import WHOAMI, bound_port, client_configuration, request, start_quic_pod
+from router.demo.pki import DemoPki, make_pki
+from router.demo.quic_pods import WHOAMI, bound_port, client_configuration, request, start_quic_pod
 from router.hostname import HostnameTemplate
 from router.metrics import RouterMetrics
-from router.udp_router import UdpRouter
-from router.udp_settings import UdpRouterSettings
+from router.udp.edge import UdpRouter
+from router.udp.settings import UdpRouterSettings
 from tests.faults import rss_kib
 from tests.quic_initial_rewriter import client_first_flight, crypto_frame, open_flight
 from tests.router_process import RouterProcess, router_args, write_endpoints

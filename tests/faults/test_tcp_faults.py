@@ -32,8 +32,8 @@ import h2.events
 import pytest
 
 from router import constants as c
-from router.demo_pods import ECHO, RunningPod, start_pod
-from router.tls_peek import tls_alert
+from router.demo.grpc_pods import ECHO, RunningPod, start_pod
+from router.tcp.tls_peek import tls_alert
 from tests.faults import (
     WhoAmIProbe,
     alpn_extension,

@@ -56,13 +56,13 @@ from quic.initial_keys import client_initial_keys, encrypt_initial
 from quic.initial_sniffer import InitialSniffer
 from quic.packet import QUIC_V1, QUIC_V2, QuicPacketError, encode_varint
 from router import constants as c
-from router.demo import endpoint_slice, endpoints_document
-from router.h2_peek import H2PeekError, H2RequestReader, SettingsAckStripper
+from router.demo.command import endpoint_slice, endpoints_document
 from router.hostname import HostnameTemplate
 from router.metrics import RouterMetrics
-from router.tls_peek import ClientHelloReader, TlsPeekError
-from router.udp_router import UdpRouter
-from router.udp_settings import UdpRouterSettings
+from router.tcp.h2c_peek import H2PeekError, H2RequestReader, SettingsAckStripper
+from router.tcp.tls_peek import ClientHelloReader, TlsPeekError
+from router.udp.edge import UdpRouter
+from router.udp.settings import UdpRouterSettings
 from tests.quic_initial_rewriter import CASES, crypto_frame, open_flight, rewrite_flight
 
 SEPARATOR = b"\xfe\xfd\xfc\xfb"

@@ -19,7 +19,7 @@ import socket
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
-from router.udp_batching import enable_gro, path_segment_limit, send_datagrams
+from router.udp.batching import enable_gro, path_segment_limit, send_datagrams
 
 F = TypeVar("F")
 """The flow this link belongs to (the router's ``Flow[PodLink]``)."""

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from router.config import config_from_args
-from router.demo_pki import DemoPki, make_pki
+from router.demo.pki import DemoPki, make_pki
 
 PODS = (("stargate-0", "127.0.0.2"), ("stargate-1", "127.0.0.3"))
 NAMESPACE = "demo"
@@ -58,7 +58,7 @@ def endpoints_document(pods: Sequence[tuple[str, str, int, int]]) -> str:
 
 
 async def _quic_calls(router_port: int, pki: DemoPki, out: list[str]) -> bool:
-    from router.demo_quic_pods import quic_whoami
+    from router.demo.quic_pods import quic_whoami
 
     ok = True
     for pod, _ip in PODS:
@@ -78,8 +78,8 @@ async def _quic_calls(router_port: int, pki: DemoPki, out: list[str]) -> bool:
 
 async def _demo(workdir: Path) -> int:
     from router.app import RouterApp
-    from router.demo_pods import start_pod
-    from router.demo_quic_pods import bound_port, start_quic_pod
+    from router.demo.grpc_pods import start_pod
+    from router.demo.quic_pods import bound_port, start_quic_pod
 
     pki = make_pki(workdir / "pki")
     grpc_pods = []
@@ -157,7 +157,7 @@ def _grpc_calls_h2c_then_tls(
 def _grpc_calls_h2c(port: int, out: list[str]) -> bool:
     import grpc
 
-    from router.demo_pods import call_whoami
+    from router.demo.grpc_pods import call_whoami
 
     ok = True
     target = f"127.0.0.1:{port}"
@@ -186,7 +186,7 @@ def _grpc_calls_h2c(port: int, out: list[str]) -> bool:
 def _grpc_calls_tls(port: int, pki: DemoPki, out: list[str]) -> bool:
     import grpc
 
-    from router.demo_pods import call_whoami
+    from router.demo.grpc_pods import call_whoami
 
     ok = True
     target = f"127.0.0.1:{port}"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 from router import constants as c
-from router.udp_flows import FlowLimits
+from router.udp.flow_table import FlowLimits
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from quic.packet import (
     parse_long_header,
 )
 from router import constants as c
-from router.udp_flows import Address, Flow, Rejection, UdpFlowTable
+from router.udp.flow_table import Address, Flow, Rejection, UdpFlowTable
 
 S = TypeVar("S")
 H = TypeVar("H")

@@ -17,8 +17,8 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from router import constants as c
-from router.udp_batching import GRO_CMSG_SPACE, SegmentRun, gro_segment_size, send_segments, split_segments
-from router.udp_pod_link import PodLink
+from router.udp.batching import GRO_CMSG_SPACE, SegmentRun, gro_segment_size, send_segments, split_segments
+from router.udp.pod_link import PodLink
 
 
 class ListenerState(Protocol):

@@ -48,7 +48,7 @@ from router.health import (
 )
 from router.metrics_merge import ExpositionError, merge_expositions
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("router.workers")  # pinned: operators filter logs by this name
 
 HostPort = tuple[str, int]
 

@@ -14,11 +14,11 @@ from collections.abc import Callable
 from typing import Any
 
 from quic.packet import QuicPacketError
-from quic.server_replies import build_initial_close, build_version_negotiation
+from quic.server_packets import build_initial_close, build_version_negotiation
 from router import constants as c
 from router.log_limiter import RateLimitedLog
 from router.metrics import RouterMetrics
-from router.udp_flows import Address, ByteBudget, Rejection, UdpFlowTable
+from router.udp.flow_table import Address, ByteBudget, Rejection, UdpFlowTable
 
 log = logging.getLogger("router.udp_router")
 """The router's logger: refusal lines keep the name operators filter on."""

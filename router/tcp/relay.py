@@ -41,7 +41,7 @@ from router.constants import (
     SPLICE_PIPE_BYTES,
 )
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("router.relay")  # pinned: operators filter logs by this name
 
 Outcome = Literal["completed", "relay_error", "idle_timeout"]
 Mode = Literal["splice", "buffered"]

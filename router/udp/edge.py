@@ -38,14 +38,14 @@ from quic.packet import LongHeader, QuicPacketError
 from router import constants as c
 from router.hostname import HostnameTemplate
 from router.metrics import RouterMetrics
-from router.quic_refusals import QuicRefusals, peer
-from router.udp_flows import Address, Contention, Flow, PendingFlow, UdpFlowTable
-from router.udp_pod_link import PodLink, connect_udp
-from router.udp_replies import ClientReplies
-from router.udp_settings import UdpRouterSettings
-from router.udp_verdicts import Verdict, classify_on_flow, classify_unrouted
+from router.udp.flow_table import Address, Contention, Flow, PendingFlow, UdpFlowTable
+from router.udp.pod_link import PodLink, connect_udp
+from router.udp.pod_to_client import ClientReplies
+from router.udp.refusals import QuicRefusals, peer
+from router.udp.settings import UdpRouterSettings
+from router.udp.verdicts import Verdict, classify_on_flow, classify_unrouted
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("router.udp_router")  # pinned: operators filter logs by this name
 
 PROTOCOL = "quic"
 

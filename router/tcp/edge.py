@@ -22,7 +22,10 @@ from dataclasses import dataclass
 from discovery.targets import Target, TargetSnapshot
 from quic.clienthello import ClientHelloInfo
 from router import constants as c
-from router.h2_peek import (
+from router.hostname import HostnameTemplate
+from router.log_limiter import RateLimitedLog
+from router.metrics import RouterMetrics
+from router.tcp.h2c_peek import (
     EMPTY_SETTINGS_FRAME,
     H2PeekError,
     H2Request,
@@ -31,13 +34,10 @@ from router.h2_peek import (
     grpc_rejection,
     looks_like_h2c,
 )
-from router.hostname import HostnameTemplate
-from router.log_limiter import RateLimitedLog
-from router.metrics import RouterMetrics
-from router.relay import relay
-from router.tls_peek import ClientHelloReader, TlsPeekError, looks_like_tls, tls_alert
+from router.tcp.relay import relay
+from router.tcp.tls_peek import ClientHelloReader, TlsPeekError, looks_like_tls, tls_alert
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("router.tcp_router")  # pinned: operators filter logs by this name
 
 _RESOURCE_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 """accept() failures that persist while the listener stays readable: pause, do not spin."""
