@@ -25,16 +25,11 @@ from router import constants as c
 from router.hostname import HostnameTemplate
 from router.log_limiter import RateLimitedLog
 from router.metrics import RouterMetrics
-from router.tcp.h2c_peek import (
-    EMPTY_SETTINGS_FRAME,
-    H2PeekError,
-    H2Request,
-    H2RequestReader,
-    SettingsAckStripper,
-    grpc_rejection,
-    looks_like_h2c,
-)
+from router.tcp.grpc_rejection import grpc_rejection
+from router.tcp.h2_frames import EMPTY_SETTINGS_FRAME, H2PeekError
+from router.tcp.h2c_peek import H2Request, H2RequestReader, looks_like_h2c
 from router.tcp.relay import relay
+from router.tcp.settings_ack import SettingsAckStripper
 from router.tcp.tls_peek import ClientHelloReader, TlsPeekError, looks_like_tls, tls_alert
 
 log = logging.getLogger("router.tcp_router")  # pinned: operators filter logs by this name

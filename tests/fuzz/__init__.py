@@ -59,7 +59,9 @@ from router import constants as c
 from router.demo.command import endpoint_slice, endpoints_document
 from router.hostname import HostnameTemplate
 from router.metrics import RouterMetrics
-from router.tcp.h2c_peek import H2PeekError, H2RequestReader, SettingsAckStripper
+from router.tcp.h2_frames import H2PeekError
+from router.tcp.h2c_peek import H2RequestReader
+from router.tcp.settings_ack import SettingsAckStripper
 from router.tcp.tls_peek import ClientHelloReader, TlsPeekError
 from router.udp.edge import UdpRouter
 from router.udp.settings import UdpRouterSettings
