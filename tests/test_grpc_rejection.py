@@ -8,8 +8,7 @@ import h2.events
 import pytest
 from hyperframe.frame import HeadersFrame
 
-from router.constants import GRPC_STATUS_INVALID_ARGUMENT
-from router.tcp.grpc_rejection import grpc_rejection, percent_encode_grpc_message
+from router.tcp.grpc_rejection import GrpcStatus, grpc_rejection, percent_encode_grpc_message
 from router.tcp.h2_frames import EMPTY_SETTINGS_FRAME
 from tests.test_h2c_peek import REQUEST, SETTINGS_ACK, client
 
@@ -19,7 +18,7 @@ def test_h2_client_reads_the_rejection(message: str) -> None:
     conn = client()
     conn.send_headers(1, REQUEST)
     conn.data_to_send()
-    rejection = grpc_rejection(1, GRPC_STATUS_INVALID_ARGUMENT, message)
+    rejection = grpc_rejection(1, GrpcStatus.INVALID_ARGUMENT, message)
     events = conn.receive_data(EMPTY_SETTINGS_FRAME + rejection)
     kinds = [type(e) for e in events]
     assert h2.events.SettingsAcknowledged in kinds
@@ -27,7 +26,7 @@ def test_h2_client_reads_the_rejection(message: str) -> None:
     headers = dict(response.headers)
     assert headers[":status"] == "200"
     assert headers["content-type"] == "application/grpc"
-    assert headers["grpc-status"] == str(GRPC_STATUS_INVALID_ARGUMENT)
+    assert headers["grpc-status"] == str(GrpcStatus.INVALID_ARGUMENT)
     assert urllib.parse.unquote(headers["grpc-message"]) == message
     assert any(isinstance(e, h2.events.StreamEnded) and e.stream_id == 1 for e in events)
     goaway = next(e for e in events if isinstance(e, h2.events.ConnectionTerminated))

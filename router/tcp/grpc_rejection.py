@@ -6,6 +6,8 @@ ACK, a trailers-only gRPC response carrying grpc-status and grpc-message, then G
 
 from __future__ import annotations
 
+from enum import IntEnum
+
 import hpack
 
 from router.tcp.h2_frames import (
@@ -19,6 +21,29 @@ from router.tcp.h2_frames import (
 )
 
 
+class GrpcStatus(IntEnum):
+    """gRPC status codes (grpc/doc/statuscodes.md); the router sends two of them."""
+
+    OK = 0
+    CANCELLED = 1
+    UNKNOWN = 2
+    INVALID_ARGUMENT = 3
+    """A missing or non-matching :authority: retrying the same call cannot help."""
+    DEADLINE_EXCEEDED = 4
+    NOT_FOUND = 5
+    ALREADY_EXISTS = 6
+    PERMISSION_DENIED = 7
+    RESOURCE_EXHAUSTED = 8
+    FAILED_PRECONDITION = 9
+    ABORTED = 10
+    OUT_OF_RANGE = 11
+    UNIMPLEMENTED = 12
+    INTERNAL = 13
+    UNAVAILABLE = 14
+    """The named pod is not ready or the dial failed: a retry may succeed."""
+    DATA_LOSS = 15
+    UNAUTHENTICATED = 16
+
 def grpc_rejection(stream_id: int, grpc_status: int, message: str) -> bytes:
     """SETTINGS ACK, a trailers-only gRPC response ending ``stream_id``, then GOAWAY.
 
@@ -27,7 +52,7 @@ def grpc_rejection(stream_id: int, grpc_status: int, message: str) -> bytes:
     """
     if not 0 < stream_id <= MAX_STREAM_ID:
         raise ValueError(f"stream id {stream_id} out of range")
-    if not 0 <= grpc_status <= 16:
+    if not 0 <= grpc_status <= max(GrpcStatus):
         raise ValueError(f"grpc-status {grpc_status} out of range")
     block = hpack.Encoder().encode(
         [

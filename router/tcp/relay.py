@@ -29,14 +29,26 @@ import socket
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Final, Literal
+from enum import StrEnum
+from typing import Final
 
 from router.constants import RELAY_RELEASE_QUIET_S
 from router.tcp.pump import READ, Direction, Mode
 
 log = logging.getLogger("router.relay")  # pinned: operators filter logs by this name
 
-Outcome = Literal["completed", "relay_error", "idle_timeout"]
+
+
+class RelayOutcome(StrEnum):
+    """How a relay ended."""
+
+    COMPLETED = "completed"
+    """Both directions reached end of stream."""
+    RELAY_ERROR = "relay_error"
+    """A socket failed (or the relay was cancelled): both peers were reset."""
+    IDLE_TIMEOUT = "idle_timeout"
+    """Neither side sent anything for the idle timeout."""
+
 
 SPLICE_AVAILABLE: Final = hasattr(os, "splice")
 """``os.splice`` exists (Linux, Python >= 3.10): the auto mode uses it."""
@@ -51,7 +63,7 @@ class RelayResult:
 
     client_to_pod_bytes: int
     pod_to_client_bytes: int
-    outcome: Outcome
+    outcome: RelayOutcome
     error: str | None
 
 
@@ -130,19 +142,19 @@ class _Relay:
     # -- endings ---------------------------------------------------------------------------
     def direction_done(self) -> None:
         if self.c2p.done and self.p2c.done:
-            self.finish("completed", None)
+            self.finish(RelayOutcome.COMPLETED, None)
 
     def fail(self, exc: BaseException) -> None:
-        self.finish("relay_error", _describe(exc), reset=True)
+        self.finish(RelayOutcome.RELAY_ERROR, _describe(exc), reset=True)
 
-    def finish(self, outcome: Outcome, error: str | None, *, reset: bool = False) -> None:
+    def finish(self, outcome: RelayOutcome, error: str | None, *, reset: bool = False) -> None:
         if self.future.done():
             return
         self.close(reset=reset)
         self.report()
         self.future.set_result(self.result(outcome, error))
 
-    def result(self, outcome: Outcome, error: str | None) -> RelayResult:
+    def result(self, outcome: RelayOutcome, error: str | None) -> RelayResult:
         return RelayResult(self.c2p.sent, self.p2c.sent, outcome, error)
 
     def close(self, *, reset: bool) -> None:
@@ -196,7 +208,7 @@ class _Relay:
         self.timer = None
         now = self.loop.time() + _TIMER_SLACK_S
         if now - max(self.c2p.last, self.p2c.last) >= self.idle_s:
-            self.finish("idle_timeout", None)
+            self.finish(RelayOutcome.IDLE_TIMEOUT, None)
             return
         for d in (self.c2p, self.p2c):
             if not d.pending and d.held() and now - d.last >= RELAY_RELEASE_QUIET_S:
@@ -243,5 +255,5 @@ async def relay(
         state.close(reset=True)
         state.report()
         if isinstance(exc, Exception):
-            return state.result("relay_error", _describe(exc))
+            return state.result(RelayOutcome.RELAY_ERROR, _describe(exc))
         raise

@@ -38,16 +38,18 @@ from quic.packet import LongHeader, QuicPacketError
 from router import constants as c
 from router.hostname import HostnameTemplate
 from router.metrics import RouterMetrics
+from router.outcomes import ProtocolLabel, QuicDropReason, QuicOutcome, RelayDirection
+from router.routing import Refusal, Refused, route
 from router.udp.flow_table import Address, Contention, Flow, PendingFlow, UdpFlowTable
 from router.udp.pod_link import PodLink, connect_udp
 from router.udp.pod_to_client import ClientReplies
-from router.udp.refusals import QuicRefusals, peer
+from router.udp.refusals import QuicRefusals, peer, quic_answer
 from router.udp.settings import UdpRouterSettings
 from router.udp.verdicts import Verdict, classify_on_flow, classify_unrouted
 
 log = logging.getLogger("router.udp_router")  # pinned: operators filter logs by this name
 
-PROTOCOL = "quic"
+PROTOCOL = ProtocolLabel.QUIC
 
 _Link = PodLink["Flow[_Link]"]
 """A flow's pod link; the flow table keeps it as the flow's handle."""
@@ -222,12 +224,12 @@ class UdpRouter:
         elif verdict is Verdict.REANSWER and unrouted.rejection is not None:
             self._refusals.reanswer(unrouted.rejection, len(data), addr, now)
         elif verdict is Verdict.NEGOTIATE and header is not None:
-            self._drop("not_initial")
+            self._drop(QuicDropReason.NOT_INITIAL)
             self._refusals.negotiate_version(header.dcid, header.scid, len(data), addr, now)
         elif verdict is Verdict.OPEN and header is not None:
             self._open(header, data, addr, now)
         else:
-            self._drop(unrouted.drop_reason or "malformed")
+            self._drop(unrouted.drop_reason or QuicDropReason.MALFORMED)
 
     def _from_flow_address(self, flow: Flow[_Link], data: bytes, addr: Address, now: float) -> None:
         """A long header from a flow's address: the flow's, or another connection's Initial."""
@@ -242,13 +244,13 @@ class UdpRouter:
         elif verdict is Verdict.OPEN and header is not None:
             self._open(header, data, addr, now, contending=True)
         else:
-            self._drop(unrouted.drop_reason or "malformed")
+            self._drop(unrouted.drop_reason or QuicDropReason.MALFORMED)
 
     def _join(self, flow: Flow[_Link], data: bytes, addr: Address, now: float) -> None:
         """A known pod CID from a new address: NAT rebinding or migration; follow the client."""
         old = flow.address
         if not self._table.migrate(flow, addr):
-            self._drop("not_initial")
+            self._drop(QuicDropReason.NOT_INITIAL)
             return
         log.debug("quic flow to %s moved from %s to %s", flow.pod_name, peer(old), peer(addr))
         self._to_pod(flow, data, now)
@@ -256,14 +258,14 @@ class UdpRouter:
     def _open(self, header: LongHeader, data: bytes, addr: Address, now: float, contending: bool = False) -> None:
         if not self._accepting:
             self._refusals.refuse(addr, header.version, header.dcid, header.scid, len(data), now,
-                                  None, "target_unavailable", c.REASON_TARGET_NOT_READY)
+                                  None, Refusal.TARGET_UNAVAILABLE)
             return
         evicted = self._table.make_room()
         if evicted is not None:
             self._evict(evicted)
         sniffer = InitialSniffer(self.settings.max_crypto_bytes)
         opened = self._table.open_pending(addr, sniffer, now, dcid=header.dcid, contending=contending)
-        if isinstance(opened, str):
+        if isinstance(opened, QuicDropReason):
             self._drop(opened)
             return
         self._metrics.pending_flows.set(self._table.pending_count)
@@ -272,7 +274,7 @@ class UdpRouter:
     def _feed(self, pending: PendingFlow[InitialSniffer], data: bytes, now: float) -> None:
         """One more datagram of a pending flow: buffer it and look for the ClientHello."""
         if not self._table.can_buffer(pending, len(data)):
-            self._drop("pending_full")
+            self._drop(QuicDropReason.PENDING_FULL)
             if not pending.datagrams:  # opened by this very datagram: hold no slot for nothing
                 self._discard(pending)
             return
@@ -283,7 +285,7 @@ class UdpRouter:
             info = pending.sniffer.feed(data)
         except QuicPacketError as exc:
             log.debug("quic Initial from %s unusable: %s", peer(pending.address), exc)
-            self._drop("malformed", 1 + len(pending.datagrams))
+            self._drop(QuicDropReason.MALFORMED, 1 + len(pending.datagrams))
             self._discard(pending)
             return
         self._table.buffer(pending, data)
@@ -293,32 +295,27 @@ class UdpRouter:
     # -- decisions ------------------------------------------------------------------------
     def _route(self, pending: PendingFlow[InitialSniffer], info: ClientHelloInfo, now: float) -> None:
         self._metrics.decision_latency.labels(protocol=PROTOCOL).observe(now - pending.created_at)
-        hostname = info.server_name
-        pod_name = self._template.pod_name_for(hostname) if hostname else None
-        target = self._snapshot().get(pod_name) if pod_name is not None else None
-        routable = target is not None and 0 < target.quic_port < 65536
+        hostname = info.server_name or None  # an empty SNI is a missing one
+        # QUIC carries no request path, so no round-robin either.
+        decision = route(hostname, None, self._snapshot(), self._template, None, port_of=_quic_port)
         old = self._table.flow(pending.address)
         if old is not None:  # a contender: a new connection from an established flow's address
-            decision = self._table.contend(old, pod_name if routable else None, now)
-            if decision is Contention.SHARE:
+            named = decision.pod_name if isinstance(decision, Target) else None
+            contention = self._table.contend(old, named, now)
+            if contention is Contention.SHARE:
                 self._share(pending, old, now)
                 return
-            if decision is Contention.REFUSE:
-                self._refuse_pending(pending, hostname, "target_unavailable", c.REASON_ADDRESS_IN_USE, now)
+            if contention is Contention.REFUSE:
+                self._refuse_pending(pending, hostname, Refusal.ADDRESS_IN_USE, now)
                 return
             log.debug("quic flow %s -> %s retired: a new connection took its address",
                       peer(old.address), old.pod_name)
             if self._table.remove(old):
-                self._finish(old, "completed")
-        if not hostname:
-            self._refuse_pending(pending, None, "missing_sni", c.REASON_MISSING_SNI, now)
+                self._finish(old, QuicOutcome.COMPLETED)
+        if isinstance(decision, Refused):
+            self._refuse_pending(pending, hostname, decision.refusal, now)
             return
-        if pod_name is None:
-            self._refuse_pending(pending, hostname, "unknown_sni", c.REASON_UNKNOWN_SNI, now)
-            return
-        if target is None or not routable:
-            self._refuse_pending(pending, hostname, "target_unavailable", c.REASON_TARGET_NOT_READY, now)
-            return
+        target = decision
         pending.decided = True
         assert self._loop is not None
         task = self._loop.create_task(self._dial(pending, target, hostname))
@@ -329,12 +326,12 @@ class UdpRouter:
         """A contender naming the flow's own pod: its datagrams go through the flow's socket."""
         self._table.share(pending, flow)
         self._metrics.pending_flows.set(self._table.pending_count)
-        self._metrics.quic_outcome("accepted")
+        self._metrics.quic_outcome(QuicOutcome.ACCEPTED)
         for datagram in pending.datagrams:
             self._to_pod(flow, datagram, now)
         pending.datagrams.clear()
 
-    async def _dial(self, pending: PendingFlow[InitialSniffer], target: Target, hostname: str) -> None:
+    async def _dial(self, pending: PendingFlow[InitialSniffer], target: Target, hostname: str | None) -> None:
         """Open the flow's socket to the pod, then flush the buffered datagrams in order."""
         assert self._loop is not None
         started = self._now()
@@ -344,8 +341,7 @@ class UdpRouter:
         except OSError as exc:
             self._refusals.log.info("quic dial to %s for %s failed: %s", target.quic_endpoint,
                                     peer(pending.address), exc)
-            self._refuse_pending(pending, hostname, "target_unavailable", c.REASON_TARGET_NOT_READY,
-                                 self._now())
+            self._refuse_pending(pending, hostname, Refusal.DIAL_FAILED, self._now())
             return
         now = self._now()
         self._metrics.dial_latency.labels(protocol=PROTOCOL).observe(now - started)
@@ -357,7 +353,7 @@ class UdpRouter:
         link.flow = flow
         self._loop.add_reader(sock.fileno(), self._replies.readable, link)
         self._metrics.pending_flows.set(self._table.pending_count)
-        self._metrics.quic_outcome("accepted")
+        self._metrics.quic_outcome(QuicOutcome.ACCEPTED)
         self._metrics.active_connections.labels(protocol=PROTOCOL).inc()
         log.debug("quic flow %s -> %s (%s)", peer(flow.address), target.quic_endpoint, hostname)
         for datagram in pending.datagrams:
@@ -365,16 +361,15 @@ class UdpRouter:
         pending.datagrams.clear()
 
     def _refuse_pending(
-        self, pending: PendingFlow[InitialSniffer], hostname: str | None, outcome: str, reason: str,
-        now: float,
+        self, pending: PendingFlow[InitialSniffer], hostname: str | None, refusal: Refusal, now: float
     ) -> None:
         sniffer = pending.sniffer
         self._discard(pending)
         if sniffer.version is None or sniffer.original_dcid is None or sniffer.client_scid is None:
-            self._metrics.quic_outcome(outcome)
+            self._metrics.quic_outcome(quic_answer(refusal)[0])
             return
         self._refusals.refuse(pending.address, sniffer.version, sniffer.original_dcid, sniffer.client_scid,
-                              pending.buffered_bytes, now, hostname, outcome, reason)
+                              pending.buffered_bytes, now, hostname, refusal)
 
     def _send(self, answer: bytes, addr: Address) -> bool:
         """Send a refusal answer through the listener (the refusals' only way out)."""
@@ -387,9 +382,9 @@ class UdpRouter:
     def _flow_failed(self, flow: Flow[_Link], exc: Exception) -> None:
         log.info("quic flow %s -> %s failed: %s", peer(flow.address), flow.pod_name, exc)
         if self._table.remove(flow):
-            self._finish(flow, "relay_error")
+            self._finish(flow, QuicOutcome.RELAY_ERROR)
 
-    def _finish(self, flow: Flow[_Link], outcome: str) -> None:
+    def _finish(self, flow: Flow[_Link], outcome: QuicOutcome) -> None:
         """Account for a flow the table no longer holds and close its socket."""
         flow.handle.close()
         self._metrics.quic_outcome(outcome)
@@ -403,7 +398,7 @@ class UdpRouter:
 
     def _evict(self, pending: PendingFlow[InitialSniffer]) -> None:
         """The oldest pending flow made room for a new one: its datagrams count as ``pending_full``."""
-        self._drop("pending_full", max(1, len(pending.datagrams)))
+        self._drop(QuicDropReason.PENDING_FULL, max(1, len(pending.datagrams)))
         self._metrics.pending_flows.set(self._table.pending_count)
 
     def _note_if_empty(self) -> None:
@@ -415,21 +410,21 @@ class UdpRouter:
             self._discard(pending)
         for flow in self._table.flows():
             if self._table.remove(flow):
-                self._finish(flow, "completed")
+                self._finish(flow, QuicOutcome.COMPLETED)
 
-    def _drop(self, reason: str, count: int = 1) -> None:
-        self._metrics.quic_dropped.labels(reason=reason).inc(count)
+    def _drop(self, reason: QuicDropReason, count: int = 1) -> None:
+        self._metrics.quic_drop(reason, count)
 
     # -- time -----------------------------------------------------------------------------
     def sweep(self, now: float) -> None:
         """Expire pending and idle flows, flush byte counters (the sweeper calls this)."""
         expired = self._table.expire(now)
         for pending in expired.pending:
-            self._drop("pending_timeout", max(1, len(pending.datagrams)))
+            self._drop(QuicDropReason.PENDING_TIMEOUT, max(1, len(pending.datagrams)))
         if expired.pending:
             self._metrics.pending_flows.set(self._table.pending_count)
         for flow in expired.flows:
-            self._finish(flow, "completed")
+            self._finish(flow, QuicOutcome.COMPLETED)
         self._note_if_empty()
         self._flush_byte_counters()
 
@@ -442,12 +437,16 @@ class UdpRouter:
 
     def _flush_byte_counters(self) -> None:
         if self._client_bytes:
-            self._metrics.relayed_bytes.labels(protocol=PROTOCOL, direction="client_to_pod").inc(
+            self._metrics.relayed_bytes.labels(protocol=PROTOCOL, direction=RelayDirection.CLIENT_TO_POD).inc(
                 self._client_bytes
             )
             self._client_bytes = 0
         if self._replies.sent_bytes:
-            self._metrics.relayed_bytes.labels(protocol=PROTOCOL, direction="pod_to_client").inc(
+            self._metrics.relayed_bytes.labels(protocol=PROTOCOL, direction=RelayDirection.POD_TO_CLIENT).inc(
                 self._replies.sent_bytes
             )
             self._replies.sent_bytes = 0
+
+
+def _quic_port(target: Target) -> int:
+    return target.quic_port

@@ -48,6 +48,7 @@ from router.demo.pki import DemoPki, make_pki
 from router.demo.quic_pods import WHOAMI, bound_port, client_configuration, request, start_quic_pod
 from router.hostname import HostnameTemplate
 from router.metrics import RouterMetrics
+from router.outcomes import QuicDropReason
 from router.udp.edge import UdpRouter
 from router.udp.settings import UdpRouterSettings
 from tests.faults import rss_kib
@@ -459,7 +460,7 @@ async def _eventually(check: Callable[[], bool], what: str, timeout_s: float) ->
 
 def _dropped(metrics: RouterMetrics) -> dict[str, float]:
     name = f"{c.QUIC_DROPPED_DATAGRAMS_TOTAL}_total"
-    return {r: metrics.registry.get_sample_value(name, {"reason": r}) or 0.0 for r in c.QUIC_DROP_REASONS}
+    return {r: metrics.registry.get_sample_value(name, {"reason": r}) or 0.0 for r in QuicDropReason}
 
 
 # ---------------------------------------------------------------------------
@@ -735,7 +736,7 @@ async def _flood_router_process(
                 await sampler
                 assert await asyncio.to_thread(proc.metric, c.PENDING_FLOWS) == 0
                 drops = {r: await asyncio.to_thread(
-                    proc.metric, f"{c.QUIC_DROPPED_DATAGRAMS_TOTAL}_total", reason=r) for r in c.QUIC_DROP_REASONS}
+                    proc.metric, f"{c.QUIC_DROPPED_DATAGRAMS_TOTAL}_total", reason=r) for r in QuicDropReason}
                 listener_drops = kernel_drops({(ROUTER_HOST, port)})
                 flood_drops = kernel_drops(flood.addresses)
                 replies = check_replies(flood.all_replies(), forge)
