@@ -33,6 +33,7 @@ from router.demo.quic_pods import (
 from router.hostname import HostnameTemplate
 from router.metrics import RouterMetrics
 from router.udp.edge import UdpRouter
+from router.udp.flow_table import FlowLimits
 from router.udp.settings import UdpRouterSettings
 from tests.quic_initial_rewriter import BIG_HELLO_ALPN, SERVER_COMPLETABLE, rewrite_flight
 
@@ -85,6 +86,7 @@ class Harness:
 async def running(
     pki: DemoPki, retry: bool = False, pod_versions: tuple[int, ...] | None = None, **settings: Any
 ) -> AsyncIterator[Harness]:
+    limits = {name: settings.pop(name) for name in list(settings) if name in FlowLimits.__dataclass_fields__}
     pods = {
         name: await start_quic_pod(
             name, host, 0, pki.cert_path, pki.key_path, retry=retry, versions=pod_versions
@@ -95,7 +97,7 @@ async def running(
     metrics = RouterMetrics()
     snapshot = [TargetSnapshot.of(list(targets.values()))]
     router = UdpRouter(
-        UdpRouterSettings(**settings),
+        UdpRouterSettings(limits=FlowLimits(**limits), **settings),
         HostnameTemplate.parse(c.DEFAULT_ADVERTISED_HOSTNAME_TEMPLATE, "default"),
         lambda: snapshot[0],
         metrics,
@@ -389,7 +391,7 @@ async def test_a_client_that_rebinds_its_port_keeps_its_connection(
 
 
 async def test_idle_flows_expire_as_completed(pki: DemoPki) -> None:
-    async with running(pki, relay_idle_timeout_s=0.4) as h:
+    async with running(pki, idle_timeout_s=0.4) as h:
         config = client_configuration(sni("stargate-0"), h.cafile)
         async with connect(ROUTER_HOST, h.port, configuration=config) as client:
             assert await request(client, b"hi") == b"stargate-0:hi"
@@ -414,7 +416,7 @@ async def test_clients_reusing_a_local_port_reach_their_own_pods(pki: DemoPki) -
     """Two clients on one local port, one after the other, to two pods: while the first one's flow
     is still established, the second (another pod) is refused until the first client has been quiet
     for the takeover grace, then reaches its pod; a third, to that same pod, shares the flow."""
-    async with running(pki, flow_takeover_quiet_s=0.3) as h:
+    async with running(pki, takeover_quiet_s=0.3) as h:
         probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         probe.bind((ROUTER_HOST, 0))
         local_port = probe.getsockname()[1]

@@ -93,7 +93,7 @@ class UdpRouter:
         self._template = template
         self._snapshot = snapshot
         self._metrics = metrics
-        self._table: UdpFlowTable[InitialSniffer, _Link] = UdpFlowTable(settings.flow_limits())
+        self._table: UdpFlowTable[InitialSniffer, _Link] = UdpFlowTable(settings.limits)
         self._refusals = QuicRefusals(self._table, metrics, settings.reject_budget_bytes_per_s, self._send)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._clock: Callable[[], float] = time.monotonic
@@ -430,7 +430,7 @@ class UdpRouter:
 
     async def _sweep_forever(self) -> None:
         s = self.settings
-        interval = min(s.sweep_interval_s, s.relay_idle_timeout_s / 4, s.pending_flow_timeout_s / 4)
+        interval = min(s.sweep_interval_s, s.limits.idle_timeout_s / 4, s.limits.pending_flow_timeout_s / 4)
         while True:
             await asyncio.sleep(interval)
             self.sweep(self._now())

@@ -64,6 +64,7 @@ from router.tcp.h2c_peek import H2RequestReader
 from router.tcp.settings_ack import SettingsAckStripper
 from router.tcp.tls_peek import ClientHelloReader, TlsPeekError
 from router.udp.edge import UdpRouter
+from router.udp.flow_table import FlowLimits
 from router.udp.settings import UdpRouterSettings
 from tests.quic_initial_rewriter import CASES, crypto_frame, open_flight, rewrite_flight
 
@@ -422,7 +423,8 @@ class _AnswerSink:
 @functools.cache
 def _router() -> tuple[UdpRouter, _Clock, _AnswerSink]:
     snapshot = TargetSnapshot.of([Target("stargate-0", "127.0.0.1", 1, 9)])
-    router = UdpRouter(UdpRouterSettings(max_pending_flows=8), TEMPLATE, lambda: snapshot, RouterMetrics())
+    settings = UdpRouterSettings(limits=FlowLimits(max_pending_flows=8))
+    router = UdpRouter(settings, TEMPLATE, lambda: snapshot, RouterMetrics())
     clock, sink = _Clock(), _AnswerSink()
     router._loop = clock  # type: ignore[assignment]
     router._transport = sink  # type: ignore[assignment]
@@ -433,7 +435,7 @@ def run_udp_router(data: bytes) -> str:
     """Datagrams from client addresses into a socket-less UdpRouter: nothing may raise,
     no answer may exceed the datagram that provoked it, pending flows stay bounded."""
     router, clock, sink = _router()
-    router._table = type(router._table)(router.settings.flow_limits())
+    router._table = type(router._table)(router.settings.limits)
     router._dials.clear()
     port = 40000
     for datagram in data.split(SEPARATOR)[:MAX_DATAGRAMS]:
@@ -444,7 +446,7 @@ def run_udp_router(data: bytes) -> str:
         sink.provoking = len(datagram)
         router._from_client(datagram, ("127.0.0.9", port))
         router.sweep(clock.now)
-        _check(router.pending_flows <= router.settings.max_pending_flows, "pending flows over the bound")
+        _check(router.pending_flows <= router.settings.limits.max_pending_flows, "pending flows over the bound")
     return f"pending-{router.pending_flows}"
 
 
