@@ -90,32 +90,17 @@ class Direction:
             self.relay.fail(exc)
 
     def _pump_splice(self) -> None:
-        splice = os.splice
         drained = False  # the last read was short: the source is empty for now, skip an EAGAIN read
         for _ in range(RELAY_ROUNDS_PER_WAKEUP):
-            if self.pending:
-                try:
-                    n = splice(self.pipe_r, self.dst_fd, self.pending, flags=_SPLICE_FLAGS)
-                except BlockingIOError:
-                    self.set_want(WRITE)
-                    return
-                self.pending -= n
-                self._count(n)
-                if self.pending:
-                    self.set_want(WRITE)
-                    return
+            if self.pending and not self._flush():
+                return
             if drained:
                 break
             if self.pipe_w < 0 and not self._open_pipe():
                 self._pump_buffered()  # out of fds or memory for a pipe: copy instead
                 return
-            try:
-                n = splice(self.src_fd, self.pipe_w, self.pipe_cap, flags=_SPLICE_FLAGS)
-            except BlockingIOError:
-                self.set_want(READ)
-                return
-            if n == 0:
-                self._eof()
+            n = self._read()
+            if not n:
                 return
             self.pending = n
             drained = n < self.pipe_cap
@@ -124,36 +109,24 @@ class Direction:
     def _pump_buffered(self) -> None:
         scratch = _SCRATCH_VIEW
         for _ in range(RELAY_ROUNDS_PER_WAKEUP):
-            if self.pending:
-                try:
-                    n = self.dst.send(self.out)
-                except BlockingIOError:
-                    self.set_want(WRITE)
-                    return
-                self.pending -= n
-                self._count(n)
-                if self.pending:
-                    self.out = self.out[n:]
-                    self.set_want(WRITE)
-                    return
-                self.out = EMPTY
+            if self.pending and not self._flush():
+                return
             if self.to_splice and self.filter is None and self.sent >= SPLICE_AFTER_BYTES:
                 self.splice = True
                 self.release()
                 self._pump_splice()
                 return
-            try:
-                if self.filter is not None:
+            if self.filter is not None:
+                try:
                     self._read_filtered()
-                    if self.done:
-                        return
-                    continue
-                n = self.src.recv_into(scratch)
-            except BlockingIOError:
-                self.set_want(READ)
-                return
-            if n == 0:
-                self._eof()
+                except BlockingIOError:
+                    self.set_want(READ)
+                    return
+                if self.done:
+                    return
+                continue
+            n = self._read()
+            if not n:
                 return
             # The scratch buffer is shared by every relay of this process: write it out now and
             # copy only what the sink could not take (then stop reading until it drains).
@@ -170,6 +143,42 @@ class Direction:
             if n < len(scratch):  # a short read drained the source: wait for more, skip an EAGAIN read
                 break
         self.set_want(WRITE if self.pending else READ)
+
+    def _read(self) -> int:
+        """Read from the source into the pipe (splice) or the shared scratch buffer; 0 when there
+        is nothing to do now (would block: waiting for the source; or end of stream: handled)."""
+        try:
+            if self.splice:
+                n = os.splice(self.src_fd, self.pipe_w, self.pipe_cap, flags=_SPLICE_FLAGS)
+            else:
+                n = self.src.recv_into(_SCRATCH_VIEW)
+        except BlockingIOError:
+            self.set_want(READ)
+            return 0
+        if n == 0:
+            self._eof()
+        return n
+
+    def _flush(self) -> bool:
+        """Write what is pending (from the pipe or ``out``); False when the sink is full (then
+        waiting for it to drain)."""
+        try:
+            if self.splice:
+                n = os.splice(self.pipe_r, self.dst_fd, self.pending, flags=_SPLICE_FLAGS)
+            else:
+                n = self.dst.send(self.out)
+        except BlockingIOError:
+            self.set_want(WRITE)
+            return False
+        self.pending -= n
+        self._count(n)
+        if self.pending:
+            if not self.splice:
+                self.out = self.out[n:]
+            self.set_want(WRITE)
+            return False
+        self.out = EMPTY
+        return True
 
     def _read_filtered(self) -> None:
         """Filter phase (a few frames at most): plain ``recv`` since the filter wants bytes."""
