@@ -111,3 +111,15 @@ class RouterMetrics:
         """Prometheus text exposition of every family."""
         return generate_latest(self.registry)
 
+
+class ProtocolSeries:
+    """The children one protocol touches per connection or flow, looked up once (not per event)."""
+
+    __slots__ = ("active", "decision", "dial", "down", "up")
+
+    def __init__(self, metrics: RouterMetrics, protocol: ProtocolLabel) -> None:
+        self.decision = metrics.decision_latency.labels(protocol=protocol)
+        self.dial = metrics.dial_latency.labels(protocol=protocol)
+        self.up = metrics.relayed_bytes.labels(protocol=protocol, direction=RelayDirection.CLIENT_TO_POD)
+        self.down = metrics.relayed_bytes.labels(protocol=protocol, direction=RelayDirection.POD_TO_CLIENT)
+        self.active = metrics.active_connections.labels(protocol=protocol)

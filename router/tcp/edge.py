@@ -22,8 +22,8 @@ from quic.clienthello import ClientHelloInfo
 from router import constants as c
 from router.hostname import HostnameTemplate
 from router.log_limiter import RateLimitedLog
-from router.metrics import RouterMetrics
-from router.outcomes import TCP_PROTOCOLS, GrpcOutcome, ProtocolLabel, RelayDirection
+from router.metrics import ProtocolSeries, RouterMetrics
+from router.outcomes import TCP_PROTOCOLS, GrpcOutcome, ProtocolLabel
 from router.routing import REFUSAL_ANSWERS, Refusal, Refused, RoundRobin, route
 from router.tcp.dial import DialError, dial
 from router.tcp.h2_frames import EMPTY_SETTINGS_FRAME, H2PeekError
@@ -48,20 +48,16 @@ class TcpRouterSettings:
     use_splice: bool | None = None
 
 
-class _ProtocolSeries:
-    """The metric children one protocol touches per connection, looked up once (not per event)."""
+class _TcpSeries(ProtocolSeries):
+    """One TCP protocol's series, with its outcome counters."""
 
-    __slots__ = ("active", "decision", "dial", "down", "outcomes", "up")
+    __slots__ = ("outcomes",)
 
     def __init__(self, metrics: RouterMetrics, protocol: ProtocolLabel) -> None:
+        super().__init__(metrics, protocol)
         self.outcomes = {
             o: metrics.grpc_connections.labels(protocol=protocol, outcome=o) for o in GrpcOutcome
         }
-        self.decision = metrics.decision_latency.labels(protocol=protocol)
-        self.dial = metrics.dial_latency.labels(protocol=protocol)
-        self.up = metrics.relayed_bytes.labels(protocol=protocol, direction=RelayDirection.CLIENT_TO_POD)
-        self.down = metrics.relayed_bytes.labels(protocol=protocol, direction=RelayDirection.POD_TO_CLIENT)
-        self.active = metrics.active_connections.labels(protocol=protocol)
 
 
 class _Rejected(Exception):
@@ -113,7 +109,7 @@ class TcpRouter:
         self._template = template
         self._snapshot = snapshot
         self._metrics = metrics
-        self._series = {p: _ProtocolSeries(metrics, p) for p in TCP_PROTOCOLS}
+        self._series = {p: _TcpSeries(metrics, p) for p in TCP_PROTOCOLS}
         self._rejections = RateLimitedLog(log)
         self._listener: socket.socket | None = None
         self._tasks: set[asyncio.Task[None]] = set()

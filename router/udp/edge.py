@@ -1,25 +1,21 @@
 """The QUIC reverse-tunnel edge: one UDP listener, one connected UDP socket per routed flow.
 
 The router never terminates QUIC. A new client address is buffered (bounded) while its
-Initial datagrams are decrypted for the SNI; then a connected socket to the named pod's
-``quic`` port is opened, the buffered datagrams are sent in arrival order, and from then
-on datagrams are spliced both ways. Pod replies leave through the listener, so workers only
-ever see the router's address, and the pod sees one stable peer (the flow's socket) even
-when the worker's NAT rebinds. Both directions are batched with UDP GSO/GRO where the kernel
-offers them: client datagrams of one loop iteration leave per flow in one send
-(``router/udp_pod_link.py``), pod replies read back to back leave in one send
-(``router/udp_replies.py``). All bookkeeping is in the sans-IO ``UdpFlowTable`` and the
-verdicts of ``router/udp_verdicts.py``; this module adapts sockets, the clock and metrics.
+Initial datagrams are decrypted for the SNI; then ``router.routing`` picks the pod, a connected
+socket to its ``quic`` port is opened, the buffered datagrams are sent in arrival order, and
+from then on datagrams are spliced both ways. Pod replies leave through the listener
+(``listener``), so workers only ever see the router's address, and the pod sees one stable
+peer (the flow's socket) even when the worker's NAT rebinds. Both directions are batched with
+UDP GSO/GRO where the kernel offers them: client datagrams of one loop iteration leave per
+flow in one send (``pod_link``), pod replies read back to back leave in one send
+(``pod_to_client``). All bookkeeping is in the sans-IO ``UdpFlowTable`` and the verdicts of
+``verdicts``; this module adapts sockets, the clock and metrics.
 
 Refusals (missing/unknown SNI, pod not ready, draining) are answered with an Initial
-CONNECTION_CLOSE so the worker fails fast: never larger than what provoked it, under a
-global byte budget, at most a few times per attempt. An unknown version gets a Version
-Negotiation under the same rules (``router/quic_refusals.py``).
-
-A new connection from the address of an established flow (a client Initial with a DCID the
-flow does not know) is sniffed as a contender beside the flow; ``UdpFlowTable.contend``
-decides whether it shares the flow, takes the address over, or is refused
-(``REASON_ADDRESS_IN_USE``, outcome ``target_unavailable``).
+CONNECTION_CLOSE so the worker fails fast, and an unknown version with a Version Negotiation,
+under the rules of ``refusals``. A new connection from the address of an established flow is
+sniffed as a contender beside it; ``UdpFlowTable.contend`` decides whether it shares the flow,
+takes the address over, or is refused (``Refusal.ADDRESS_IN_USE``).
 """
 
 from __future__ import annotations
@@ -27,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import socket
 import time
 from collections.abc import Callable
 
@@ -35,13 +30,13 @@ from discovery.targets import Target, TargetSnapshot
 from quic.clienthello import ClientHelloInfo
 from quic.initial_sniffer import InitialSniffer
 from quic.packet import LongHeader, QuicPacketError
-from router import constants as c
 from router.hostname import HostnameTemplate
-from router.metrics import RouterMetrics
-from router.outcomes import ProtocolLabel, QuicDropReason, QuicOutcome, RelayDirection
+from router.metrics import ProtocolSeries, RouterMetrics
+from router.outcomes import ProtocolLabel, QuicDropReason, QuicOutcome
 from router.routing import Refusal, Refused, route
 from router.udp.flow_table import Address, Contention, Flow, PendingFlow, UdpFlowTable
-from router.udp.pod_link import PodLink, connect_udp
+from router.udp.listener import open_listener
+from router.udp.pod_link import Outboxes, PodLink, connect_udp
 from router.udp.pod_to_client import ClientReplies
 from router.udp.refusals import QuicRefusals, peer, quic_answer
 from router.udp.settings import UdpRouterSettings
@@ -53,30 +48,6 @@ PROTOCOL = ProtocolLabel.QUIC
 
 _Link = PodLink["Flow[_Link]"]
 """A flow's pod link; the flow table keeps it as the flow's handle."""
-
-
-class _Endpoint(asyncio.DatagramProtocol):
-    """A socket of the router; while its send buffer is over the high-water mark, UDP drops."""
-
-    def __init__(self, router: UdpRouter) -> None:
-        self.router = router
-        self.paused = False
-
-    def pause_writing(self) -> None:
-        self.paused = True
-
-    def resume_writing(self) -> None:
-        self.paused = False
-
-
-class _Listener(_Endpoint):
-    """The public socket: client datagrams in, pod replies out."""
-
-    def datagram_received(self, data: bytes, addr: Address) -> None:
-        self.router._from_client(data, addr)
-
-    def error_received(self, exc: Exception) -> None:
-        log.debug("quic listener socket error: %s", exc)
 
 
 class UdpRouter:
@@ -93,12 +64,12 @@ class UdpRouter:
         self._template = template
         self._snapshot = snapshot
         self._metrics = metrics
+        self._series = ProtocolSeries(metrics, PROTOCOL)
         self._table: UdpFlowTable[InitialSniffer, _Link] = UdpFlowTable(settings.limits)
         self._refusals = QuicRefusals(self._table, metrics, settings.reject_budget_bytes_per_s, self._send)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._clock: Callable[[], float] = time.monotonic
         """The loop's clock once started (bound once: the per-datagram path reads it)."""
-        self._listener: _Listener | None = None
         self._transport: asyncio.DatagramTransport | None = None
         self._accepting = True
         self._sweeper: asyncio.Task[None] | None = None
@@ -106,24 +77,15 @@ class UdpRouter:
         self._empty = asyncio.Event()
         self._empty.set()
         self._replies = ClientReplies(self._learn_from_pod, self._flow_failed, self._now)
-        self._outboxes: list[_Link] = []
-        """Links with client datagrams to send once this loop iteration's reads are done."""
-        self._outboxes_scheduled = False
-        self._client_bytes = 0  # batched into relayed_bytes at each sweep
+        self._outboxes: Outboxes[Flow[_Link]] = Outboxes(self._call_soon)
 
     # -- lifecycle ------------------------------------------------------------------------
     async def start(self, host: str, port: int, *, reuse_port: bool = False) -> tuple[str, int]:
         """Bind the listener and start the sweeper; returns the bound (host, port)."""
         self._loop = loop = asyncio.get_running_loop()
         self._clock = loop.time
-        transport, listener = await loop.create_datagram_endpoint(
-            lambda: _Listener(self), local_addr=(host, port), reuse_port=reuse_port or None
-        )
-        self._transport, self._listener = transport, listener
-        sock = transport.get_extra_info("socket")
-        for option in (socket.SO_RCVBUF, socket.SO_SNDBUF):
-            with contextlib.suppress(OSError):  # best effort: the kernel clamps or refuses
-                sock.setsockopt(socket.SOL_SOCKET, option, c.QUIC_SOCKET_BUFFER_BYTES)
+        transport, listener = await open_listener(host, port, reuse_port, self)
+        self._transport = transport
         self._replies.attach(transport, listener)
         self._sweeper = loop.create_task(self._sweep_forever(), name="quic-flow-sweeper")
         sockname = transport.get_extra_info("sockname")
@@ -186,28 +148,15 @@ class UdpRouter:
             self._to_pod(flow, data, now)
 
     def _to_pod(self, flow: Flow[_Link], data: bytes, now: float) -> None:
-        """Into the flow's outbox; every outbox touched in this loop iteration is sent right after
-        its I/O callbacks (``_send_outboxes``), a full one at once."""
+        """Into the flow's outbox, sent with every outbox touched in this loop iteration."""
         flow.last_active = flow.client_seen_at = now
         link = flow.handle
-        if link.sock is None:
-            return
-        outbox = link.outbox
-        outbox.append(data)
-        if len(outbox) == 1:
-            self._outboxes.append(link)
-            if not self._outboxes_scheduled:
-                self._outboxes_scheduled = True
-                assert self._loop is not None
-                self._loop.call_soon(self._send_outboxes)
-        elif len(outbox) >= c.QUIC_OUTBOX_DATAGRAMS:
-            self._client_bytes += link.flush()
+        if link.sock is not None:
+            self._outboxes.add(link, data)
 
-    def _send_outboxes(self) -> None:
-        self._outboxes_scheduled = False
-        links, self._outboxes = self._outboxes, []
-        for link in links:
-            self._client_bytes += link.flush()
+    def _call_soon(self, callback: Callable[[], None]) -> None:
+        assert self._loop is not None
+        self._loop.call_soon(callback)
 
     def _learn_from_pod(self, flow: Flow[_Link], datagram: bytes) -> None:
         self._table.learn_from_pod(flow, datagram, self.settings.cid_length)
@@ -294,7 +243,7 @@ class UdpRouter:
 
     # -- decisions ------------------------------------------------------------------------
     def _route(self, pending: PendingFlow[InitialSniffer], info: ClientHelloInfo, now: float) -> None:
-        self._metrics.decision_latency.labels(protocol=PROTOCOL).observe(now - pending.created_at)
+        self._series.decision.observe(now - pending.created_at)
         hostname = info.server_name or None  # an empty SNI is a missing one
         # QUIC carries no request path, so no round-robin either.
         decision = route(hostname, None, self._snapshot(), self._template, None, port_of=_quic_port)
@@ -344,7 +293,7 @@ class UdpRouter:
             self._refuse_pending(pending, hostname, Refusal.DIAL_FAILED, self._now())
             return
         now = self._now()
-        self._metrics.dial_latency.labels(protocol=PROTOCOL).observe(now - started)
+        self._series.dial.observe(now - started)
         if self._table.pending(pending.address) is not pending:  # expired or closed meanwhile
             sock.close()
             return
@@ -354,7 +303,7 @@ class UdpRouter:
         self._loop.add_reader(sock.fileno(), self._replies.readable, link)
         self._metrics.pending_flows.set(self._table.pending_count)
         self._metrics.quic_outcome(QuicOutcome.ACCEPTED)
-        self._metrics.active_connections.labels(protocol=PROTOCOL).inc()
+        self._series.active.inc()
         log.debug("quic flow %s -> %s (%s)", peer(flow.address), target.quic_endpoint, hostname)
         for datagram in pending.datagrams:
             self._to_pod(flow, datagram, now)
@@ -388,7 +337,7 @@ class UdpRouter:
         """Account for a flow the table no longer holds and close its socket."""
         flow.handle.close()
         self._metrics.quic_outcome(outcome)
-        self._metrics.active_connections.labels(protocol=PROTOCOL).dec()
+        self._series.active.dec()
         self._note_if_empty()
 
     def _discard(self, pending: PendingFlow[InitialSniffer]) -> None:
@@ -436,15 +385,11 @@ class UdpRouter:
             self.sweep(self._now())
 
     def _flush_byte_counters(self) -> None:
-        if self._client_bytes:
-            self._metrics.relayed_bytes.labels(protocol=PROTOCOL, direction=RelayDirection.CLIENT_TO_POD).inc(
-                self._client_bytes
-            )
-            self._client_bytes = 0
+        if self._outboxes.sent_bytes:
+            self._series.up.inc(self._outboxes.sent_bytes)
+            self._outboxes.sent_bytes = 0
         if self._replies.sent_bytes:
-            self._metrics.relayed_bytes.labels(protocol=PROTOCOL, direction=RelayDirection.POD_TO_CLIENT).inc(
-                self._replies.sent_bytes
-            )
+            self._series.down.inc(self._replies.sent_bytes)
             self._replies.sent_bytes = 0
 
 
