@@ -260,7 +260,7 @@ QUIC_MAX_CLOSE_REASON_BYTES: Final = 256
 """Reason phrases are cut to this, so a refusal stays far below the client's 1200-byte Initial."""
 
 # ---------------------------------------------------------------------------
-# Relay (router/relay.py)
+# Relay (router/tcp/relay.py, router/tcp/pump.py)
 # ---------------------------------------------------------------------------
 RELAY_REPORT_BYTES: Final = 1024 * 1024
 """on_bytes is called after this many bytes per direction (and at close): metrics stay cheap."""

@@ -2,8 +2,9 @@
 
 The first bytes decide, with no configuration: a TLS ClientHello is routed by its SNI,
 an HTTP/2 prior-knowledge (h2c) connection by the ``:authority`` of its first request.
-The parsers are sans-IO (``tls_peek``, ``h2_peek``); this module owns the sockets, the
-timeouts and the answers a client understands when it cannot be routed.
+The parsers are sans-IO (``tls_peek``, ``h2c_peek``) and the choice of pod is
+``router.routing``'s; this module owns the listener, the timeouts and the order of events:
+peek, decide, ``dial``, then ``relay`` (through ``settings_ack`` for h2c), or ``rejection``.
 """
 
 from __future__ import annotations

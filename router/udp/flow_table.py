@@ -2,7 +2,7 @@
 
 Sans-IO on purpose: no sockets, no clock. Every method that depends on time takes ``now``
 (seconds, any monotonic origin), so bounds and expiry are tested on plain values. The
-asyncio edge (``router/udp_router.py``) owns the sockets and keeps an opaque ``handle`` per
+asyncio edge (``edge``) owns the sockets and keeps an opaque ``handle`` per
 flow (its pod-side transport) and an opaque ``sniffer`` per pending flow.
 
 A flow is keyed by the client address. NAT rebinding and connection migration change that

@@ -1,6 +1,6 @@
 """What the QUIC edge does with a datagram that no routed flow simply takes.
 
-Pure verdicts over the flow table (``router/udp_flows.py``) and the datagram's bytes:
+Pure verdicts over the flow table (``flow_table``) and the datagram's bytes:
 ``classify_unrouted`` for an address with no flow (open a pending flow, join a migrated flow,
 answer Version Negotiation, re-answer a refusal, or drop, with the reason counted), and
 ``classify_on_flow`` for a long header from an established flow's address (forward it, or
