@@ -76,9 +76,6 @@ ENDPOINTS_FILE_POLL_INTERVAL_S: Final = 0.5
 MAX_PEEK_BYTES: Final = 16 * 1024
 """A ClientHello or first HEADERS block larger than this is refused; real ones are < 4 KiB."""
 
-MAX_TLS_CLIENT_HELLO_BYTES: Final = 16 * 1024
-"""Handshake message length cap; larger claims are rejected before buffering them."""
-
 MAX_HOSTNAME_LENGTH: Final = 253
 """Longest DNS name (RFC 1035); longer :authority / SNI values never route."""
 
@@ -109,14 +106,8 @@ SPLICE_PIPE_BYTES: Final = 1024 * 1024
 # ---------------------------------------------------------------------------
 # QUIC / UDP
 # ---------------------------------------------------------------------------
-QUIC_MIN_INITIAL_DATAGRAM_BYTES: Final = 1200
-"""RFC 9000 section 14.1: a client Initial datagram is at least 1200 bytes."""
-
 QUIC_MAX_DATAGRAM_BYTES: Final = 65_527
 """Largest UDP payload; receive buffers are sized for it."""
-
-QUIC_MAX_CRYPTO_BYTES: Final = MAX_TLS_CLIENT_HELLO_BYTES
-"""CRYPTO bytes buffered per pending flow: past the largest ClientHello accepted none can complete."""
 
 QUIC_MAX_PENDING_DATAGRAMS_PER_FLOW: Final = 16
 """Datagrams held for a flow whose SNI is not complete yet (big ClientHellos need 2-4)."""
@@ -309,12 +300,6 @@ QUIC_ANSWERS_PER_REJECTION: Final = 3
 
 QUIC_FLOW_SWEEP_INTERVAL_MS: Final = 500
 """How often pending deadlines, idle flows and batched byte counters are swept/flushed."""
-
-QUIC_ROUTER_SCID_BYTES: Final = 8
-"""Random SCID length of the router's refusal Initial: 8 bytes, like aioquic's and most servers' CIDs."""
-
-QUIC_MAX_CLOSE_REASON_BYTES: Final = 256
-"""Reason phrases are cut to this, so a refusal stays far below the client's 1200-byte Initial."""
 
 # ---------------------------------------------------------------------------
 # Relay (router/relay.py)

@@ -10,11 +10,15 @@ from aioquic.quic.packet import QuicErrorCode
 from quic.initial_keys import decrypt_initial, server_initial_keys
 from quic.initial_sniffer import InitialSniffer
 from quic.packet import QUIC_V1, QUIC_V2, PacketType, QuicPacketError, UnsupportedVersion, parse_long_header
-from quic.server_packets import build_initial_close, build_version_negotiation, connection_close_frame
-from router.constants import (
-    QUIC_CLOSE_CONNECTION_REFUSED,
+from quic.server_packets import (
     QUIC_MAX_CLOSE_REASON_BYTES,
     QUIC_ROUTER_SCID_BYTES,
+    build_initial_close,
+    build_version_negotiation,
+    connection_close_frame,
+)
+from router.constants import (
+    QUIC_CLOSE_CONNECTION_REFUSED,
     REASON_MISSING_SNI,
     REASON_TARGET_NOT_READY,
     REASON_UNKNOWN_SNI,
