@@ -59,6 +59,16 @@ class PacketType(IntEnum):
     RETRY = 3
 
 
+class QuicErrorCode(IntEnum):
+    """Transport error codes of CONNECTION_CLOSE (RFC 9000 section 20.1) the router sends;
+    names and values as aioquic's ``QuicErrorCode``."""
+
+    INTERNAL_ERROR = 0x1
+    """The endpoint hit an error it cannot name more precisely."""
+    CONNECTION_REFUSED = 0x2
+    """The server refuses the connection: the router's answer to an Initial it cannot route."""
+
+
 _V2_TYPES = (PacketType.RETRY, PacketType.INITIAL, PacketType.ZERO_RTT, PacketType.HANDSHAKE)
 """RFC 9369 section 3.2: v2 wire type bits 0b00..0b11 -> normalised type."""
 

@@ -265,9 +265,6 @@ TLS_ALERT_UNRECOGNIZED_NAME: Final = 112
 TLS_ALERT_INTERNAL_ERROR: Final = 80
 """Fatal alert when the named pod is unavailable (no TLS alert says 'try later')."""
 
-QUIC_CLOSE_CONNECTION_REFUSED: Final = 0x2
-"""CONNECTION_REFUSED (RFC 9000 section 20.1): the server refuses to accept the connection."""
-
 # ---------------------------------------------------------------------------
 # Discovery sources (appended by the discovery helper)
 # ---------------------------------------------------------------------------
