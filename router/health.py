@@ -26,6 +26,9 @@ log = logging.getLogger("router.health")  # pinned: operators filter logs by thi
 PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 """The text exposition format Prometheus negotiates by default."""
 
+CLOSE_TIMEOUT_S = 1.0
+"""At close, in-flight probe answers get this long: a probe is retried, the shutdown must not wait."""
+
 Route = Callable[[], Awaitable[web.Response]]
 """Answers one probe path; the method (GET or HEAD) is checked before it is called."""
 
@@ -172,7 +175,7 @@ class ProbeHttpServer:
 
     async def start(self, host: str, port: int) -> tuple[str, int]:
         server = _BoundedServer(self._handle, self._max_head_bytes, self._timeout_s)
-        self._runner = web.ServerRunner(server, shutdown_timeout=1.0)
+        self._runner = web.ServerRunner(server, shutdown_timeout=CLOSE_TIMEOUT_S)
         await self._runner.setup()
         try:
             await web.TCPSite(self._runner, host, port, reuse_address=True).start()
@@ -186,7 +189,7 @@ class ProbeHttpServer:
         if self._runner is not None:
             runner, self._runner = self._runner, None
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(runner.cleanup(), 2.0)
+                await runner.cleanup()
 
 
 class HealthServer(ProbeHttpServer):
