@@ -150,7 +150,7 @@ def _status_message(body: bytes) -> str:
     try:
         data = json.loads(body)
     except (ValueError, RecursionError):
-        return _one_line(body[:200].decode("utf-8", "replace")) or "(empty body)"
+        return " ".join(body[:200].decode("utf-8", "replace").split()) or "(empty body)"
     message = data.get("message") if isinstance(data, dict) else None
     return _one_line(message if message is not None else data)
 
