@@ -18,7 +18,7 @@ from quic.initial_keys import client_initial_keys, encrypt_initial
 from quic.initial_sniffer import InitialSniffer, InvalidClientHello, NotInitial, ShortInitial
 from quic.packet import QUIC_V1, QUIC_V2, QuicPacketError, UnsupportedVersion, encode_varint
 from router.demo.pki import DemoPki, make_pki
-from tests.quic_initial_rewriter import (
+from tests.support.quic_initial_rewriter import (
     ALPN,
     BIG_HELLO_ALPN,
     CASES,

@@ -34,7 +34,7 @@ from router.hostname import HostnameTemplate
 from router.metrics import RouterMetrics
 from router.udp.edge import UdpRouter
 from router.udp.settings import UdpRouterSettings
-from tests.quic_initial_rewriter import BIG_HELLO_ALPN, SERVER_COMPLETABLE, rewrite_flight
+from tests.support.quic_initial_rewriter import BIG_HELLO_ALPN, SERVER_COMPLETABLE, rewrite_flight
 
 pytestmark = pytest.mark.timeout(30)
 

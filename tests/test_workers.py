@@ -29,7 +29,7 @@ from router.supervisor import (
     stop_budget_s,
     worker_argv,
 )
-from tests.router_process import RouterProcess, router_args, write_endpoints
+from tests.support.router_process import RouterProcess, router_args, write_endpoints
 
 # ---------------------------------------------------------------------------
 # Pure pieces

@@ -18,7 +18,7 @@ import grpc
 
 from router import constants as c
 from router.demo.grpc_pods import call_whoami
-from tests.router_process import RouterProcess
+from tests.support.router_process import RouterProcess
 
 GRPC_CHANNEL_OPTIONS: tuple[tuple[str, int], ...] = (("grpc.use_local_subchannel_pool", 1),)
 """Every channel dials its own connection: grpcio otherwise shares subchannels across channels."""

@@ -36,7 +36,7 @@ from tests.faults import (
     read_to_eof,
     sni_extension,
 )
-from tests.router_process import RouterProcess, router_args, write_endpoints
+from tests.support.router_process import RouterProcess, router_args, write_endpoints
 
 NAMESPACE = "demo"
 TEMPLATE = "{pod_name}.{namespace}.svc"

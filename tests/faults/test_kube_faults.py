@@ -21,7 +21,7 @@ from router import constants as c
 from router.demo.grpc_pods import RunningPod, start_pod
 from tests.fake_kube_api import FakeKubeApi, make_endpoint, make_slice
 from tests.faults import WhoAmIProbe, timed_whoami
-from tests.router_process import RouterProcess
+from tests.support.router_process import RouterProcess
 
 NAMESPACE = "stargate"
 PODS = (("stargate-0", "127.0.0.2"), ("stargate-1", "127.0.0.3"), ("stargate-2", "127.0.0.4"))

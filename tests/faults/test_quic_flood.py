@@ -51,8 +51,8 @@ from router.metrics import RouterMetrics
 from router.udp.edge import UdpRouter
 from router.udp.settings import UdpRouterSettings
 from tests.faults import rss_kib
-from tests.quic_initial_rewriter import client_first_flight, crypto_frame, open_flight
-from tests.router_process import RouterProcess, router_args, write_endpoints
+from tests.support.quic_initial_rewriter import client_first_flight, crypto_frame, open_flight
+from tests.support.router_process import RouterProcess, router_args, write_endpoints
 
 ROUTER_HOST = "127.0.0.1"
 POD_HOSTS = {"stargate-0": "127.0.0.2", "stargate-1": "127.0.0.3"}

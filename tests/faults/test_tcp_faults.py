@@ -49,7 +49,7 @@ from tests.faults import (
     sni_extension,
     timed_whoami,
 )
-from tests.router_process import RouterProcess, router_args, write_endpoints
+from tests.support.router_process import RouterProcess, router_args, write_endpoints
 
 T = TypeVar("T")
 

@@ -63,7 +63,7 @@ from router.tcp.h2c_peek import H2PeekError, H2RequestReader, SettingsAckStrippe
 from router.tcp.tls_peek import ClientHelloReader, TlsPeekError
 from router.udp.edge import UdpRouter
 from router.udp.settings import UdpRouterSettings
-from tests.quic_initial_rewriter import CASES, crypto_frame, open_flight, rewrite_flight
+from tests.support.quic_initial_rewriter import CASES, crypto_frame, open_flight, rewrite_flight
 
 SEPARATOR = b"\xfe\xfd\xfc\xfb"
 """Splits one fuzz input into several datagrams / payloads (rare in real traffic)."""
@@ -447,7 +447,7 @@ def run_udp_router(data: bytes) -> str:
 
 
 def _quic_config(server_name: str | None, version: int = QUIC_V1, big: bool = False) -> QuicConfiguration:
-    from tests.quic_initial_rewriter import BIG_HELLO_ALPN
+    from tests.support.quic_initial_rewriter import BIG_HELLO_ALPN
 
     config = QuicConfiguration(
         is_client=True, server_name=server_name, alpn_protocols=["stargate", *(BIG_HELLO_ALPN if big else ())],

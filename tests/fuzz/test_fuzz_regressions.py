@@ -19,7 +19,7 @@ import pytest
 
 from router import constants as c
 from tests.fuzz import CRASHES_DIR, TARGETS, replay
-from tests.router_process import RouterProcess, router_args
+from tests.support.router_process import RouterProcess, router_args
 
 ROOT = Path(__file__).resolve().parents[2]
 KILLER_PREFIXES = ("signal-", "hang", "exit-")
