@@ -47,14 +47,6 @@ def pods() -> Iterator[dict[str, RunningPod]]:
             pod.stop()
 
 
-@pytest.fixture
-async def api() -> AsyncIterator[FakeKubeApi]:
-    server = FakeKubeApi()
-    await server.start()
-    yield server
-    await server.stop()
-
-
 def pod_slice(pod: RunningPod, **metadata: Any) -> dict[str, Any]:
     """One EndpointSlice per pod (each demo pod listens on its own port)."""
     slice_ = make_slice(f"stargate-headless-{pod.pod_name}", [make_endpoint(pod.pod_name, pod.address)],

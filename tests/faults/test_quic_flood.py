@@ -44,7 +44,7 @@ from quic.initial_keys import client_initial_keys, encrypt_initial
 from quic.initial_sniffer import InitialSniffer
 from quic.packet import QUIC_V1, QUIC_V2, QUIC_VERSION_NEGOTIATION, QuicPacketError, parse_long_header
 from router import constants as c
-from router.demo.pki import DemoPki, make_pki
+from router.demo.pki import DemoPki
 from router.demo.quic_pods import WHOAMI, bound_port, client_configuration, request, start_quic_pod
 from router.hostname import HostnameTemplate
 from router.metrics import RouterMetrics
@@ -386,11 +386,6 @@ class RouterAudit:
             self.max_flow_bytes = max(self.max_flow_bytes, held)
             total += held
         self.max_pending_bytes = max(self.max_pending_bytes, total)
-
-
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory: pytest.TempPathFactory) -> DemoPki:
-    return make_pki(tmp_path_factory.mktemp("pki"))
 
 
 @asynccontextmanager

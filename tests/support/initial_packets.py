@@ -1,0 +1,25 @@
+"""Client Initials built with the router's own packet protection (``quic.initial_keys``).
+
+For tests that need an Initial carrying exactly the frames they choose (the sniffer's unit
+tests, the flood): ``quic_initial_rewriter`` builds from a real client with aioquic's
+protection instead, as an independent implementation.
+"""
+
+from __future__ import annotations
+
+from quic.initial_keys import client_initial_keys, encrypt_initial
+from quic.packet import QUIC_V1
+
+MIN_CLIENT_INITIAL_BYTES = 1200
+"""RFC 9000 section 14.1: a client pads the datagrams carrying its Initials to at least 1200 bytes."""
+
+
+def protected_initial(frames: bytes, *, version: int = QUIC_V1, dcid: bytes = bytes(8), scid: bytes = bytes(8),
+                      pn: int = 0, size: int = MIN_CLIENT_INITIAL_BYTES) -> bytes:
+    """A client Initial carrying ``frames``, PADDING-extended to ``size`` bytes (never cut below
+    what its frames need)."""
+    keys = client_initial_keys(version, dcid)
+    packet = encrypt_initial(version, dcid, scid, pn, frames, keys)
+    if len(packet) < size:
+        packet = encrypt_initial(version, dcid, scid, pn, frames + bytes(size - len(packet)), keys)
+    return packet
