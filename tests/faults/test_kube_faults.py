@@ -20,7 +20,7 @@ import pytest
 from router import constants as c
 from router.demo.grpc_pods import RunningPod, start_pod
 from tests.fake_kube_api import FakeKubeApi, make_endpoint, make_slice
-from tests.faults import WhoAmIProbe, timed_whoami
+from tests.faults.router_probes import WhoAmIProbe, timed_whoami
 from tests.support.router_process import RouterProcess
 
 NAMESPACE = "stargate"

@@ -6,6 +6,10 @@ so the tests can reach every refusal of ``router.tcp.h2c_peek``.
 
 from __future__ import annotations
 
+import h2.config
+import h2.connection
+import h2.events
+
 H2_FRAME_HEADER_BYTES = 9
 """Length (3), type (1), flags (1), stream id (4): RFC 9113 section 4.1."""
 
@@ -30,3 +34,23 @@ def split_frames(data: bytes, preface: bytes) -> list[Frame] | None:
                        data[pos + 9 : pos + 9 + size]))
         pos += H2_FRAME_HEADER_BYTES + size
     return frames
+
+
+def h2c_grpc_request(authority: str) -> tuple[h2.connection.H2Connection, bytes]:
+    """An h2 client and its first bytes: preface, SETTINGS and one gRPC request naming ``authority``."""
+    conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+    conn.initiate_connection()
+    conn.send_headers(1, [(":method", "POST"), (":scheme", "http"), (":path", "/x.Y/Z"),
+                          (":authority", authority), ("content-type", "application/grpc"), ("te", "trailers")],
+                      end_stream=True)
+    return conn, conn.data_to_send()
+
+
+def grpc_status_of(conn: h2.connection.H2Connection, answer: bytes) -> str | None:
+    """The grpc-status an h2 client reads in ``answer`` (None if there is none)."""
+    for event in conn.receive_data(answer):
+        if isinstance(event, h2.events.ResponseReceived | h2.events.TrailersReceived):
+            for name, value in event.headers:
+                if name == b"grpc-status":
+                    return bytes(value).decode()
+    return None

@@ -16,10 +16,14 @@ MIN_CLIENT_INITIAL_BYTES = 1200
 
 def protected_initial(frames: bytes, *, version: int = QUIC_V1, dcid: bytes = bytes(8), scid: bytes = bytes(8),
                       pn: int = 0, size: int = MIN_CLIENT_INITIAL_BYTES) -> bytes:
-    """A client Initial carrying ``frames``, PADDING-extended to ``size`` bytes (never cut below
-    what its frames need)."""
+    """A client Initial carrying ``frames``, PADDING-extended to exactly ``size`` bytes (or as
+    small as its frames allow)."""
     keys = client_initial_keys(version, dcid)
     packet = encrypt_initial(version, dcid, scid, pn, frames, keys)
-    if len(packet) < size:
-        packet = encrypt_initial(version, dcid, scid, pn, frames + bytes(size - len(packet)), keys)
+    padding = 0
+    for _ in range(3):  # padding may widen the Length varint: converge on the exact size
+        if len(packet) == size or padding + size - len(packet) < 0:
+            break
+        padding += size - len(packet)
+        packet = encrypt_initial(version, dcid, scid, pn, frames + bytes(padding), keys)
     return packet
