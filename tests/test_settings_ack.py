@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 from router.constants import H2_PREFACE
 from router.tcp.h2_frames import EMPTY_SETTINGS_FRAME, H2PeekError
 from router.tcp.settings_ack import SettingsAckStripper
-from tests.test_h2c_peek import AUTHORITY, REQUEST, SETTINGS_ACK, _frame, _frames, client
+from tests.support.h2 import frame as _frame
+from tests.test_h2c_peek import AUTHORITY, REQUEST, SETTINGS_ACK, _frames, client
 
 
 def _strip(stripper: SettingsAckStripper, data: bytes, chunk: int) -> bytes:

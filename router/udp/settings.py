@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from quic.frames import QUIC_MAX_CRYPTO_BYTES
 from router import constants as c
 from router.udp.flow_table import FlowLimits
 
 
 @dataclass(frozen=True)
 class UdpRouterSettings:
-    """Knobs of the QUIC side; every default comes from ``router/constants.py``.
+    """Knobs of the QUIC side; defaults from ``router/constants.py`` (the CRYPTO cap from ``quic/frames.py``).
 
     The flow table's bounds (including the idle timeout) are its ``FlowLimits``, validated there.
     """
@@ -18,7 +19,7 @@ class UdpRouterSettings:
     limits: FlowLimits = field(default_factory=FlowLimits)
     cid_length: int | None = None
     """Length of the pod's connection IDs in short headers; None learns it from long headers."""
-    max_crypto_bytes: int = c.QUIC_MAX_CRYPTO_BYTES
+    max_crypto_bytes: int = QUIC_MAX_CRYPTO_BYTES
     reject_budget_bytes_per_s: float = c.QUIC_REJECT_BUDGET_BYTES_PER_S
     sweep_interval_s: float = c.QUIC_FLOW_SWEEP_INTERVAL_MS / 1000
 
