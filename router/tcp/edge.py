@@ -10,7 +10,6 @@ peek, decide, ``dial``, then ``relay`` (through ``settings_ack`` for h2c), or ``
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import errno
 import logging
 import socket
@@ -130,6 +129,9 @@ class TcpRouter:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         if hasattr(socket, "SO_REUSEPORT"):
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        # Accepted sockets inherit TCP_NODELAY from the listener on Linux: one setsockopt, not one
+        # per connection (tests/test_tcp_socket_options.py checks the kernel still does).
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.bind((host, port))
         sock.listen(4096)
         sock.setblocking(False)
@@ -186,8 +188,6 @@ class TcpRouter:
                 self._accept_exhausted = False
                 log.info("accepting again")
             conn.setblocking(False)
-            with contextlib.suppress(OSError):
-                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             task = self._loop.create_task(self._serve(conn, peer))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)

@@ -1,0 +1,98 @@
+"""The TCP edge's per-connection socket work: what the kernel gives for free, and the dial.
+
+The edge sets TCP_NODELAY once on its listener and relies on accepted sockets inheriting
+it; the dial creates its socket non-blocking and skips the writability wait when the
+handshake already completed. Real loopback sockets, asyncio and uvloop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+import pytest
+import uvloop
+
+from discovery.targets import Target, TargetSnapshot
+from router.hostname import HostnameTemplate
+from router.metrics import RouterMetrics
+from router.tcp.dial import DialError, dial
+from router.tcp.edge import TcpRouter, TcpRouterSettings
+from tests.faults.tcp_peers import SynDroppingPod
+
+pytestmark = pytest.mark.timeout(30)
+
+Runner = Callable[[Coroutine[Any, Any, None]], None]
+
+
+@pytest.fixture(params=["asyncio", "uvloop"])
+def run(request: pytest.FixtureRequest) -> Runner:
+    return uvloop.run if request.param == "uvloop" else asyncio.run  # type: ignore[return-value]
+
+
+def test_accepted_sockets_inherit_tcp_nodelay_from_the_listener() -> None:
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        listener.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        with socket.create_connection(listener.getsockname(), timeout=5) as client:
+            client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 0)
+            conn, _ = listener.accept()
+            with conn:
+                assert conn.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+
+
+def test_the_edge_listener_sets_tcp_nodelay(run: Runner) -> None:
+    async def main() -> None:
+        router = TcpRouter(TcpRouterSettings(), HostnameTemplate.parse("{pod_name}.stargate.external", "default"),
+                           TargetSnapshot, RouterMetrics())
+        await router.start("127.0.0.1", 0)
+        try:
+            listener = router._listener
+            assert listener is not None
+            assert listener.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+        finally:
+            await router.close()
+
+    run(main())
+
+
+def test_dial_returns_a_connected_nonblocking_nodelay_socket(run: Runner) -> None:
+    async def main() -> None:
+        with socket.create_server(("127.0.0.2", 0)) as pod_listener:
+            port = pod_listener.getsockname()[1]
+            pod = await dial(Target("stargate-0", "127.0.0.2", port, 0), 2.0)
+            with pod:
+                assert pod.gettimeout() == 0.0
+                assert not pod.getblocking()
+                assert pod.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+                assert pod.getpeername() == ("127.0.0.2", port)
+                assert pod.type == socket.SOCK_STREAM
+                accepted, _ = pod_listener.accept()
+                with accepted:
+                    pod.send(b"ping")
+                    assert accepted.recv(4) == b"ping"
+
+    run(main())
+
+
+def test_dial_refused_is_a_dial_error_naming_the_endpoint(run: Runner) -> None:
+    async def main() -> None:
+        with socket.create_server(("127.0.0.2", 0)) as closed:
+            port = closed.getsockname()[1]
+        with pytest.raises(DialError, match=rf"dial 127\.0\.0\.2:{port}: Connection refused"):
+            await dial(Target("stargate-0", "127.0.0.2", port, 0), 2.0)
+
+    run(main())
+
+
+def test_dial_to_a_full_backlog_times_out(run: Runner) -> None:
+    async def main() -> None:
+        pod = SynDroppingPod("127.0.0.2")
+        try:
+            with pytest.raises(DialError, match=rf"dial 127\.0\.0\.2:{pod.port} timed out"):
+                await dial(Target("stargate-0", "127.0.0.2", pod.port, 0), 0.3)
+        finally:
+            pod.close()
+
+    run(main())
