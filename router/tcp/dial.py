@@ -2,7 +2,10 @@
 
 ``loop.sock_connect`` on uvloop resolves the address through getaddrinfo in a thread pool
 even when it is an IP literal: that cost a quarter of the router's CPU per connection, so
-the connect is driven by hand on the raw fd.
+the connect is driven by hand on the raw fd. A loopback or same-host pod usually answers
+by the time ``connect`` returns (the kernel processed the SYN-ACK meanwhile), so one
+``TCP_INFO`` read checks for that before the writability wait, which costs the poller a
+register/unregister round and a task switch.
 """
 
 from __future__ import annotations
@@ -11,48 +14,70 @@ import asyncio
 import errno
 import os
 import socket
+from typing import Final
 
 from discovery.targets import Target
+
+_TCP_ESTABLISHED: Final = 1
+"""``tcpi_state`` of a connected socket (``TCP_ESTABLISHED`` in linux/tcp_states.h)."""
+_HAS_TCP_INFO: Final = hasattr(socket, "TCP_INFO")
+_NONBLOCKING: Final = getattr(socket, "SOCK_NONBLOCK", 0)
+"""Created non-blocking (Linux): no separate ioctl per dial."""
 
 
 class DialError(Exception):
     """The pod could not be reached; the message says how (``dial ip:port timed out``)."""
 
 
-async def _connect(loop: asyncio.AbstractEventLoop, sock: socket.socket, address: tuple[str, int]) -> None:
-    """Non-blocking connect to a numeric address."""
-    err = sock.connect_ex(address)
-    if err in (errno.EINPROGRESS, errno.EAGAIN):
-        writable: asyncio.Future[None] = loop.create_future()
-        fd = sock.fileno()
+async def _writable(loop: asyncio.AbstractEventLoop, sock: socket.socket) -> None:
+    """Wait until a connecting socket is writable (connected or failed)."""
+    writable: asyncio.Future[None] = loop.create_future()
+    fd = sock.fileno()
 
-        def on_writable() -> None:
-            if not writable.done():
-                writable.set_result(None)
+    def on_writable() -> None:
+        if not writable.done():
+            writable.set_result(None)
 
-        loop.add_writer(fd, on_writable)
-        try:
-            await writable
-        finally:
-            loop.remove_writer(fd)
-        err = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
-    if err:
-        raise OSError(err, os.strerror(err))
+    loop.add_writer(fd, on_writable)
+    try:
+        await writable
+    finally:
+        loop.remove_writer(fd)
+
+
+def _established(sock: socket.socket) -> bool:
+    """The handshake already completed (no error is possible then)."""
+    if not _HAS_TCP_INFO:
+        return False
+    try:
+        return sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 1)[0] == _TCP_ESTABLISHED
+    except OSError:
+        return False
 
 
 async def dial(target: Target, timeout_s: float) -> socket.socket:
-    """A connected, non-blocking TCP_NODELAY socket to ``target``'s gRPC port, or DialError."""
-    loop = asyncio.get_running_loop()
+    """A connected, non-blocking TCP_NODELAY socket to ``target``'s gRPC port, or DialError.
+
+    Only a connect that is still in progress after the call waits (and arms the timeout).
+    """
     family = socket.AF_INET6 if ":" in target.address else socket.AF_INET
     try:
-        pod = socket.socket(family, socket.SOCK_STREAM)
+        pod = socket.socket(family, socket.SOCK_STREAM | _NONBLOCKING)
     except OSError as exc:  # EMFILE under a connection flood: the client hears UNAVAILABLE
         raise DialError(f"dial {target.grpc_endpoint}: {exc.strerror}") from None
-    pod.setblocking(False)
-    pod.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     try:
-        async with asyncio.timeout(timeout_s):
-            await _connect(loop, pod, (target.address, target.grpc_port))
+        if not _NONBLOCKING:
+            pod.setblocking(False)
+        pod.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        err = pod.connect_ex((target.address, target.grpc_port))
+        if err == errno.EINPROGRESS and _established(pod):
+            return pod
+        if err in (errno.EINPROGRESS, errno.EAGAIN):
+            async with asyncio.timeout(timeout_s):
+                await _writable(asyncio.get_running_loop(), pod)
+            err = pod.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+        if err:
+            raise OSError(err, os.strerror(err))
     except TimeoutError:
         pod.close()
         raise DialError(f"dial {target.grpc_endpoint} timed out") from None
