@@ -95,6 +95,64 @@ class _Peeked:
     tls_hello: ClientHelloInfo | None = None
 
 
+class _FirstBytes:
+    """Sans-IO: the first bytes of a connection until its hostname (TLS SNI or h2c :authority).
+
+    Updates ``progress.protocol`` as soon as the bytes say TLS; ``settings_due`` says the h2c
+    preface arrived and the router's SETTINGS must be sent (once) before the client goes on.
+    """
+
+    __slots__ = ("_buffered", "_h2", "_progress", "_settings_sent", "_tls", "settings_due")
+
+    def __init__(self, progress: _Peeked) -> None:
+        self._progress = progress
+        self._buffered = bytearray()
+        self._tls: ClientHelloReader | None = None
+        self._h2: H2RequestReader | None = None
+        self._settings_sent = False
+        self.settings_due = False
+
+    def read_now(self, conn: socket.socket) -> _Peeked | None:
+        """Feed what the socket holds already, without waiting; None if it holds nothing yet."""
+        try:
+            data = conn.recv(c.MAX_PEEK_BYTES)
+        except (BlockingIOError, InterruptedError):
+            return None
+        return self.feed(data)
+
+    def feed(self, data: bytes) -> _Peeked | None:
+        """The peek's result once complete, else None; raises ``_Rejected`` for bad first bytes."""
+        if not data:
+            raise _Rejected(Refusal.MALFORMED, "connection closed before the hostname")
+        buffered = self._buffered
+        buffered += data
+        tls, h2 = self._tls, self._h2
+        if tls is None and h2 is None:
+            if looks_like_tls(bytes(buffered)):
+                tls = self._tls = ClientHelloReader(c.MAX_PEEK_BYTES)
+                self._progress.protocol = ProtocolLabel.TLS
+                data = bytes(buffered)
+            elif looks_like_h2c(bytes(buffered)):
+                h2 = self._h2 = H2RequestReader(c.MAX_PEEK_BYTES)
+                data = bytes(buffered)
+            else:
+                raise _Rejected(Refusal.MALFORMED, "neither TLS nor HTTP/2 prior knowledge")
+        try:
+            if tls is not None:
+                hello = tls.feed(data)
+                if hello is not None:
+                    return _Peeked(ProtocolLabel.TLS, bytes(buffered), hello.server_name, tls_hello=hello)
+            elif h2 is not None:
+                request = h2.feed(data)
+                if not self._settings_sent and h2.saw_preface:
+                    self._settings_sent = self.settings_due = True
+                if request is not None:
+                    return _Peeked(ProtocolLabel.H2C, bytes(buffered), request.authority, h2_request=request)
+        except (TlsPeekError, H2PeekError) as exc:
+            raise _Rejected(Refusal.MALFORMED, str(exc)) from None
+        return None
+
+
 class TcpRouter:
     """Routes each accepted TCP connection to the pod its hostname names."""
 
@@ -220,9 +278,14 @@ class TcpRouter:
         protocol = progress.protocol
         try:
             started = time.monotonic()
+            first = _FirstBytes(progress)
             try:
-                async with asyncio.timeout(self._settings.peek_timeout_s):  # no extra task, unlike wait_for
-                    peeked = await self._peek(conn, progress)
+                # The hello usually came with the connection: read it at once, and arm the
+                # peek timeout (and suspend) only when something is still missing.
+                peeked = first.read_now(conn)
+                if peeked is None or first.settings_due:
+                    async with asyncio.timeout(self._settings.peek_timeout_s):  # no extra task, unlike wait_for
+                        peeked = await self._peek(conn, first, peeked)
             except TimeoutError:
                 self._count(progress.protocol, GrpcOutcome.PEEK_TIMEOUT)
                 self._rejections.info("peek timeout", extra={"peer": str(peer), "outcome": GrpcOutcome.PEEK_TIMEOUT})
@@ -267,42 +330,18 @@ class TcpRouter:
             log.exception("unexpected error serving %s", peer)
             conn.close()
 
-    async def _peek(self, conn: socket.socket, progress: _Peeked) -> _Peeked:
-        loop = asyncio.get_running_loop()
-        buffered = bytearray()
-        tls: ClientHelloReader | None = None
-        h2: H2RequestReader | None = None
-        settings_sent = False
+    async def _peek(self, conn: socket.socket, first: _FirstBytes, peeked: _Peeked | None) -> _Peeked:
+        """Wait for the rest of the first request, answering h2c's preface with SETTINGS."""
+        loop = self._loop
+        assert loop is not None
         while True:
-            data = await loop.sock_recv(conn, c.MAX_PEEK_BYTES)
-            if not data:
-                raise _Rejected(Refusal.MALFORMED, "connection closed before the hostname")
-            buffered += data
-            if tls is None and h2 is None:
-                if looks_like_tls(bytes(buffered)):
-                    tls = ClientHelloReader(c.MAX_PEEK_BYTES)
-                    progress.protocol = ProtocolLabel.TLS
-                    data = bytes(buffered)
-                elif looks_like_h2c(bytes(buffered)):
-                    h2 = H2RequestReader(c.MAX_PEEK_BYTES)
-                    data = bytes(buffered)
-                else:
-                    raise _Rejected(Refusal.MALFORMED, "neither TLS nor HTTP/2 prior knowledge")
-            try:
-                if tls is not None:
-                    hello = tls.feed(data)
-                    if hello is not None:
-                        return _Peeked(ProtocolLabel.TLS, bytes(buffered), hello.server_name, tls_hello=hello)
-                elif h2 is not None:
-                    request = h2.feed(data)
-                    if not settings_sent and h2.saw_preface:
-                        # grpcio waits for the server's SETTINGS before its first HEADERS.
-                        await loop.sock_sendall(conn, EMPTY_SETTINGS_FRAME)
-                        settings_sent = True
-                    if request is not None:
-                        return _Peeked(ProtocolLabel.H2C, bytes(buffered), request.authority, h2_request=request)
-            except (TlsPeekError, H2PeekError) as exc:
-                raise _Rejected(Refusal.MALFORMED, str(exc)) from None
+            if first.settings_due:
+                # grpcio waits for the server's SETTINGS before its first HEADERS.
+                await loop.sock_sendall(conn, EMPTY_SETTINGS_FRAME)
+                first.settings_due = False
+            if peeked is not None:
+                return peeked
+            peeked = first.feed(await loop.sock_recv(conn, c.MAX_PEEK_BYTES))
 
     def _decide(self, peeked: _Peeked) -> Target:
         request = peeked.h2_request
