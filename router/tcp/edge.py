@@ -378,6 +378,7 @@ class TcpRouter:
                 idle_timeout_s=self._settings.relay_idle_timeout_s,
                 on_bytes=on_bytes,
                 use_splice=self._settings.use_splice,
+                loop=self._loop,
             )
         finally:
             active.dec()

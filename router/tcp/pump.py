@@ -44,6 +44,7 @@ class RelayOwner(Protocol):
     def fail(self, exc: BaseException) -> None: ...
     def report(self) -> None: ...
     def direction_done(self) -> None: ...
+    def other_done(self, direction: Direction) -> bool: ...
     def acquired(self) -> None: ...
 
 
@@ -86,6 +87,15 @@ class Direction:
                 self._pump_splice()
             else:
                 self._pump_buffered()
+        except Exception as exc:  # any failure ends this connection, never the event loop
+            self.relay.fail(exc)
+
+    def write_initial(self) -> None:
+        """Write the bytes the peek read, then wait for more (no read now: they came together)."""
+        self.last = self.loop.time()
+        try:
+            if self._flush():
+                self.set_want(READ)
         except Exception as exc:  # any failure ends this connection, never the event loop
             self.relay.fail(exc)
 
@@ -221,7 +231,8 @@ class Direction:
         self.set_want(NONE)
         self.done = True
         self.release()
-        self.dst.shutdown(socket.SHUT_WR)
+        if not self.relay.other_done(self):  # else both sockets are closed now, which sends the FIN
+            self.dst.shutdown(socket.SHUT_WR)
         self.relay.direction_done()
 
     def _open_pipe(self) -> bool:

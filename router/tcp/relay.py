@@ -133,13 +133,16 @@ class _Relay:
             c2p.set_pending(client_filter(initial) if client_filter is not None else initial)
         self._arm_timer()
         if c2p.pending:
-            c2p.pump()  # usually written at once, no poller round
+            c2p.write_initial()  # usually written at once, no poller round
         elif not self.future.done():
             c2p.set_want(READ)
         if not self.future.done():
             self.p2c.set_want(READ)
 
     # -- endings ---------------------------------------------------------------------------
+    def other_done(self, direction: Direction) -> bool:
+        return (self.p2c if direction is self.c2p else self.c2p).done
+
     def direction_done(self) -> None:
         if self.c2p.done and self.p2c.done:
             self.finish(RelayOutcome.COMPLETED, None)
@@ -232,6 +235,7 @@ async def relay(
     idle_timeout_s: float,
     on_bytes: Callable[[int, int], None] | None = None,
     use_splice: bool | None = None,
+    loop: asyncio.AbstractEventLoop | None = None,
 ) -> RelayResult:
     """Relay bytes both ways until both sides finish, one fails, or both are idle too long.
 
@@ -239,9 +243,11 @@ async def relay(
     returning or when cancelled (then with RST, and CancelledError is re-raised).
     ``initial_to_pod`` are client bytes already read by the peek; ``client_filter`` sees every
     client->pod byte until ``client_filter_done()`` is True. ``idle_timeout_s <= 0`` disables
-    the idle timeout.
+    the idle timeout. ``loop`` is the running loop, if the caller has it at hand (saves a
+    ``getpid`` system call).
     """
-    loop = asyncio.get_running_loop()
+    if loop is None:
+        loop = asyncio.get_running_loop()
     if use_splice and not SPLICE_AVAILABLE:
         client.close()
         pod.close()
