@@ -24,6 +24,7 @@ from router.constants import (
     SPLICE_AFTER_BYTES,
     SPLICE_PIPE_BYTES,
 )
+from router.tcp.poller import FdPoller
 
 Mode = Literal["splice", "buffered"]
 
@@ -40,6 +41,7 @@ class RelayOwner(Protocol):
     """What a direction tells the relay that owns it."""
 
     loop: asyncio.AbstractEventLoop
+    poller: FdPoller
 
     def fail(self, exc: BaseException) -> None: ...
     def report(self) -> None: ...
@@ -53,7 +55,7 @@ class Direction:
 
     __slots__ = (
         "done", "dst", "dst_fd", "filter", "filter_done", "last", "loop", "out", "pending",
-        "pipe_cap", "pipe_r", "pipe_w", "relay", "reported", "sent", "splice", "src", "src_fd",
+        "pipe_cap", "pipe_r", "pipe_w", "poller", "relay", "reported", "sent", "splice", "src", "src_fd",
         "to_splice", "want",
     )
 
@@ -62,6 +64,7 @@ class Direction:
     ) -> None:
         self.relay = relay
         self.loop = relay.loop
+        self.poller = relay.poller
         self.src, self.dst = src, dst
         self.src_fd, self.dst_fd = src.fileno(), dst.fileno()
         self.to_splice = to_splice  # splice once past SPLICE_AFTER_BYTES, with no filter, nothing pending
@@ -215,15 +218,15 @@ class Direction:
     def set_want(self, want: int) -> None:
         if want == self.want:
             return
-        loop = self.loop
+        poller = self.poller
         if self.want == READ:
-            loop.remove_reader(self.src_fd)
+            poller.remove_reader(self.src_fd)
         elif self.want == WRITE:
-            loop.remove_writer(self.dst_fd)
+            poller.remove_writer(self.dst_fd)
         if want == READ:
-            loop.add_reader(self.src_fd, self.pump)
+            poller.add_reader(self.src_fd, self.pump)
         elif want == WRITE:
-            loop.add_writer(self.dst_fd, self.pump)
+            poller.add_writer(self.dst_fd, self.pump)
         self.want = want
 
     def _eof(self) -> None:
