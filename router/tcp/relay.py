@@ -160,6 +160,11 @@ class _Relay:
         self.report()
         self.future.set_result(self.result(outcome, error))
 
+    def unlink(self) -> None:
+        """Once over, break the relay <-> direction cycle: the connection's objects (sockets
+        included) are freed at once by reference counting instead of by a GC pass."""
+        del self.c2p, self.p2c
+
     def result(self, outcome: RelayOutcome, error: str | None) -> RelayResult:
         return RelayResult(self.c2p.sent, self.p2c.sent, outcome, error)
 
@@ -266,3 +271,5 @@ async def relay(
         if isinstance(exc, Exception):
             return state.result(RelayOutcome.RELAY_ERROR, _describe(exc))
         raise
+    finally:
+        state.unlink()
