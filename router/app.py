@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import resource
 import signal
@@ -143,6 +144,9 @@ class RouterApp:
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.add_signal_handler(sig, self.request_stop)
         await self.start()
+        # What exists now (modules, config, metrics) lives as long as the process: keep it out of
+        # the collector's passes, which then only scan what connections and flows allocate.
+        gc.freeze()
         await self._stop.wait()
         await self.shutdown()
         return 0
