@@ -1,0 +1,1 @@
+"""Shared test support: byte builders and peer-process harnesses (no tests here)."""
