@@ -63,6 +63,7 @@ from router.tcp.h2c_peek import H2PeekError, H2RequestReader, SettingsAckStrippe
 from router.tcp.tls_peek import ClientHelloReader, TlsPeekError
 from router.udp.edge import UdpRouter
 from router.udp.settings import UdpRouterSettings
+from tests.fuzz import proxy_protocol_target
 from tests.quic_initial_rewriter import CASES, crypto_frame, open_flight, rewrite_flight
 
 SEPARATOR = b"\xfe\xfd\xfc\xfb"
@@ -891,6 +892,7 @@ TARGETS: dict[str, FuzzTarget] = {
         FuzzTarget("udp_router", run_udp_router, (), udp_router_seeds, 40_000, QUIC_DICTIONARY, mutate_router_input),
         FuzzTarget("endpoints", run_endpoints, (EndpointSliceError,), endpoints_seeds, 65_536, YAML_DICTIONARY,
                    mutate_endpoints_tree),
+        FuzzTarget("proxy_protocol", *proxy_protocol_target.TARGET_PARTS),
     )
 }
 """Every fuzz target by name (crash files are named ``<target>--<signature>--<hash>.bin``)."""
