@@ -445,3 +445,24 @@ QUIC_GSO_MAX_BYTES: Final = 65_507
 QUIC_OUTBOX_DATAGRAMS: Final = QUIC_GSO_MAX_SEGMENTS
 """Client datagrams a flow collects within one loop iteration before it sends them at once: one
 full GSO run, so a flood holds at most this many per flow between two sends."""
+
+# ---------------------------------------------------------------------------
+# Trust at the edge: PROXY protocol and per-client limits (appended by the proxy-protocol helper)
+# ---------------------------------------------------------------------------
+DEFAULT_ACCEPT_PROXY_PROTOCOL: Final = False
+"""Off: a router reached without a balancer in front would otherwise refuse every worker."""
+
+DEFAULT_PROXY_PROTOCOL_TRUSTED_CIDRS: Final = ("0.0.0.0/0", "::/0")
+"""Every source may send a header: inside a cluster the Gateway's pod IPs are not stable."""
+
+DEFAULT_MAX_CONNECTIONS_PER_CLIENT: Final = 0
+"""No limit (the Rust router has none); a shared NAT egress may carry many legitimate workers."""
+
+DEFAULT_MAX_QUIC_FLOWS_PER_CLIENT: Final = 0
+"""No limit, as for TCP connections."""
+
+MAX_PER_CLIENT_LIMIT: Final = 1_000_000
+"""Largest accepted per-client limit: more than any fd limit, so a larger value is a typo."""
+
+REASON_TOO_MANY_CONNECTIONS: Final = "too many connections from client"
+"""Reason phrase (QUIC CONNECTION_CLOSE, gRPC message) when a client is over its limit."""
