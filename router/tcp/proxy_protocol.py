@@ -199,21 +199,22 @@ def _parse_v1_line(line: bytes, length: int) -> ProxyHeader:
     if len(parts) != 6 or parts[1] not in ("TCP4", "TCP6"):
         raise ProxyHeaderError("v1 header is not 'PROXY TCP4|TCP6 src dst sport dport'")
     version = 4 if parts[1] == "TCP4" else 6
-    src, dst = _v1_address(parts[2], version), _v1_address(parts[3], version)
-    return ProxyHeader(1, (src, _v1_port(parts[4])), (dst, _v1_port(parts[5])), length)
+    src, dst = _v1_address(parts[2], version, "source"), _v1_address(parts[3], version, "destination")
+    return ProxyHeader(1, (src, _v1_port(parts[4], "source")), (dst, _v1_port(parts[5], "destination")), length)
 
 
-def _v1_address(text: str, version: int) -> str:
+def _v1_address(text: str, version: int, which: str) -> str:
+    """Messages name the field, never echo it: the bytes are untrusted and end up in logs."""
     try:
         address = ipaddress.IPv4Address(text) if version == 4 else ipaddress.IPv6Address(text)
     except ValueError:
-        raise ProxyHeaderError(f"v1 header: {text!r} is not an IPv{version} address") from None
+        raise ProxyHeaderError(f"v1 header: {which} address is not IPv{version}") from None
     if isinstance(address, ipaddress.IPv6Address) and address.scope_id is not None:
-        raise ProxyHeaderError(f"v1 header: {text!r} has a scope")
+        raise ProxyHeaderError(f"v1 header: {which} address has a scope")
     return str(address)
 
 
-def _v1_port(text: str) -> int:
+def _v1_port(text: str, which: str) -> int:
     if not text.isdigit() or len(text) > 5 or (len(text) > 1 and text[0] == "0") or int(text) > PORT_MAX:
-        raise ProxyHeaderError(f"v1 header: {text!r} is not a port")
+        raise ProxyHeaderError(f"v1 header: {which} port is not 0-65535 without leading zeros")
     return int(text)
