@@ -11,8 +11,13 @@ from aioquic.buffer import Buffer
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from quic.clienthello import ClientHelloError, ClientHelloInfo, client_hello_length, parse_client_hello
-from router.constants import MAX_TLS_CLIENT_HELLO_BYTES
+from quic.clienthello import (
+    MAX_TLS_CLIENT_HELLO_BYTES,
+    ClientHelloError,
+    ClientHelloInfo,
+    client_hello_length,
+    parse_client_hello,
+)
 
 HOST = "stargate-0.stargate.external"
 

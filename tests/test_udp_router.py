@@ -18,6 +18,7 @@ from aioquic.quic import events
 from aioquic.quic.connection import QuicConnection
 
 from discovery.targets import Target, TargetSnapshot
+from quic.packet import QuicErrorCode
 from router import constants as c
 from router.demo.pki import DemoPki, make_pki
 from router.demo.quic_pods import (
@@ -219,7 +220,7 @@ async def test_refusals_fail_fast_with_the_reason(
     async with running(pki) as h:
         with caplog.at_level(logging.INFO, logger="router.udp_router"):
             terminated = await asyncio.wait_for(refusal(h, server_name), T)
-        assert (terminated.error_code, terminated.reason_phrase) == (c.QUIC_CLOSE_CONNECTION_REFUSED, reason)
+        assert (terminated.error_code, terminated.reason_phrase) == (QuicErrorCode.CONNECTION_REFUSED, reason)
         assert h.outcome(outcome) == 1 and h.outcome("accepted") == 0
         assert h.router.active_flows == h.router.pending_flows == 0
         logged = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]

@@ -40,6 +40,8 @@ import pytest
 from aioquic.asyncio import connect
 
 from discovery.targets import Target, TargetSnapshot
+from quic.clienthello import MAX_TLS_CLIENT_HELLO_BYTES
+from quic.frames import QUIC_MAX_CRYPTO_BYTES
 from quic.initial_keys import client_initial_keys, encrypt_initial
 from quic.initial_sniffer import InitialSniffer
 from quic.packet import QUIC_V1, QUIC_V2, QUIC_VERSION_NEGOTIATION, QuicPacketError, parse_long_header
@@ -160,7 +162,7 @@ class FloodForge:
         if self.rng.random() < 0.5:
             frames = crypto_frame(0, hello[: self.rng.randint(1, len(hello) - 1)])
         else:
-            frames = crypto_frame(self.rng.randint(1000, c.QUIC_MAX_CRYPTO_BYTES - 1000), hello[:900])
+            frames = crypto_frame(self.rng.randint(1000, QUIC_MAX_CRYPTO_BYTES - 1000), hello[:900])
         return kind, _initial(version, dcid, scid, frames, self.rng.randint(1200, 1350))
 
     def _garbage(self) -> bytes:
@@ -536,7 +538,7 @@ async def _flood_in_process(
     answers_sent = len(audit.answers)
     vn_sent = sum(1 for _, _, vn in audit.answers if vn)
     largest_ratio = max((a / p for a, p, _ in audit.answers), default=0.0)
-    flow_bound = settings.max_pending_bytes_per_flow + c.MAX_TLS_CLIENT_HELLO_BYTES
+    flow_bound = settings.max_pending_bytes_per_flow + MAX_TLS_CLIENT_HELLO_BYTES
     print(
         f"\nin-process flood: {sent} datagrams sent from {len(flood.sockets)} ports in {flood_seconds:.1f} s "
         f"({sent / flood_seconds:.0f}/s); read by the router {audit.processed}, kernel drops "
@@ -608,12 +610,12 @@ async def test_an_oversized_initial_holds_no_pending_slot() -> None:
 def test_a_lone_crypto_piece_far_into_the_stream_costs_no_big_buffer() -> None:
     """CRYPTO past the largest ClientHello can never complete one: refused, not reassembled."""
     dcid = os.urandom(8)
-    for offset, fits in ((c.MAX_TLS_CLIENT_HELLO_BYTES - 100, True), (c.MAX_TLS_CLIENT_HELLO_BYTES + 100, False)):
+    for offset, fits in ((MAX_TLS_CLIENT_HELLO_BYTES - 100, True), (MAX_TLS_CLIENT_HELLO_BYTES + 100, False)):
         sniffer = InitialSniffer()
         datagram = _initial(QUIC_V1, dcid, os.urandom(8), crypto_frame(offset, b"x" * 100), 1200)
         if fits:
             assert sniffer.feed(datagram) is None
-            assert len(sniffer._crypto._buf) <= c.MAX_TLS_CLIENT_HELLO_BYTES
+            assert len(sniffer._crypto._buf) <= MAX_TLS_CLIENT_HELLO_BYTES
         else:
             with pytest.raises(QuicPacketError):
                 sniffer.feed(datagram)
@@ -654,9 +656,9 @@ async def test_pending_memory_per_address_is_bounded() -> None:
         held = [p.buffered_bytes for p in router._table.pending_flows()]
         await router.close()
     per_address = grown / len(flights)
-    bound = c.QUIC_MAX_PENDING_BYTES_PER_FLOW + c.MAX_TLS_CLIENT_HELLO_BYTES
+    bound = c.QUIC_MAX_PENDING_BYTES_PER_FLOW + MAX_TLS_CLIENT_HELLO_BYTES
     print(f"\npending memory: {len(flights)} addresses, {per_address / 1024:.1f} KiB each (datagram budget "
-          f"{c.QUIC_MAX_PENDING_BYTES_PER_FLOW // 1024} KiB + CRYPTO {c.MAX_TLS_CLIENT_HELLO_BYTES // 1024} KiB); "
+          f"{c.QUIC_MAX_PENDING_BYTES_PER_FLOW // 1024} KiB + CRYPTO {MAX_TLS_CLIENT_HELLO_BYTES // 1024} KiB); "
           f"at {c.QUIC_MAX_PENDING_FLOWS} pending flows: {per_address * c.QUIC_MAX_PENDING_FLOWS / 2**20:.0f} MiB")
     assert len(held) == len(flights) and max(held) <= c.QUIC_MAX_PENDING_BYTES_PER_FLOW
     assert per_address <= bound + 8 * 1024  # + the flow's objects, keys and reassembler bookkeeping
@@ -757,7 +759,7 @@ async def _flood_router_process(
     assert samples.max_pending <= min(c.QUIC_MAX_PENDING_FLOWS, len(flood.sockets))
     assert replies.violations == []
     assert sent - listener_drops - flood_drops <= counted <= sent
-    flow_bound_kib = (c.QUIC_MAX_PENDING_BYTES_PER_FLOW + c.MAX_TLS_CLIENT_HELLO_BYTES) // 1024
+    flow_bound_kib = (c.QUIC_MAX_PENDING_BYTES_PER_FLOW + MAX_TLS_CLIENT_HELLO_BYTES) // 1024
     assert samples.max_rss_kib - rss_before <= len(flood.sockets) * flow_bound_kib + 32 * 1024
 
 
