@@ -82,3 +82,44 @@ class ClientLimitTable:
     def __len__(self) -> int:
         """Clients holding at least one slot (the table's size)."""
         return len(self._counts)
+
+
+class ClientSlots:
+    """Which owner (a TCP connection, a pending or routed QUIC flow) holds which client's slot.
+
+    An edge calls ``take`` when an owner starts, ``move`` when a pending flow becomes a routed
+    one, and ``release`` when an owner ends (any number of times: only the first gives the slot
+    back). Owners are compared by identity; the map holds only owners that hold a slot.
+    """
+
+    __slots__ = ("_held", "table")
+
+    def __init__(self, limit: int) -> None:
+        self.table = ClientLimitTable(limit)
+        self._held: dict[object, str] = {}
+
+    def take(self, owner: object, host: str) -> bool:
+        """Take a slot of ``host``'s client for ``owner``; False when that client is at its limit."""
+        if not self.table.enabled:
+            return True
+        key = client_key(host)
+        if not self.table.try_acquire(key):
+            return False
+        self._held[owner] = key
+        return True
+
+    def move(self, old: object, new: object) -> None:
+        """``new`` now holds ``old``'s slot (a pending flow routed as a flow)."""
+        key = self._held.pop(old, None)
+        if key is not None:
+            self._held[new] = key
+
+    def release(self, owner: object) -> None:
+        """Give ``owner``'s slot back, if it holds one."""
+        key = self._held.pop(owner, None)
+        if key is not None:
+            self.table.release(key)
+
+    def __len__(self) -> int:
+        """Owners holding a slot."""
+        return len(self._held)

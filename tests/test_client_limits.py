@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from router.client_limits import ClientLimitTable, client_key
+from router.client_limits import ClientLimitTable, ClientSlots, client_key
 
 
 @pytest.mark.parametrize(
@@ -81,3 +81,27 @@ def test_table_matches_a_model_and_never_exceeds_its_limit(limit: int, ops: list
             model[key] = max(0, model[key] - 1)
         assert table.held(key) == model[key] <= limit
         assert len(table) == sum(1 for v in model.values() if v)
+
+
+def test_client_slots_are_taken_moved_and_released_once() -> None:
+    slots = ClientSlots(1)
+    pending, flow, other = object(), object(), object()
+    assert slots.take(pending, "2001:db8::1")
+    assert not slots.take(other, "2001:db8::2")  # the same /64
+    slots.move(pending, flow)
+    slots.release(pending)  # no longer the holder: nothing happens
+    assert not slots.take(other, "2001:db8::2")
+    slots.release(flow)
+    slots.release(flow)
+    assert slots.take(other, "2001:db8::2")
+    slots.release(other)
+    assert len(slots) == 0 and len(slots.table) == 0
+
+
+def test_client_slots_without_a_limit_hold_nothing() -> None:
+    slots = ClientSlots(0)
+    owners = [object() for _ in range(100)]
+    assert all(slots.take(o, "10.0.0.1") for o in owners)
+    assert len(slots) == 0
+    for o in owners:
+        slots.release(o)
