@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,11 +22,12 @@ from router import constants as c
 from router.demo.grpc_pods import RunningPod, call_whoami, start_pod
 from router.demo.pki import DemoPki, make_pki
 from router.demo.quic_pods import bound_port, start_quic_pod
-from tests.faults import read_to_eof
-from tests.router_process import RouterProcess, router_args, write_endpoints
+from tests.faults.tcp_peers import read_to_eof
 from tests.support import proxy_headers as ph
 from tests.support.edge_clients import TLS_ALERT_RECORD, quic_from, read_some, ssl_client_hello, tcp_from
 from tests.support.haproxy import HaproxyFront, haproxy_available
+from tests.support.polling import eventually_blocking
+from tests.support.router_process import RouterProcess, router_args, write_endpoints
 
 pytestmark = [
     pytest.mark.timeout(90),
@@ -71,13 +72,10 @@ class Edge:
     def log_lines(self, *needles: str) -> list[str]:
         return [line for line in list(self.router.lines) if all(n in line for n in needles)]
 
-
-def eventually(check: Callable[[], bool], what: str, timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
+    def wait_log(self, *needles: str) -> list[str]:
+        """The router's log lines holding every needle, once there is one."""
+        eventually_blocking(lambda: self.log_lines(*needles), 10, what=f"a log line with {needles}")
+        return self.log_lines(*needles)
 
 
 @pytest.fixture(scope="module")
@@ -142,8 +140,7 @@ def test_the_rejection_log_names_the_client_from_the_header_not_haproxy(edge: Ed
         sock.sendall(ssl_client_hello("nobody.example.com"))
         assert read_to_eof(sock) == TLS_ALERT_RECORD + bytes([ALERT_UNRECOGNIZED_NAME])
     client = f"{RAW_CLIENT}:{client_port}"
-    eventually(lambda: bool(edge.log_lines("unknown_authority", client)), f"a rejection naming {client}")
-    [line] = edge.log_lines("unknown_authority", client)
+    [line] = edge.wait_log("unknown_authority", client)
     assert f"via={HAPROXY_SOURCE}:" in line  # the balancer is named as such, never as the client
 
 
@@ -151,7 +148,7 @@ def test_grpcio_client_is_named_in_the_rejection_log(edge: Edge) -> None:
     with edge.h2c(2, "nobody") as channel, pytest.raises(grpc.RpcError) as err:
         call_whoami(channel)
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    eventually(lambda: bool(edge.log_lines("unknown_authority", "peer=127.0.0.1:", "nobody")), "h2c rejection")
+    edge.wait_log("unknown_authority", "peer=127.0.0.1:", "nobody")
 
 
 # -- without HAProxy: refused, unanswered ---------------------------------------------------
@@ -160,13 +157,13 @@ def test_a_direct_connection_without_header_is_closed_unanswered(edge: Edge) -> 
     with tcp_from(HAPROXY_SOURCE, edge.router.grpc_port) as sock:  # trusted source, no header
         sock.sendall(ssl_client_hello(host(TLS_POD[0])))
         assert read_to_eof(sock) == b""  # no TLS alert: those bytes are not the client's
-    eventually(lambda: edge.count("h2c", "protocol_error") == before + 1, "protocol_error counted")
+    eventually_blocking(lambda: edge.count("h2c", "protocol_error") == before + 1, 10, what="protocol_error counted")
 
 
 def test_an_untrusted_source_is_closed_before_anything_is_read(edge: Edge) -> None:
     with tcp_from("127.0.0.1", edge.router.grpc_port) as sock:  # sends nothing at all
         assert read_some(sock) == b""  # closed by the router, not by the peek timeout
-    eventually(lambda: bool(edge.log_lines("untrusted", "peer=127.0.0.1:")), "the untrusted-source log line")
+    edge.wait_log("untrusted", "peer=127.0.0.1:")
 
 
 @pytest.mark.parametrize(
@@ -179,7 +176,7 @@ def test_malformed_and_truncated_headers_are_closed_within_the_peek_timeout(edge
     with tcp_from(HAPROXY_SOURCE, edge.router.grpc_port, timeout_s=PEEK_TIMEOUT_MS / 1000 + 5) as sock:
         sock.sendall(first_bytes)
         assert read_to_eof(sock, timeout_s=PEEK_TIMEOUT_MS / 1000 + 5) == b""
-    eventually(lambda: edge.count("h2c", "protocol_error") == before + 1, "protocol_error counted")
+    eventually_blocking(lambda: edge.count("h2c", "protocol_error") == before + 1, 10, what="protocol_error counted")
 
 
 def test_a_slow_header_then_the_client_bytes_reach_the_pod(edge: Edge) -> None:
@@ -220,7 +217,7 @@ def test_tls_past_the_limit_gets_a_fatal_alert_and_a_released_slot_is_reusable(l
             third.sendall(ssl_client_hello(host(TLS_POD[0])))
             assert read_to_eof(third) == TLS_ALERT_RECORD + bytes([ALERT_INTERNAL_ERROR])
         assert limited.count("tls", "client_limit") == 1
-        eventually(lambda: bool(limited.log_lines("client_limit", "peer=127.0.0.21:")), "the limit log line")
+        limited.wait_log("client_limit", "peer=127.0.0.21:")
         held.pop().close()
 
         def fits_again() -> bool:
@@ -230,7 +227,7 @@ def test_tls_past_the_limit_gets_a_fatal_alert_and_a_released_slot_is_reusable(l
                 return False
             return True
 
-        eventually(fits_again, "the released slot")
+        eventually_blocking(fits_again, 10, what="the released slot")
     finally:
         for sock in [*held, other]:
             sock.close()
@@ -255,7 +252,7 @@ def test_h2c_past_the_limit_gets_unavailable_and_then_fits_again(limited: Edge) 
             except grpc.RpcError:
                 return False
 
-    eventually(call_works, "slots released when the connections closed")
+    eventually_blocking(call_works, 10, what="slots released when the connections closed")
 
 
 # -- per-client limits (QUIC) -------------------------------------------------------------

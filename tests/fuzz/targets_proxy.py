@@ -1,17 +1,13 @@
 """Fuzz target ``proxy_protocol``: ``ProxyHeaderReader.feed``, whole and chunked must agree.
 
-Registered in ``tests/fuzz/__init__.py``'s ``TARGETS`` (one line); this module imports nothing
-from ``tests.fuzz`` so that registration cannot be circular. Allowed error: ``ProxyHeaderError``.
-Invariants besides "no other error": a header never takes more than its bound (107 bytes for
-v1, 16 + the block cap for v2), header + remainder is exactly the input, a named client has
-a port in 0..65535 and a parsable address.
+Allowed error: ``ProxyHeaderError``. Invariants besides "no other error": a header never takes
+more than its bound (107 bytes for v1, 16 + the block cap for v2), header + remainder is exactly
+the input, a named client has a port in 0..65535 and a parsable address.
 """
 
 from __future__ import annotations
 
 import ipaddress
-import random
-import zlib
 
 from router.tcp.proxy_protocol import (
     DEFAULT_MAX_V2_BLOCK_BYTES,
@@ -22,6 +18,7 @@ from router.tcp.proxy_protocol import (
     ProxyHeaderError,
     ProxyHeaderReader,
 )
+from tests.fuzz.target import FuzzTarget, check, pieces
 from tests.support import proxy_headers as ph
 
 ALLOWED: tuple[type[BaseException], ...] = (ProxyHeaderError,)
@@ -36,55 +33,35 @@ DICTIONARY: tuple[bytes, ...] = (
 )
 
 
-class ProxyInvariantError(AssertionError):
-    """The reader returned without error but broke one of its promises."""
-
-
-def _check(ok: bool, what: str) -> None:
-    if not ok:
-        raise ProxyInvariantError(what)
-
-
-def _pieces(data: bytes) -> list[bytes]:
-    """``data`` cut at points derived from its own bytes, so a crash replays exactly."""
-    rng = random.Random(zlib.crc32(data))
-    out, pos = [], 0
-    while pos < len(data):
-        step = rng.choice((1, 1, 2, 3, 5, 16, 107, 300))
-        out.append(data[pos : pos + step])
-        pos += step
-    return out
-
-
-def _feed(pieces: list[bytes]) -> tuple[ProxyHeader | None, bytes] | ProxyHeaderError:
+def _feed(chunks: list[bytes]) -> tuple[ProxyHeader | None, bytes] | ProxyHeaderError:
     reader = ProxyHeaderReader()
     header = None
     try:
-        for piece in pieces:
-            header = reader.feed(piece)
+        for chunk in chunks:
+            header = reader.feed(chunk)
     except ProxyHeaderError as exc:
         return exc
     return header, reader.remainder
 
 
 def run(data: bytes) -> str:
-    whole, chunked = _feed([data]), _feed(_pieces(data))
-    _check(isinstance(whole, ProxyHeaderError) == isinstance(chunked, ProxyHeaderError),
-           f"whole feed {whole!r} but chunked feed {chunked!r}")
+    whole, chunked = _feed([data]), _feed(pieces(data))
+    check(isinstance(whole, ProxyHeaderError) == isinstance(chunked, ProxyHeaderError),
+          f"whole feed {whole!r} but chunked feed {chunked!r}")
     if isinstance(whole, ProxyHeaderError):
         raise whole
-    _check(whole == chunked, "chunked feed read another header")
+    check(whole == chunked, "chunked feed read another header")
     header, remainder = whole
     if header is None:
         return "incomplete"
     bound = V1_MAX_BYTES if header.version == 1 else V2_FIXED_BYTES + DEFAULT_MAX_V2_BLOCK_BYTES
-    _check(0 < header.length <= bound, f"v{header.version} header of {header.length} bytes")
-    _check(data[header.length :] == remainder, "remainder is not what follows the header")
+    check(0 < header.length <= bound, f"v{header.version} header of {header.length} bytes")
+    check(data[header.length :] == remainder, "remainder is not what follows the header")
     for end in (header.source, header.destination):
         if end is not None:
-            _check(0 <= end[1] <= 65535, "port out of range")
+            check(0 <= end[1] <= 65535, "port out of range")
             ipaddress.ip_address(end[0])  # a ValueError here is a crash
-    _check((header.source is None) == (header.destination is None), "half an address")
+    check((header.source is None) == (header.destination is None), "half an address")
     return f"v{header.version}-{'client' if header.source else 'socket'}"
 
 
@@ -103,5 +80,4 @@ def seeds() -> list[bytes]:
     ]
     return [head + tail for head in heads for tail in CLIENT_FIRST_BYTES]
 
-TARGET_PARTS = (run, ALLOWED, seeds, MAX_LEN, DICTIONARY)
-"""``FuzzTarget("proxy_protocol", *TARGET_PARTS)``: run, allowed errors, seeds, max length, dictionary."""
+PROXY_TARGETS = (FuzzTarget("proxy_protocol", run, ALLOWED, seeds, MAX_LEN, DICTIONARY),)
