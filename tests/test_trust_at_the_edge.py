@@ -22,6 +22,7 @@ from router import constants as c
 from router.demo.grpc_pods import RunningPod, call_whoami, start_pod
 from router.demo.pki import DemoPki, make_pki
 from router.demo.quic_pods import bound_port, start_quic_pod
+from router.outcomes import TCP_PROTOCOLS, GrpcOutcome, QuicOutcome
 from tests.faults.tcp_peers import read_to_eof
 from tests.support import proxy_headers as ph
 from tests.support.edge_clients import TLS_ALERT_RECORD, quic_from, read_some, ssl_client_hello, tcp_from
@@ -120,9 +121,9 @@ def edge(tmp_path_factory: pytest.TempPathFactory, pods: list[RunningPod], pki: 
 
 # -- through HAProxy ----------------------------------------------------------------------
 def test_client_limit_series_exist_at_zero_from_the_first_scrape(edge: Edge) -> None:
-    for protocol in c.TCP_PROTOCOLS:
-        assert edge.count(protocol, "client_limit") == 0
-    assert edge.router.metric(QUIC, outcome="client_limit") == 0
+    for protocol in TCP_PROTOCOLS:
+        assert edge.count(protocol, GrpcOutcome.CLIENT_LIMIT) == 0
+    assert edge.router.metric(QUIC, outcome=QuicOutcome.CLIENT_LIMIT) == 0
 
 
 @pytest.mark.parametrize("version", [2, 1], ids=["send-proxy-v2", "send-proxy"])
@@ -147,8 +148,9 @@ def test_the_rejection_log_names_the_client_from_the_header_not_haproxy(edge: Ed
 def test_grpcio_client_is_named_in_the_rejection_log(edge: Edge) -> None:
     with edge.h2c(2, "nobody") as channel, pytest.raises(grpc.RpcError) as err:
         call_whoami(channel)
-    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    edge.wait_log("unknown_authority", "peer=127.0.0.1:", "nobody")
+    assert err.value.code() == grpc.StatusCode.UNAVAILABLE  # a pod name, of no pod: target_unavailable
+    [line] = edge.wait_log("target_unavailable", "pod=nobody", "peer=127.0.0.1:")
+    assert f"via={HAPROXY_SOURCE}:" in line
 
 
 # -- without HAProxy: refused, unanswered ---------------------------------------------------

@@ -1,4 +1,4 @@
-"""The TCP edge's PROXY intake: trusted sources, and the header read off a real socket."""
+"""The TCP edge's client intake: trusted sources, the PROXY header read off a real socket, slots."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import socket
 
 import pytest
 
-from router.tcp.proxy_intake import Intake, TrustedSources, read_proxy_header
+from router.tcp.client_intake import ClientIntake, Intake, TrustedSources, read_proxy_header
 from router.tcp.proxy_protocol import ProxyHeaderError
 from tests.support import proxy_headers as ph
 
@@ -53,7 +53,8 @@ async def _intake(*chunks: bytes, close: bool = False) -> Intake:
 async def test_header_is_removed_and_the_client_first_bytes_kept() -> None:
     header = ph.v2(("198.51.100.4", 5555))
     intake = await _intake(header[:7], header[7:] + b"\x16\x03\x01")
-    assert intake == Intake(("198.51.100.4", 5555), b"\x16\x03\x01")
+    assert intake == Intake(("198.51.100.4", 5555), b"\x16\x03\x01", via=SOCKET_PEER)
+    assert intake.log_fields() == {"peer": "198.51.100.4:5555", "via": "127.0.0.9:40000"}
 
 
 async def test_local_header_stands_for_the_socket_peer() -> None:
@@ -65,3 +66,32 @@ async def test_missing_or_cut_header_raises_its_error() -> None:
         await _intake(b"PRI * HTTP/2.0\r\n")
     with pytest.raises(ProxyHeaderError, match="closed before"):
         await _intake(b"PROXY TCP4 1.2.3.4", close=True)
+
+
+async def test_an_untrusted_source_is_refused_before_anything_is_read() -> None:
+    intake = ClientIntake(True, [ipaddress.ip_network("10.0.0.0/8")])
+    ours, theirs = socket.socketpair()
+    try:
+        theirs.sendall(ph.v2(("1.2.3.4", 1)))
+        with pytest.raises(ProxyHeaderError, match="untrusted"):
+            await intake.identify(ours, SOCKET_PEER)
+        ours.setblocking(False)
+        assert ours.recv(100) == ph.v2(("1.2.3.4", 1))  # still unread
+    finally:
+        ours.close()
+        theirs.close()
+
+
+async def test_without_proxy_protocol_the_client_is_the_socket_peer_and_slots_are_counted() -> None:
+    intake = ClientIntake(False, max_per_client=1)
+    first, second = socket.socket(), socket.socket()
+    try:
+        assert await intake.identify(first, SOCKET_PEER) == Intake(SOCKET_PEER, b"")
+        assert (await intake.identify(second, ("127.0.0.9", 1))).within_limit is False
+        intake.slots.release(first)
+        assert (await intake.identify(second, ("127.0.0.9", 2))).within_limit is True
+        intake.slots.release(second)
+        assert len(intake.slots) == 0
+    finally:
+        first.close()
+        second.close()
