@@ -68,8 +68,7 @@ class UdpRouter:
         self._metrics = metrics
         self._series = ProtocolSeries(metrics, PROTOCOL)
         self._table: UdpFlowTable[InitialSniffer, _Link] = UdpFlowTable(settings.limits)
-        self._slots = ClientSlots(settings.max_flows_per_client)
-        """Held per pending flow, moved to its flow when routed, released when either ends."""
+        self._slots = ClientSlots(settings.max_flows_per_client)  # per pending flow, then its flow
         self._refusals = QuicRefusals(self._table, metrics, settings.reject_budget_bytes_per_s, self._send)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._clock: Callable[[], float] = time.monotonic
@@ -209,13 +208,11 @@ class UdpRouter:
         self._to_pod(flow, data, now)
 
     def _open(self, header: LongHeader, data: bytes, addr: Address, now: float, contending: bool = False) -> None:
-        if not self._accepting:
-            self._refusals.refuse(addr, header.version, header.dcid, header.scid, len(data), now,
-                                  None, Refusal.TARGET_UNAVAILABLE)
-            return
-        if not self._slots.take(header, addr[0]):  # refused before it can cost a pending flow
-            self._refusals.refuse(addr, header.version, header.dcid, header.scid, len(data), now,
-                                  None, Refusal.CLIENT_LIMIT)
+        refusal = None if self._accepting else Refusal.TARGET_UNAVAILABLE
+        if refusal is None and not self._slots.take(header, addr[0]):  # before it costs a pending flow
+            refusal = Refusal.CLIENT_LIMIT
+        if refusal is not None:
+            self._refusals.refuse(addr, header.version, header.dcid, header.scid, len(data), now, None, refusal)
             return
         evicted = self._table.make_room()
         if evicted is not None:
