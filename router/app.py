@@ -75,6 +75,9 @@ class RouterApp:
                 relay_idle_timeout_s=config.relay_idle_timeout_s,
                 peek_timeout_s=config.peek_timeout_s,
                 round_robin_paths=config.round_robin_paths,
+                accept_proxy_protocol=config.accept_proxy_protocol,
+                proxy_protocol_trusted_cidrs=config.proxy_protocol_trusted_cidrs,
+                max_connections_per_client=config.max_connections_per_client,
             ),
             self.template, self.snapshot, self.metrics,
         )
@@ -82,6 +85,7 @@ class RouterApp:
             UdpRouterSettings(
                 limits=FlowLimits(idle_timeout_s=config.relay_idle_timeout_s),
                 cid_length=config.quic_cid_length,
+                max_flows_per_client=config.max_quic_flows_per_client,
             ),
             self.template, self.snapshot, self.metrics,
         )

@@ -17,6 +17,9 @@ from pathlib import Path
 from discovery.targets import host_port
 from router import constants as c
 
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+"""A trusted source network of ``--proxy-protocol-trusted-cidrs``."""
+
 
 class ConfigError(ValueError):
     """A bad flag value; the message starts with the flag's name."""
@@ -53,6 +56,11 @@ class RouterConfig:
     log_level: str
     workers: int
     quic_cid_length: int | None
+    accept_proxy_protocol: bool = c.DEFAULT_ACCEPT_PROXY_PROTOCOL
+    proxy_protocol_trusted_cidrs: tuple[IPNetwork, ...] = ()
+    """Empty means every source (the default); see ``parse_cidrs``."""
+    max_connections_per_client: int = c.DEFAULT_MAX_CONNECTIONS_PER_CLIENT
+    max_quic_flows_per_client: int = c.DEFAULT_MAX_QUIC_FLOWS_PER_CLIENT
 
 
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
@@ -99,6 +107,22 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     add("--log-level", default=None, help=f"debug, info, warning, error (env {c.LOG_LEVEL_ENV})")
     add("--workers", default=str(c.DEFAULT_WORKERS), help="processes sharing the listeners (SO_REUSEPORT)")
     add("--quic-cid-length", default=None, help="pod connection ID length (default: learned from long headers)")
+    add(
+        "--accept-proxy-protocol", nargs="?", const="true", default=str(c.DEFAULT_ACCEPT_PROXY_PROTOCOL).lower(),
+        help="every TCP connection starts with a PROXY v1/v2 header naming the client (true/false)",
+    )
+    add(
+        "--proxy-protocol-trusted-cidrs", default=",".join(c.DEFAULT_PROXY_PROTOCOL_TRUSTED_CIDRS),
+        help="comma-separated CIDRs allowed to send PROXY headers; other sources are closed unread",
+    )
+    add(
+        "--max-connections-per-client", default=str(c.DEFAULT_MAX_CONNECTIONS_PER_CLIENT),
+        help="TCP connections one client IP (IPv6: /64) may hold open; 0 = no limit",
+    )
+    add(
+        "--max-quic-flows-per-client", default=str(c.DEFAULT_MAX_QUIC_FLOWS_PER_CLIENT),
+        help="routed plus pending QUIC flows one client IP (IPv6: /64) may hold; 0 = no limit",
+    )
     return p
 
 
@@ -139,6 +163,42 @@ def _port_name(flag: str, value: str) -> str:
     if not value or len(value) > 15:
         raise ConfigError(f"{flag}: a port name is 1-15 characters, got {value!r}")
     return value
+
+
+def _boolean(flag: str, value: str) -> bool:
+    text = value.strip().lower()
+    if text in ("true", "1", "yes", "on"):
+        return True
+    if text in ("false", "0", "no", "off"):
+        return False
+    raise ConfigError(f"{flag}: expected true or false, got {value!r}")
+
+
+def _per_client_limit(flag: str, value: str) -> int:
+    text = value.strip()
+    if not text.isdigit() or int(text) > c.MAX_PER_CLIENT_LIMIT:
+        raise ConfigError(f"{flag}: expected 0 (no limit) to {c.MAX_PER_CLIENT_LIMIT}, got {value!r}")
+    return int(text)
+
+
+def parse_cidrs(flag: str, value: str) -> tuple[IPNetwork, ...]:
+    """Comma-separated IPv4/IPv6 networks (a bare address is a /32 or /128); () when they cover
+    every address, so the edge skips the check."""
+    networks: list[IPNetwork] = []
+    for item in (part.strip() for part in value.split(",")):
+        if not item:
+            continue
+        try:
+            networks.append(ipaddress.ip_network(item, strict=True))
+        except ValueError as exc:
+            raise ConfigError(f"{flag}: {item!r} is not a CIDR ({exc})") from None
+    if not networks:
+        raise ConfigError(f"{flag}: expected at least one CIDR, got {value!r}")
+    if any(n.prefixlen == 0 for n in networks if n.version == 4) and any(
+        n.prefixlen == 0 for n in networks if n.version == 6
+    ):
+        return ()
+    return tuple(networks)
 
 
 def _log_level(value: str) -> str:
@@ -219,4 +279,8 @@ def config_from_args(
         log_level=log_level,
         workers=int(ns.workers),
         quic_cid_length=cid_length,
+        accept_proxy_protocol=_boolean("--accept-proxy-protocol", ns.accept_proxy_protocol),
+        proxy_protocol_trusted_cidrs=parse_cidrs("--proxy-protocol-trusted-cidrs", ns.proxy_protocol_trusted_cidrs),
+        max_connections_per_client=_per_client_limit("--max-connections-per-client", ns.max_connections_per_client),
+        max_quic_flows_per_client=_per_client_limit("--max-quic-flows-per-client", ns.max_quic_flows_per_client),
     )

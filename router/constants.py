@@ -74,6 +74,21 @@ DEFAULT_WORKERS: Final = 1
 ENDPOINTS_FILE_POLL_INTERVAL_S: Final = 0.5
 """The endpoints file is re-checked twice a second (the contract is at least once a second)."""
 
+DEFAULT_ACCEPT_PROXY_PROTOCOL: Final = False
+"""PROXY protocol off: a router reached without a balancer in front would otherwise refuse every worker."""
+
+DEFAULT_PROXY_PROTOCOL_TRUSTED_CIDRS: Final = ("0.0.0.0/0", "::/0")
+"""Every source may send a PROXY header: inside a cluster the Gateway's pod IPs are not stable."""
+
+DEFAULT_MAX_CONNECTIONS_PER_CLIENT: Final = 0
+"""No per-client TCP limit (the Rust router has none): one NAT egress may carry many real workers."""
+
+DEFAULT_MAX_QUIC_FLOWS_PER_CLIENT: Final = 0
+"""No per-client QUIC limit, as for TCP connections."""
+
+MAX_PER_CLIENT_LIMIT: Final = 1_000_000
+"""Largest per-client limit accepted: more than any fd limit, so a larger value is a typo."""
+
 # ---------------------------------------------------------------------------
 # Peek limits (TCP)
 # ---------------------------------------------------------------------------
@@ -265,6 +280,9 @@ REASON_UNKNOWN_SNI: Final = "unknown target SNI"
 
 REASON_TARGET_NOT_READY: Final = "target stargate not ready"
 """Reason when the named pod is known by name but not routable (no port / dial failed)."""
+
+REASON_TOO_MANY_CONNECTIONS: Final = "too many connections from client"
+"""Reason (QUIC CONNECTION_CLOSE phrase, gRPC message) when a client is over its per-client limit."""
 
 # ---------------------------------------------------------------------------
 # Discovery sources: endpoints file size, Kubernetes API timeouts, watch health

@@ -2,9 +2,10 @@
 
 The first bytes decide, with no configuration: a TLS ClientHello is routed by its SNI,
 an HTTP/2 prior-knowledge (h2c) connection by the ``:authority`` of its first request.
-The parsers are sans-IO (``tls_peek``, ``h2c_peek``) and the choice of pod is
+The parsers are sans-IO (``first_bytes`` over ``tls_peek``, ``h2c_peek``) and the choice of pod is
 ``router.routing``'s; this module owns the listener, the timeouts and the order of events:
-peek, decide, ``dial``, then ``relay`` (through ``settings_ack`` for h2c), or ``rejection``.
+``client_intake`` (the PROXY header, the per-client slot), peek, decide, ``dial``, then
+``relay`` (through ``settings_ack`` for h2c), or ``rejection``.
 """
 
 from __future__ import annotations
@@ -16,22 +17,26 @@ import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
-from discovery.targets import Target, TargetSnapshot
-from quic.clienthello import ClientHelloInfo
+from discovery.targets import Target, TargetSnapshot, host_port
 from router import constants as c
+from router.config import IPNetwork
 from router.hostname import HostnameTemplate
 from router.log_limiter import RateLimitedLog
 from router.metrics import ProtocolSeries, RouterMetrics
 from router.outcomes import TCP_PROTOCOLS, GrpcOutcome, ProtocolLabel
-from router.routing import REFUSAL_ANSWERS, Refusal, Refused, RoundRobin, route
+from router.routing import Refusal, Refused, RoundRobin, route
+from router.tcp.client_intake import ClientIntake, Intake
 from router.tcp.dial import DialError, dial
-from router.tcp.h2_frames import EMPTY_SETTINGS_FRAME, H2PeekError
-from router.tcp.h2c_peek import H2Request, H2RequestReader, looks_like_h2c
+from router.tcp.first_bytes import FirstBytes
+from router.tcp.first_bytes import Peeked as _Peeked  # edge-private names kept
+from router.tcp.first_bytes import Rejected as _Rejected
+from router.tcp.h2_frames import EMPTY_SETTINGS_FRAME
+from router.tcp.proxy_protocol import ProxyHeaderError
 from router.tcp.rejection import answer_and_close, rejection_bytes
 from router.tcp.relay import RelayOutcome, relay
 from router.tcp.settings_ack import SettingsAckStripper
-from router.tcp.tls_peek import ClientHelloReader, TlsPeekError, looks_like_tls
 
 log = logging.getLogger("router.tcp_router")  # pinned: operators filter logs by this name
 
@@ -46,6 +51,10 @@ class TcpRouterSettings:
     peek_timeout_s: float = c.DEFAULT_PEEK_TIMEOUT_MS / 1000
     round_robin_paths: frozenset[str] = frozenset(c.DEFAULT_ROUND_ROBIN_PATHS)
     use_splice: bool | None = None
+    accept_proxy_protocol: bool = c.DEFAULT_ACCEPT_PROXY_PROTOCOL
+    proxy_protocol_trusted_cidrs: tuple[IPNetwork, ...] = ()
+    """Empty: every source may send a PROXY header."""
+    max_connections_per_client: int = c.DEFAULT_MAX_CONNECTIONS_PER_CLIENT
 
 
 class _TcpSeries(ProtocolSeries):
@@ -60,21 +69,6 @@ class _TcpSeries(ProtocolSeries):
         }
 
 
-class _Rejected(Exception):
-    """Internal: the connection is answered (per ``REFUSAL_ANSWERS``) and closed."""
-
-    def __init__(self, refusal: Refusal, detail: str, pod: str | None = None) -> None:
-        super().__init__(detail)
-        self.refusal = refusal
-        self.pod = pod
-
-    @property
-    def outcome(self) -> GrpcOutcome:
-        outcome = REFUSAL_ANSWERS[self.refusal].grpc_outcome
-        assert outcome is not None, f"{self.refusal} is not a TCP refusal"
-        return outcome
-
-
 def _detail(refused: Refused, hostname: str | None) -> str:
     """The grpc-message / log text of a routing refusal (the Rust router's wording)."""
     if refused.refusal is Refusal.NO_READY_TARGET:
@@ -84,73 +78,6 @@ def _detail(refused: Refused, hostname: str | None) -> str:
     if refused.refusal is Refusal.UNKNOWN_NAME:
         return f"unknown authority {hostname!r}"
     return f"target stargate not ready for {hostname!r}"
-
-
-@dataclass(slots=True)
-class _Peeked:
-    protocol: ProtocolLabel
-    buffered: bytes
-    hostname: str | None
-    h2_request: H2Request | None = None
-    tls_hello: ClientHelloInfo | None = None
-
-
-class _FirstBytes:
-    """Sans-IO: the first bytes of a connection until its hostname (TLS SNI or h2c :authority).
-
-    Updates ``progress.protocol`` as soon as the bytes say TLS; ``settings_due`` says the h2c
-    preface arrived and the router's SETTINGS must be sent (once) before the client goes on.
-    """
-
-    __slots__ = ("_buffered", "_h2", "_progress", "_settings_sent", "_tls", "settings_due")
-
-    def __init__(self, progress: _Peeked) -> None:
-        self._progress = progress
-        self._buffered = bytearray()
-        self._tls: ClientHelloReader | None = None
-        self._h2: H2RequestReader | None = None
-        self._settings_sent = False
-        self.settings_due = False
-
-    def read_now(self, conn: socket.socket) -> _Peeked | None:
-        """Feed what the socket holds already, without waiting; None if it holds nothing yet."""
-        try:
-            data = conn.recv(c.MAX_PEEK_BYTES)
-        except (BlockingIOError, InterruptedError):
-            return None
-        return self.feed(data)
-
-    def feed(self, data: bytes) -> _Peeked | None:
-        """The peek's result once complete, else None; raises ``_Rejected`` for bad first bytes."""
-        if not data:
-            raise _Rejected(Refusal.MALFORMED, "connection closed before the hostname")
-        buffered = self._buffered
-        buffered += data
-        tls, h2 = self._tls, self._h2
-        if tls is None and h2 is None:
-            if looks_like_tls(bytes(buffered)):
-                tls = self._tls = ClientHelloReader(c.MAX_PEEK_BYTES)
-                self._progress.protocol = ProtocolLabel.TLS
-                data = bytes(buffered)
-            elif looks_like_h2c(bytes(buffered)):
-                h2 = self._h2 = H2RequestReader(c.MAX_PEEK_BYTES)
-                data = bytes(buffered)
-            else:
-                raise _Rejected(Refusal.MALFORMED, "neither TLS nor HTTP/2 prior knowledge")
-        try:
-            if tls is not None:
-                hello = tls.feed(data)
-                if hello is not None:
-                    return _Peeked(ProtocolLabel.TLS, bytes(buffered), hello.server_name, tls_hello=hello)
-            elif h2 is not None:
-                request = h2.feed(data)
-                if not self._settings_sent and h2.saw_preface:
-                    self._settings_sent = self.settings_due = True
-                if request is not None:
-                    return _Peeked(ProtocolLabel.H2C, bytes(buffered), request.authority, h2_request=request)
-        except (TlsPeekError, H2PeekError) as exc:
-            raise _Rejected(Refusal.MALFORMED, str(exc)) from None
-        return None
 
 
 class TcpRouter:
@@ -169,6 +96,9 @@ class TcpRouter:
         self._metrics = metrics
         self._series = {p: _TcpSeries(metrics, p) for p in TCP_PROTOCOLS}
         self._rejections = RateLimitedLog(log)
+        self._clients = ClientIntake(
+            settings.accept_proxy_protocol, settings.proxy_protocol_trusted_cidrs, settings.max_connections_per_client
+        )
         self._listener: socket.socket | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._round_robin = RoundRobin()
@@ -270,34 +200,54 @@ class TcpRouter:
         self._series[protocol].outcomes[outcome].inc()
 
     # -- one connection --------------------------------------------------------------------
-    async def _serve(self, conn: socket.socket, peer: object) -> None:
-        # Until the first bytes say TLS, an unidentified connection counts as h2c; _peek
+    async def _serve(self, conn: socket.socket, peer: tuple[Any, ...]) -> None:
+        # Until the first bytes say TLS, an unidentified connection counts as h2c; FirstBytes
         # updates ``progress.protocol`` as soon as they do, so a timeout or a malformed
         # ClientHello is counted (and answered) as TLS.
         progress = _Peeked(ProtocolLabel.H2C, b"", None)
         protocol = progress.protocol
+        intake: Intake | None = None  # who the client is, once known (after the PROXY header)
+        who = {"peer": host_port(peer[0], peer[1])}
         try:
             started = time.monotonic()
-            first = _FirstBytes(progress)
+            first = FirstBytes(progress)
+            peeked: _Peeked | None = None
             try:
-                # The hello usually came with the connection: read it at once, and arm the
-                # peek timeout (and suspend) only when something is still missing.
-                peeked = first.read_now(conn)
+                if not self._clients.accept_proxy_protocol:
+                    # The client is the peer (identify does not suspend then), and its hello
+                    # usually came with the connection: read it at once, and arm the peek
+                    # timeout (and suspend) only when something is still missing.
+                    intake = await self._clients.identify(conn, (peer[0], peer[1]))
+                    peeked = _read_now(conn, first)
                 if peeked is None or first.settings_due:
                     async with asyncio.timeout(self._settings.peek_timeout_s):  # no extra task, unlike wait_for
+                        if intake is None:
+                            intake = await self._clients.identify(conn, (peer[0], peer[1]))
+                            who = intake.log_fields()
+                            if intake.first_bytes:
+                                peeked = first.feed(intake.first_bytes)
                         peeked = await self._peek(conn, first, peeked)
-            except TimeoutError:
-                self._count(progress.protocol, GrpcOutcome.PEEK_TIMEOUT)
-                self._rejections.info("peek timeout", extra={"peer": str(peer), "outcome": GrpcOutcome.PEEK_TIMEOUT})
+            except TimeoutError:  # before the PROXY header's end the bytes are not the client's
+                outcome = GrpcOutcome.PEEK_TIMEOUT if intake is not None else GrpcOutcome.PROTOCOL_ERROR
+                self._count(progress.protocol, outcome)
+                self._rejections.info("peek timeout", extra={**who, "outcome": outcome})
+                conn.close()
+                return
+            except ProxyHeaderError as exc:  # untrusted source, missing or malformed header: unanswered
+                self._count(progress.protocol, GrpcOutcome.PROTOCOL_ERROR)
+                self._rejections.info("rejected: %s", exc, extra={**who, "outcome": GrpcOutcome.PROTOCOL_ERROR})
                 conn.close()
                 return
             except _Rejected as rej:  # unparsable first bytes
                 self._count(progress.protocol, rej.outcome)
-                self._rejections.info("rejected: %s", rej, extra={"peer": str(peer), "outcome": rej.outcome})
+                self._rejections.info("rejected: %s", rej, extra={**who, "outcome": rej.outcome})
                 await self._answer_rejection(conn, progress, rej)  # TLS: decode_error; h2c: closed
                 return
+            assert intake is not None  # identified before the peek
             protocol = peeked.protocol
             try:
+                if not intake.within_limit:
+                    raise _Rejected(Refusal.CLIENT_LIMIT, c.REASON_TOO_MANY_CONNECTIONS)
                 target = self._decide(peeked)
                 self._series[protocol].decision.observe(time.monotonic() - started)
                 dial_started = time.monotonic()
@@ -310,8 +260,7 @@ class TcpRouter:
                 self._count(protocol, rej.outcome)
                 self._rejections.info(
                     "rejected %s connection: %s", protocol, rej,
-                    extra={"peer": str(peer), "hostname": peeked.hostname, "pod": rej.pod,
-                           "outcome": rej.outcome},
+                    extra={**who, "hostname": peeked.hostname, "pod": rej.pod, "outcome": rej.outcome},
                 )
                 await self._answer_rejection(conn, peeked, rej)
                 return
@@ -319,7 +268,7 @@ class TcpRouter:
             if log.isEnabledFor(logging.DEBUG):
                 log.debug(
                     "routing %s connection to %s", protocol, target.pod_name,
-                    extra={"peer": str(peer), "hostname": peeked.hostname, "pod": target.pod_name,
+                    extra={**who, "hostname": peeked.hostname, "pod": target.pod_name,
                            "outcome": GrpcOutcome.ACCEPTED},
                 )
             await self._splice(conn, pod, peeked, protocol)
@@ -329,8 +278,10 @@ class TcpRouter:
         except Exception:  # a bug must cost one connection, never the listener
             log.exception("unexpected error serving %s", peer)
             conn.close()
+        finally:
+            self._clients.slots.release(conn)  # the connection's slot, if it took one
 
-    async def _peek(self, conn: socket.socket, first: _FirstBytes, peeked: _Peeked | None) -> _Peeked:
+    async def _peek(self, conn: socket.socket, first: FirstBytes, peeked: _Peeked | None) -> _Peeked:
         """Wait for the rest of the first request, answering h2c's preface with SETTINGS."""
         loop = self._loop
         assert loop is not None
@@ -394,6 +345,15 @@ class TcpRouter:
         request = peeked.h2_request
         stream_id = request.stream_id if request is not None else 1
         await answer_and_close(conn, rejection_bytes(peeked.protocol, rej.refusal, stream_id, str(rej)))
+
+
+def _read_now(conn: socket.socket, first: FirstBytes) -> _Peeked | None:
+    """Feed ``first`` what the socket holds already, without waiting; None if nothing came yet."""
+    try:
+        data = conn.recv(c.MAX_PEEK_BYTES)
+    except (BlockingIOError, InterruptedError):
+        return None
+    return first.feed(data)
 
 
 def _grpc_port(target: Target) -> int:

@@ -15,7 +15,8 @@ Refusals (missing/unknown SNI, pod not ready, draining) are answered with an Ini
 CONNECTION_CLOSE so the worker fails fast, and an unknown version with a Version Negotiation,
 under the rules of ``refusals``. A new connection from the address of an established flow is
 sniffed as a contender beside it; ``UdpFlowTable.contend`` decides whether it shares the flow,
-takes the address over, or is refused (``Refusal.ADDRESS_IN_USE``).
+takes the address over, or is refused (``Refusal.ADDRESS_IN_USE``). A client IP holding
+``--max-quic-flows-per-client`` pending and routed flows is refused (``Refusal.CLIENT_LIMIT``).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from discovery.targets import Target, TargetSnapshot
 from quic.clienthello import ClientHelloInfo
 from quic.initial_sniffer import InitialSniffer
 from quic.packet import LongHeader, QuicPacketError
+from router.client_limits import ClientSlots
 from router.hostname import HostnameTemplate
 from router.metrics import ProtocolSeries, RouterMetrics
 from router.outcomes import ProtocolLabel, QuicDropReason, QuicOutcome
@@ -66,6 +68,7 @@ class UdpRouter:
         self._metrics = metrics
         self._series = ProtocolSeries(metrics, PROTOCOL)
         self._table: UdpFlowTable[InitialSniffer, _Link] = UdpFlowTable(settings.limits)
+        self._slots = ClientSlots(settings.max_flows_per_client)  # per pending flow, then its flow
         self._refusals = QuicRefusals(self._table, metrics, settings.reject_budget_bytes_per_s, self._send)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._clock: Callable[[], float] = time.monotonic
@@ -205,9 +208,11 @@ class UdpRouter:
         self._to_pod(flow, data, now)
 
     def _open(self, header: LongHeader, data: bytes, addr: Address, now: float, contending: bool = False) -> None:
-        if not self._accepting:
-            self._refusals.refuse(addr, header.version, header.dcid, header.scid, len(data), now,
-                                  None, Refusal.TARGET_UNAVAILABLE)
+        refusal = None if self._accepting else Refusal.TARGET_UNAVAILABLE
+        if refusal is None and not self._slots.take(header, addr[0]):  # before it costs a pending flow
+            refusal = Refusal.CLIENT_LIMIT
+        if refusal is not None:
+            self._refusals.refuse(addr, header.version, header.dcid, header.scid, len(data), now, None, refusal)
             return
         evicted = self._table.make_room()
         if evicted is not None:
@@ -215,8 +220,10 @@ class UdpRouter:
         sniffer = InitialSniffer(self.settings.max_crypto_bytes)
         opened = self._table.open_pending(addr, sniffer, now, dcid=header.dcid, contending=contending)
         if isinstance(opened, QuicDropReason):
+            self._slots.release(header)
             self._drop(opened)
             return
+        self._slots.move(header, opened)
         self._metrics.pending_flows.set(self._table.pending_count)
         self._feed(opened, data, now)
 
@@ -274,6 +281,7 @@ class UdpRouter:
     def _share(self, pending: PendingFlow[InitialSniffer], flow: Flow[_Link], now: float) -> None:
         """A contender naming the flow's own pod: its datagrams go through the flow's socket."""
         self._table.share(pending, flow)
+        self._slots.release(pending)  # the flow holds its client's slot already
         self._metrics.pending_flows.set(self._table.pending_count)
         self._metrics.quic_outcome(QuicOutcome.ACCEPTED)
         for datagram in pending.datagrams:
@@ -299,6 +307,7 @@ class UdpRouter:
             return
         link: _Link = PodLink(self._loop, sock, self._flow_failed)
         flow = self._table.establish(pending, target.pod_name, link, now)
+        self._slots.move(pending, flow)
         link.flow = flow
         self._loop.add_reader(sock.fileno(), self._replies.readable, link)
         self._metrics.pending_flows.set(self._table.pending_count)
@@ -336,18 +345,21 @@ class UdpRouter:
     def _finish(self, flow: Flow[_Link], outcome: QuicOutcome) -> None:
         """Account for a flow the table no longer holds and close its socket."""
         flow.handle.close()
+        self._slots.release(flow)
         self._metrics.quic_outcome(outcome)
         self._series.active.dec()
         self._note_if_empty()
 
     def _discard(self, pending: PendingFlow[InitialSniffer]) -> None:
         self._table.discard_pending(pending)
+        self._slots.release(pending)
         self._metrics.pending_flows.set(self._table.pending_count)
         self._note_if_empty()
 
     def _evict(self, pending: PendingFlow[InitialSniffer]) -> None:
         """The oldest pending flow made room for a new one: its datagrams count as ``pending_full``."""
         self._drop(QuicDropReason.PENDING_FULL, max(1, len(pending.datagrams)))
+        self._slots.release(pending)
         self._metrics.pending_flows.set(self._table.pending_count)
 
     def _note_if_empty(self) -> None:
@@ -370,6 +382,7 @@ class UdpRouter:
         expired = self._table.expire(now)
         for pending in expired.pending:
             self._drop(QuicDropReason.PENDING_TIMEOUT, max(1, len(pending.datagrams)))
+            self._slots.release(pending)
         if expired.pending:
             self._metrics.pending_flows.set(self._table.pending_count)
         for flow in expired.flows:

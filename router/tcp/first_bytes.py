@@ -1,0 +1,95 @@
+"""The TCP edge's first bytes: TLS ClientHello or h2c request, until the hostname. Sans-IO.
+
+``FirstBytes`` is fed what the socket delivers (the edge reads it, at once when it already
+arrived) and says which protocol the client speaks, when the router's h2c SETTINGS are due,
+and, once the SNI or ``:authority`` is in, what to route by (``Peeked``). Anything else is a
+``Rejected`` connection, answered in its protocol and closed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from quic.clienthello import ClientHelloInfo
+from router import constants as c
+from router.outcomes import GrpcOutcome, ProtocolLabel
+from router.routing import REFUSAL_ANSWERS, Refusal
+from router.tcp.h2_frames import H2PeekError
+from router.tcp.h2c_peek import H2Request, H2RequestReader, looks_like_h2c
+from router.tcp.tls_peek import ClientHelloReader, TlsPeekError, looks_like_tls
+
+
+class Rejected(Exception):
+    """The connection is answered (per ``REFUSAL_ANSWERS``) and closed."""
+
+    def __init__(self, refusal: Refusal, detail: str, pod: str | None = None) -> None:
+        super().__init__(detail)
+        self.refusal = refusal
+        self.pod = pod
+
+    @property
+    def outcome(self) -> GrpcOutcome:
+        outcome = REFUSAL_ANSWERS[self.refusal].grpc_outcome
+        assert outcome is not None, f"{self.refusal} is not a TCP refusal"
+        return outcome
+
+
+@dataclass(slots=True)
+class Peeked:
+    """What the first bytes say: the protocol, every byte read so far, the hostname."""
+
+    protocol: ProtocolLabel
+    buffered: bytes
+    hostname: str | None
+    h2_request: H2Request | None = None
+    tls_hello: ClientHelloInfo | None = None
+
+
+class FirstBytes:
+    """Sans-IO: the first bytes of a connection until its hostname (TLS SNI or h2c :authority).
+
+    Updates ``progress.protocol`` as soon as the bytes say TLS; ``settings_due`` says the h2c
+    preface arrived and the router's SETTINGS must be sent (once) before the client goes on.
+    """
+
+    __slots__ = ("_buffered", "_h2", "_progress", "_settings_sent", "_tls", "settings_due")
+
+    def __init__(self, progress: Peeked) -> None:
+        self._progress = progress
+        self._buffered = bytearray()
+        self._tls: ClientHelloReader | None = None
+        self._h2: H2RequestReader | None = None
+        self._settings_sent = False
+        self.settings_due = False
+
+    def feed(self, data: bytes) -> Peeked | None:
+        """The peek's result once complete, else None; raises ``Rejected`` for bad first bytes."""
+        if not data:
+            raise Rejected(Refusal.MALFORMED, "connection closed before the hostname")
+        buffered = self._buffered
+        buffered += data
+        tls, h2 = self._tls, self._h2
+        if tls is None and h2 is None:
+            if looks_like_tls(bytes(buffered)):
+                tls = self._tls = ClientHelloReader(c.MAX_PEEK_BYTES)
+                self._progress.protocol = ProtocolLabel.TLS
+                data = bytes(buffered)
+            elif looks_like_h2c(bytes(buffered)):
+                h2 = self._h2 = H2RequestReader(c.MAX_PEEK_BYTES)
+                data = bytes(buffered)
+            else:
+                raise Rejected(Refusal.MALFORMED, "neither TLS nor HTTP/2 prior knowledge")
+        try:
+            if tls is not None:
+                hello = tls.feed(data)
+                if hello is not None:
+                    return Peeked(ProtocolLabel.TLS, bytes(buffered), hello.server_name, tls_hello=hello)
+            elif h2 is not None:
+                request = h2.feed(data)
+                if not self._settings_sent and h2.saw_preface:
+                    self._settings_sent = self.settings_due = True
+                if request is not None:
+                    return Peeked(ProtocolLabel.H2C, bytes(buffered), request.authority, h2_request=request)
+        except (TlsPeekError, H2PeekError) as exc:
+            raise Rejected(Refusal.MALFORMED, str(exc)) from None
+        return None
