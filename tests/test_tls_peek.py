@@ -190,3 +190,25 @@ def test_fuzz_mutated_records(mutations: list[tuple[int, int]]) -> None:
     for pos, value in mutations:
         data[pos] = value
     _feed_all([bytes(data)])
+
+
+def _outcome(chunks: list[bytes]) -> object:
+    """The reader's answer to ``chunks`` (its info, or the error message)."""
+    reader = ClientHelloReader()
+    try:
+        results = [reader.feed(chunk) for chunk in chunks]
+    except TlsPeekError as exc:
+        return str(exc)
+    return results[-1] if results else None
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, len(RECORDS) - 1), st.integers(0, 255)), max_size=3),
+       st.integers(0, 40))
+def test_fuzz_one_read_and_byte_by_byte_agree(mutations: list[tuple[int, int]], cut: int) -> None:
+    """The one-record fast path (the whole hello in the first read) answers like the record loop."""
+    data = bytearray(RECORDS)
+    for pos, value in mutations:
+        data[pos] = value
+    whole = bytes(data[: len(data) - cut])
+    assert _outcome([whole]) == _outcome([whole[i : i + 1] for i in range(len(whole))])

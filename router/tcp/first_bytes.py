@@ -67,29 +67,31 @@ class FirstBytes:
         if not data:
             raise Rejected(Refusal.MALFORMED, "connection closed before the hostname")
         buffered = self._buffered
+        whole = data if not buffered else None  # the first read is all there is: no copies of it
         buffered += data
         tls, h2 = self._tls, self._h2
         if tls is None and h2 is None:
-            if looks_like_tls(bytes(buffered)):
+            data = whole if whole is not None else bytes(buffered)
+            if looks_like_tls(data):
                 tls = self._tls = ClientHelloReader(c.MAX_PEEK_BYTES)
                 self._progress.protocol = ProtocolLabel.TLS
-                data = bytes(buffered)
-            elif looks_like_h2c(bytes(buffered)):
+            elif looks_like_h2c(data):
                 h2 = self._h2 = H2RequestReader(c.MAX_PEEK_BYTES)
-                data = bytes(buffered)
             else:
                 raise Rejected(Refusal.MALFORMED, "neither TLS nor HTTP/2 prior knowledge")
         try:
             if tls is not None:
                 hello = tls.feed(data)
                 if hello is not None:
-                    return Peeked(ProtocolLabel.TLS, bytes(buffered), hello.server_name, tls_hello=hello)
+                    read = whole if whole is not None else bytes(buffered)
+                    return Peeked(ProtocolLabel.TLS, read, hello.server_name, tls_hello=hello)
             elif h2 is not None:
                 request = h2.feed(data)
                 if not self._settings_sent and h2.saw_preface:
                     self._settings_sent = self.settings_due = True
                 if request is not None:
-                    return Peeked(ProtocolLabel.H2C, bytes(buffered), request.authority, h2_request=request)
+                    read = whole if whole is not None else bytes(buffered)
+                    return Peeked(ProtocolLabel.H2C, read, request.authority, h2_request=request)
         except (TlsPeekError, H2PeekError) as exc:
             raise Rejected(Refusal.MALFORMED, str(exc)) from None
         return None

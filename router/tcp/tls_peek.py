@@ -80,6 +80,14 @@ class ClientHelloReader:
         """Consume ``data``; None means more bytes are needed. Idempotent once complete."""
         if self._info is not None:
             return self._info
+        if not self._fed and len(data) <= self._max_bytes:
+            try:
+                self._info = _hello_in_one_record(data)
+            except ClientHelloError as exc:
+                raise TlsPeekError(f"bad ClientHello: {exc}") from exc
+            if self._info is not None:
+                self._fed = len(data)
+                return self._info
         # Only the first max_bytes of the stream are looked at, so the outcome does not
         # depend on how the stream was chunked, and the buffer never exceeds max_bytes.
         self._records += data[: max(0, self._max_bytes - self._fed)]
@@ -107,7 +115,19 @@ class ClientHelloReader:
                 return parse_client_hello(bytes(self._handshake[:total]))
 
 
-def _check_record_header(buf: bytearray) -> int | None:
+def _hello_in_one_record(data: bytes) -> ClientHelloInfo | None:
+    """The usual start: the whole hello in the first record of the first read. Parsed in place
+    (no staging copies) with the same checks as the record loop; None to take that loop."""
+    length = _check_record_header(data)
+    if length is None or len(data) < RECORD_HEADER_BYTES + length:
+        return None
+    total = client_hello_length(data[RECORD_HEADER_BYTES : RECORD_HEADER_BYTES + min(length, 4)])
+    if total is None or total > length:
+        return None
+    return parse_client_hello(data[RECORD_HEADER_BYTES : RECORD_HEADER_BYTES + total])
+
+
+def _check_record_header(buf: bytes | bytearray) -> int | None:
     """Validate as much of the next record header as has arrived; its length when complete."""
     if buf and buf[0] != ContentType.HANDSHAKE:
         raise TlsPeekError(f"record content type {buf[0]} before the ClientHello completed")
