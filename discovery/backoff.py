@@ -8,7 +8,7 @@ from __future__ import annotations
 import random as _random
 from collections.abc import Callable
 
-from router.constants import BACKOFF_INITIAL_S, BACKOFF_MAX_S
+from discovery.constants import BACKOFF_INITIAL_S, BACKOFF_MAX_S
 
 
 class Backoff:

@@ -32,11 +32,7 @@ import aiohttp
 from kubernetes_asyncio import client, config
 
 from discovery.backoff import Backoff
-from discovery.endpoint_slices import EndpointSliceError
-from discovery.settings import DiscoverySettings
-from discovery.slice_store import SliceStore
-from discovery.targets import TargetSnapshot
-from router.constants import (
+from discovery.constants import (
     KUBE_API_CONNECT_TIMEOUT_S,
     KUBE_LIST_TIMEOUT_S,
     SERVICE_NAME_LABEL,
@@ -44,7 +40,11 @@ from router.constants import (
     WATCH_READ_SLACK_S,
     WATCH_TIMEOUT_S,
 )
-from router.metrics import RouterMetrics
+from discovery.endpoint_slices import EndpointSliceError
+from discovery.observer import DiscoveryObserver
+from discovery.settings import DiscoverySettings
+from discovery.slice_store import SliceStore
+from discovery.targets import TargetSnapshot
 
 logger = logging.getLogger("discovery.kubernetes_source")  # pinned: operators filter logs by this name
 
@@ -135,7 +135,7 @@ class KubernetesSource:
         self,
         settings: DiscoverySettings,
         publish: Callable[[TargetSnapshot], None],
-        metrics: RouterMetrics | None = None,
+        observer: DiscoveryObserver | None = None,
         *,
         kubeconfig: Path | None = None,
         backoff: Backoff | None = None,
@@ -144,7 +144,7 @@ class KubernetesSource:
     ) -> None:
         self._settings = settings
         self._publish = publish
-        self._metrics = metrics
+        self._observer = observer
         self._kubeconfig = kubeconfig
         self._backoff = backoff if backoff is not None else Backoff()
         self._watch_timeout_s = watch_timeout_s
@@ -157,8 +157,8 @@ class KubernetesSource:
         self._last_watch_healthy = False
         self.synced = asyncio.Event()
         self.last_sync_monotonic: float | None = None
-        if metrics is not None:
-            metrics.discovery_last_sync_age.set_function(self.sync_age_s)
+        if observer is not None:
+            observer.synced(SOURCE_LABEL, self.sync_age_s)
 
     @property
     def resource_version(self) -> str | None:
@@ -299,17 +299,18 @@ class KubernetesSource:
         """Publish the store's snapshot if it differs from the last one published."""
         snapshot = self._store.snapshot()
         if snapshot == self._published:
-            self._count("unchanged")
+            if self._observer is not None:
+                self._observer.unchanged(SOURCE_LABEL)
             return
         self._published = snapshot
         self._publish(snapshot)
-        self._count("published")
-        if self._metrics is not None:
-            self._metrics.ready_targets.set(len(snapshot))
+        if self._observer is not None:
+            self._observer.published(SOURCE_LABEL, len(snapshot))
         logger.info("EndpointSlices (%s): %d ready targets", why, len(snapshot))
 
     def _failed(self, exc: BaseException) -> None:
-        self._count("error")
+        if self._observer is not None:
+            self._observer.error(SOURCE_LABEL)
         detail = " ".join(str(exc).split())[:300] or type(exc).__name__
         # The first failure of a streak is a warning; retries during an outage stay at debug.
         level = logging.DEBUG if self._failing else logging.WARNING
@@ -322,10 +323,6 @@ class KubernetesSource:
             logger.info("EndpointSlice discovery recovered")
             self._failing = False
         self.last_sync_monotonic = self._clock()
-
-    def _count(self, result: str) -> None:
-        if self._metrics is not None:
-            self._metrics.discovery_updates.labels(source=SOURCE_LABEL, result=result).inc()
 
 
 def _status_detail(body: bytes) -> str:

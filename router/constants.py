@@ -67,9 +67,6 @@ LOG_LEVEL_ENV: Final = "LOG_LEVEL"
 DEFAULT_WORKERS: Final = 1
 """Processes sharing the listeners with SO_REUSEPORT; one is enough for most Gateways."""
 
-ENDPOINTS_FILE_POLL_INTERVAL_S: Final = 0.5
-"""The endpoints file is re-checked twice a second (the contract is at least once a second)."""
-
 # ---------------------------------------------------------------------------
 # Peek limits (TCP)
 # ---------------------------------------------------------------------------
@@ -138,21 +135,6 @@ QUIC_MAX_LEARNED_CIDS_PER_FLOW: Final = 16
 
 QUIC_REJECT_BUDGET_BYTES_PER_S: Final = 1_000_000
 """Global byte rate of CONNECTION_CLOSE answers; with the <= received-bytes rule, no amplifier."""
-
-# ---------------------------------------------------------------------------
-# Kubernetes discovery
-# ---------------------------------------------------------------------------
-SERVICE_NAME_LABEL: Final = "kubernetes.io/service-name"
-"""Label the EndpointSlice controller puts on every slice of a Service."""
-
-WATCH_TIMEOUT_S: Final = 300
-"""Server-side watch timeout; the API server ends the stream and we re-watch from the last RV."""
-
-BACKOFF_INITIAL_S: Final = 0.5
-"""First retry delay after an API error."""
-
-BACKOFF_MAX_S: Final = 30.0
-"""Retry delay cap: an API outage is retried at least twice a minute."""
 
 # ---------------------------------------------------------------------------
 # Metrics (names and label values match the Rust router)
@@ -276,24 +258,6 @@ TLS_ALERT_INTERNAL_ERROR: Final = 80
 
 QUIC_CLOSE_CONNECTION_REFUSED: Final = 0x2
 """CONNECTION_REFUSED (RFC 9000 section 20.1): the server refuses to accept the connection."""
-
-# ---------------------------------------------------------------------------
-# Discovery sources (appended by the discovery helper)
-# ---------------------------------------------------------------------------
-ENDPOINTS_FILE_MAX_BYTES: Final = 32 * 1024 * 1024
-"""Larger endpoints files are refused unread; a 10,000-pod EndpointSlice dump is about 10 MiB."""
-
-KUBE_API_CONNECT_TIMEOUT_S: Final = 10.0
-"""Connect timeout to the API server; a blackholed server fails here and is retried with backoff."""
-
-KUBE_LIST_TIMEOUT_S: Final = 60.0
-"""Whole-request cap on one EndpointSlice list; a loaded API server answers big lists in seconds."""
-
-WATCH_READ_SLACK_S: Final = 30.0
-"""A watch stream silent for WATCH_TIMEOUT_S plus this is dead (the server's own timeout fires first)."""
-
-WATCH_HEALTHY_AFTER_S: Final = 5.0
-"""An event-less watch open this long resets the backoff; shorter ones back off, so never a hot loop."""
 
 # ---------------------------------------------------------------------------
 # QUIC flow table (appended by the UDP router helper)

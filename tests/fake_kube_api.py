@@ -21,7 +21,7 @@ from typing import Any
 
 from aiohttp import web
 
-from router.constants import SERVICE_NAME_LABEL
+from discovery.constants import SERVICE_NAME_LABEL
 
 API_PREFIX = "/apis/discovery.k8s.io/v1/namespaces/{namespace}/endpointslices"
 

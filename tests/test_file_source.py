@@ -12,14 +12,16 @@ from pathlib import Path
 import pytest
 import yaml
 
+from discovery import constants as dc
 from discovery.file_source import EndpointsFileSource, load_endpoints_file
 from discovery.settings import DiscoverySettings
 from discovery.targets import TargetSnapshot
 from router import constants as c
+from router.app import MetricsDiscoveryObserver
 from router.metrics import RouterMetrics
 from tests.fake_kube_api import eventually, make_endpoint, make_slice
 
-SETTINGS = DiscoverySettings(namespace="stargate", service_name="stargate-headless")
+SETTINGS = DiscoverySettings("stargate", "stargate-headless", "grpc", "quic")
 POLL_S = 0.05
 Start = Callable[[EndpointsFileSource], None]
 
@@ -89,7 +91,7 @@ def test_load_once_publishes_the_files_targets_and_marks_synced(
 ) -> None:
     path = tmp_path / "endpoints.yaml"
     write(path, {"stargate-0": "10.0.0.1", "stargate-1": "fd00::2"})
-    source = EndpointsFileSource(SETTINGS, recorder, metrics, path=path)
+    source = EndpointsFileSource(SETTINGS, recorder, MetricsDiscoveryObserver(metrics), path=path)
     assert gauge(metrics, c.DISCOVERY_LAST_SYNC_AGE_SECONDS) == -1
     assert source.load_once() is True
     assert recorder.pods == ["stargate-0", "stargate-1"]
@@ -110,7 +112,7 @@ def test_load_once_on_a_missing_or_unusable_file_fails_without_publishing(
         path.write_text(content)
     elif isinstance(content, bytes):
         path.write_bytes(content)
-    source = EndpointsFileSource(SETTINGS, recorder, metrics, path=path)
+    source = EndpointsFileSource(SETTINGS, recorder, MetricsDiscoveryObserver(metrics), path=path)
     assert source.load_once() is False
     assert recorder.published == []
     assert not source.synced.is_set()
@@ -121,7 +123,7 @@ def test_a_directory_or_oversized_file_is_refused(tmp_path: Path) -> None:
     assert load_endpoints_file(tmp_path, SETTINGS).snapshot is None
     big = tmp_path / "big.yaml"
     with open(big, "wb") as f:
-        f.truncate(c.ENDPOINTS_FILE_MAX_BYTES + 1)  # sparse: costs no disk
+        f.truncate(dc.ENDPOINTS_FILE_MAX_BYTES + 1)  # sparse: costs no disk
     load = load_endpoints_file(big, SETTINGS)
     assert load.snapshot is None and load.error is not None and "larger than" in load.error
 
@@ -132,7 +134,9 @@ async def synced_source(
     """A running source over an endpoints file naming stargate-0, once it has synced."""
     path = tmp_path / "endpoints.yaml"
     write(path, {"stargate-0": "10.0.0.1"})
-    source = EndpointsFileSource(SETTINGS, recorder, metrics, path=path, poll_interval_s=POLL_S)
+    source = EndpointsFileSource(
+        SETTINGS, recorder, MetricsDiscoveryObserver(metrics) if metrics else None, path=path, poll_interval_s=POLL_S,
+    )
     running(source)
     await asyncio.wait_for(source.synced.wait(), 3)
     return path, source

@@ -14,6 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from discovery import constants as dc
 from discovery.backoff import Backoff
 from discovery.kubernetes_source import (
     KubeApiResponseError,
@@ -24,11 +25,12 @@ from discovery.kubernetes_source import (
 from discovery.settings import DiscoverySettings
 from discovery.targets import TargetSnapshot
 from router import constants as c
+from router.app import MetricsDiscoveryObserver
 from router.metrics import RouterMetrics
 from tests.fake_kube_api import FakeKubeApi, eventually, make_endpoint, make_slice
 
 NS = "stargate"
-SETTINGS = DiscoverySettings(namespace=NS, service_name="stargate-headless")
+SETTINGS = DiscoverySettings(NS, "stargate-headless", "grpc", "quic")
 CONVERGE_S = 5.0
 FAST_BACKOFF = (0.1, 1.0)
 """Outage tests retry at least once a second, so "back within 5 s" does not wait on a 30 s cap."""
@@ -77,7 +79,7 @@ async def start(
     def _start(backoff: tuple[float, float] | None = None, kubeconfig: Path | None = None,
                **kwargs: Any) -> KubernetesSource:
         source = KubernetesSource(
-            SETTINGS, recorder, metrics,
+            SETTINGS, recorder, MetricsDiscoveryObserver(metrics),
             kubeconfig=kubeconfig or api.write_kubeconfig(tmp_path / "kubeconfig"),
             backoff=Backoff(*backoff) if backoff else None, **kwargs,
         )
@@ -121,7 +123,7 @@ async def test_initial_list_publishes_the_services_ready_pods_and_watches_from_i
     await synced(source)
     assert recorder.pods == {"stargate-0": "10.0.0.1", "stargate-1": "fd00::2"}
     listed = api.requests_of("list")[0]
-    assert listed.query["labelSelector"] == f"{c.SERVICE_NAME_LABEL}=stargate-headless"
+    assert listed.query["labelSelector"] == f"{dc.SERVICE_NAME_LABEL}=stargate-headless"
     await eventually(lambda: api.open_watches == 1, CONVERGE_S)
     watch = api.requests_of("watch")[0]
     assert watch.query["resourceVersion"] == str(api.rv)
@@ -300,7 +302,7 @@ async def test_403_is_retried_with_backoff_never_an_immediate_repoll(
     lists = api.requests_of("list")
     assert [r.status for r in lists] == [403, 403, 403, 200]
     gaps = [b.at - a.at for a, b in itertools.pairwise(lists)]
-    assert all(gap >= 0.8 * c.BACKOFF_INITIAL_S for gap in gaps), gaps
+    assert all(gap >= 0.8 * dc.BACKOFF_INITIAL_S for gap in gaps), gaps
     assert updates(metrics, "error") == 3
     assert recorder.pods == {"stargate-0": "10.0.0.1"}
 

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from discovery import constants as dc
 from router import constants as c
 from router.demo.grpc_pods import RunningPod, start_pod
 from tests.fake_kube_api import FakeKubeApi, make_endpoint, make_slice
@@ -25,7 +26,7 @@ from tests.router_process import RouterProcess
 
 NAMESPACE = "stargate"
 PODS = (("stargate-0", "127.0.0.2"), ("stargate-1", "127.0.0.3"), ("stargate-2", "127.0.0.4"))
-CONVERGE_S = c.BACKOFF_MAX_S + 10
+CONVERGE_S = dc.BACKOFF_MAX_S + 10
 """Bound for "converges once the API is back": the router retries at least every BACKOFF_MAX_S."""
 QUICK_S = 5.0
 """Bound for changes that need no retry (a healthy watch delivers them at once)."""
@@ -162,7 +163,7 @@ async def test_api_down_keeps_routing_on_the_last_snapshot_then_converges(
     age = await asyncio.to_thread(router.metric, c.DISCOVERY_LAST_SYNC_AGE_SECONDS)
     retries = await errors(router) - errors_before
     assert age >= outage_s * 0.9
-    assert 1 <= retries <= outage_s / c.BACKOFF_INITIAL_S + 2  # retried, never in a hot loop
+    assert 1 <= retries <= outage_s / dc.BACKOFF_INITIAL_S + 2  # retried, never in a hot loop
     await api.start()  # same port
     took = await converges(
         router, {"stargate-0": "stargate-0", "stargate-1": "stargate-1", "stargate-2": "UNAVAILABLE"}, CONVERGE_S,

@@ -47,6 +47,7 @@ import yaml
 from aioquic.quic.configuration import QuicConfiguration
 from aioquic.quic.connection import QuicConnection
 
+from discovery.constants import SERVICE_NAME_LABEL
 from discovery.endpoint_slices import EndpointSliceError, parse_endpoints_document, targets_from_slices
 from discovery.settings import DiscoverySettings
 from discovery.targets import Target, TargetSnapshot
@@ -70,7 +71,9 @@ SEPARATOR = b"\xfe\xfd\xfc\xfb"
 CORPUS_DIR = Path(__file__).parent / "corpus"
 CRASHES_DIR = Path(__file__).parent / "crashes"
 TEMPLATE = HostnameTemplate.parse(c.DEFAULT_ADVERTISED_HOSTNAME_TEMPLATE, "demo")
-DISCOVERY = DiscoverySettings(namespace="demo")
+DISCOVERY = DiscoverySettings(
+    "demo", c.DEFAULT_TARGET_SERVICE_NAME, c.DEFAULT_GRPC_PORT_NAME, c.DEFAULT_QUIC_PORT_NAME,
+)
 FUZZ_DCID = bytes.fromhex("8394c8f03e515708")
 """The client DCID of RFC 9001 appendix A: any fixed value works, the keys follow from it."""
 FUZZ_SCID = bytes.fromhex("c0ffee00c0ffee00")
@@ -561,12 +564,12 @@ def endpoints_seeds() -> list[bytes]:
 
 _VALUES: tuple[Any, ...] = (
     None, True, False, 0, -1, 1, 65535, 65536, 2**64, 1.5, "", "grpc", "quic", "TCP", "UDP", "Pod", "Service",
-    "10.0.0.1", "::1", "fe80::1%eth0", "stargate-0", "stargate-headless", c.SERVICE_NAME_LABEL, [], {}, [{}],
+    "10.0.0.1", "::1", "fe80::1%eth0", "stargate-0", "stargate-headless", SERVICE_NAME_LABEL, [], {}, [{}],
     [[[]]], ["10.0.0.1", "10.0.0.2"], {"name": "grpc", "port": 1}, {"kind": None},
 )
 _KEYS = (
     "kind", "items", "metadata", "labels", "name", "ports", "port", "protocol", "endpoints", "addresses",
-    "conditions", "ready", "serving", "terminating", "targetRef", "hostname", c.SERVICE_NAME_LABEL,
+    "conditions", "ready", "serving", "terminating", "targetRef", "hostname", SERVICE_NAME_LABEL,
 )
 
 
