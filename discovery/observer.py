@@ -7,7 +7,21 @@ adapter. Every hook is cheap and must not raise.
 from __future__ import annotations
 
 from collections.abc import Callable
+from enum import StrEnum
 from typing import Protocol
+
+
+class RewatchCause(StrEnum):
+    """Why a Kubernetes watch was re-opened (the label of the re-watch counter)."""
+
+    ENDED = "ended"
+    """The server ended the stream (its timeout); re-watched from the last resourceVersion."""
+    IDLE = "idle"
+    """Nothing (event or bookmark) arrived for the idle timeout: a silent stream was replaced."""
+    DROPPED = "dropped"
+    """The connection broke or garbage arrived mid-stream."""
+    EXPIRED = "expired"
+    """410 Gone: the resourceVersion was compacted, so a re-list came first."""
 
 
 class DiscoveryObserver(Protocol):
@@ -21,6 +35,9 @@ class DiscoveryObserver(Protocol):
 
     def error(self, source: str) -> None:
         """A sync failed; the last good snapshot keeps serving."""
+
+    def rewatched(self, source: str, cause: RewatchCause) -> None:
+        """A watch was re-opened."""
 
     def synced(self, source: str, sync_age_s: Callable[[], float]) -> None:
         """Called once at construction: ``sync_age_s()`` reads seconds since the last sync (-1 before)."""

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from importlib import metadata
 from typing import Protocol
 
+from discovery.observer import RewatchCause
 from discovery.settings import DiscoverySettings
 from discovery.targets import EMPTY_SNAPSHOT, TargetSnapshot
 from router.config import ConfigError, RouterConfig
@@ -52,6 +53,9 @@ class MetricsDiscoveryObserver:
 
     def error(self, source: str) -> None:
         self._metrics.discovery_updates.labels(source=source, result="error").inc()
+
+    def rewatched(self, source: str, cause: RewatchCause) -> None:
+        self._metrics.discovery_rewatches.labels(cause=cause).inc()
 
     def synced(self, source: str, sync_age_s: Callable[[], float]) -> None:
         self._metrics.discovery_last_sync_age.set_function(sync_age_s)
@@ -120,7 +124,10 @@ class RouterApp:
             return EndpointsFileSource(settings, self.publish, observer, path=self.config.endpoints_file)
         from discovery.kubernetes_source import KubernetesSource
 
-        return KubernetesSource(settings, self.publish, observer, kubeconfig=self.config.kubeconfig)
+        return KubernetesSource(
+            settings, self.publish, observer, kubeconfig=self.config.kubeconfig,
+            watch_idle_timeout_s=self.config.kube_watch_idle_timeout_s,
+        )
 
     def snapshot(self) -> TargetSnapshot:
         return self._snapshot

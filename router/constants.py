@@ -67,6 +67,13 @@ LOG_LEVEL_ENV: Final = "LOG_LEVEL"
 DEFAULT_WORKERS: Final = 1
 """Processes sharing the listeners with SO_REUSEPORT; one is enough for most Gateways."""
 
+DEFAULT_KUBE_WATCH_IDLE_TIMEOUT_MS: Final = 180_000
+"""Three bookmark periods (the API server bookmarks a watch about once a minute): two lost
+bookmarks are tolerated, and a silent stream is replaced within 3 min, not 5.5 (the read timeout)."""
+
+MIN_KUBE_WATCH_IDLE_TIMEOUT_MS: Final = 100
+"""Below this the watchdog would re-open a quiet watch in a near-hot loop."""
+
 # ---------------------------------------------------------------------------
 # Peek limits (TCP)
 # ---------------------------------------------------------------------------
@@ -174,6 +181,9 @@ DISCOVERY_UPDATES_TOTAL: Final = f"{METRIC_PREFIX}_discovery_updates"
 
 DISCOVERY_LAST_SYNC_AGE_SECONDS: Final = f"{METRIC_PREFIX}_discovery_last_sync_age_seconds"
 """Gauge of seconds since the discovery source last synced successfully."""
+
+DISCOVERY_REWATCHES_TOTAL: Final = f"{METRIC_PREFIX}_discovery_rewatches"
+"""Counter of Kubernetes watches re-opened, by cause (idle, ended, dropped, expired)."""
 
 BUILD_INFO: Final = f"{METRIC_PREFIX}_build_info"
 """Constant 1 gauge labelled with the version."""
