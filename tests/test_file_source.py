@@ -6,6 +6,7 @@ import asyncio
 import json
 import logging
 import os
+import shutil
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
@@ -240,3 +241,51 @@ async def test_file_appearing_after_start_is_picked_up_and_marks_synced(
 def test_poll_interval_must_be_positive(tmp_path: Path) -> None:
     with pytest.raises(ValueError):
         EndpointsFileSource(SETTINGS, lambda s: None, path=tmp_path / "x", poll_interval_s=0)
+
+
+async def test_file_that_vanishes_and_comes_back_unchanged_is_confirmed_again_within_a_poll(
+    tmp_path: Path, recorder: Recorder, metrics: RouterMetrics, running: Start,
+) -> None:
+    """A writer that removes then re-creates the file (not an atomic rename): same content back."""
+    path, source = await synced_source(tmp_path, recorder, metrics, running)
+    aside = tmp_path / "aside.yaml"
+    os.rename(path, aside)
+    await eventually(lambda: updates(metrics, "error") == 1, 3)
+    synced_at = source.last_sync_monotonic
+    os.rename(aside, path)  # the very same file (inode, size, mtime) is back
+    await eventually(lambda: source.last_sync_monotonic != synced_at, 3)
+    assert updates(metrics, "unchanged") >= 1
+    assert len(recorder.published) == 1 and recorder.pods == ["stargate-0"]
+
+
+def configmap_volume(root: Path, version: str, pods: dict[str, str]) -> None:
+    """Write ``pods`` as the kubelet updates a ConfigMap volume: a new timestamped directory, then
+    an atomic swap of the ``..data`` symlink; ``endpoints.yaml`` -> ``..data/endpoints.yaml`` stays."""
+    target = root / f"..{version}"
+    target.mkdir()
+    write(target / "endpoints.yaml", pods)
+    tmp_link = root / "..data_tmp"
+    tmp_link.symlink_to(target.name)
+    old = os.readlink(root / "..data") if (root / "..data").is_symlink() else None
+    os.replace(tmp_link, root / "..data")
+    if old is not None:
+        shutil.rmtree(root / old)
+    if not (root / "endpoints.yaml").is_symlink():
+        (root / "endpoints.yaml").symlink_to("..data/endpoints.yaml")
+
+
+async def test_configmap_style_symlink_swap_is_picked_up_within_a_poll(
+    tmp_path: Path, recorder: Recorder, metrics: RouterMetrics, running: Start,
+) -> None:
+    configmap_volume(tmp_path, "2026_11_30_01", {"stargate-0": "10.0.0.1"})
+    path = tmp_path / "endpoints.yaml"
+    source = EndpointsFileSource(
+        SETTINGS, recorder, MetricsDiscoveryObserver(metrics), path=path, poll_interval_s=POLL_S,
+    )
+    running(source)
+    await asyncio.wait_for(source.synced.wait(), 3)
+    for n, pods in enumerate(({"stargate-1": "10.0.0.2"}, {"stargate-1": "10.0.0.3"}, {"stargate-0": "10.0.0.1"})):
+        configmap_volume(tmp_path, f"2026_11_30_0{n + 2}", pods)
+        await eventually(lambda pods=pods: {p: recorder.address_of(p) for p in recorder.pods} == pods, 3)
+    assert updates(metrics, "error") == 0
+    assert len(recorder.published) == 4
