@@ -138,7 +138,7 @@ class KubernetesSource:
         self._last_watch_healthy = False
         self._watch_accepted = False
         self._gone_pending = False
-        """A 410 was answered with a re-list and no event has arrived since: a second is not progress."""
+        """A 410 was answered with a re-list and no watch has worked since: a second is not progress."""
         self.synced = asyncio.Event()
         self.last_sync_monotonic: float | None = None
         if observer is not None:
@@ -201,6 +201,7 @@ class KubernetesSource:
         except Exception as exc:  # connection drops, read timeouts, anything else
             self._failed(exc)
             return self._after_failure()
+        self._gone_pending = False
         self._rewatched(cause, "watch ended by the server" if cause is RewatchCause.ENDED
                         else f"no event or bookmark for {self._watch_idle_timeout_s:g}s; re-watching")
         if cause is RewatchCause.IDLE or self._last_watch_healthy:
@@ -209,6 +210,7 @@ class KubernetesSource:
 
     def _after_failure(self, backoff: Backoff | None = None) -> float:
         if self._watch_accepted:
+            self._gone_pending = False  # the watch from the re-list worked until it broke
             self._rewatched(RewatchCause.DROPPED, "watch stream broke")
         if self._last_watch_healthy:
             return 0.0
