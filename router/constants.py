@@ -1,9 +1,12 @@
-"""Every pinned value of stargate-router: defaults, limits, metric names and outcomes.
+"""The router's own pinned values: its tunables, CLI defaults, metric names and outcomes.
 
 One source of truth, each value with the reason it has that value. The CLI defaults
 match the Rust ``stargate-k8s-router`` so this router is a drop-in replacement in the
 same Deployment; metric names and outcome labels match it so dashboards keep working.
-This module imports nothing from the project, so ``quic/`` and ``discovery/`` can use it.
+A parser's limits live beside that parser instead (the ClientHello, CRYPTO and Initial
+bounds in ``quic/``), and protocol codes as enums in their codec (``quic.packet.QuicErrorCode``).
+This module imports nothing from the project. The lower layers ``quic/`` and ``discovery/``
+must not import it (or anything in ``router/``): ``tests/test_layering.py`` checks them.
 """
 
 from __future__ import annotations
@@ -80,9 +83,6 @@ MIN_KUBE_WATCH_IDLE_TIMEOUT_MS: Final = 100
 MAX_PEEK_BYTES: Final = 16 * 1024
 """A ClientHello or first HEADERS block larger than this is refused; real ones are < 4 KiB."""
 
-MAX_TLS_CLIENT_HELLO_BYTES: Final = 16 * 1024
-"""Handshake message length cap; larger claims are rejected before buffering them."""
-
 MAX_HOSTNAME_LENGTH: Final = 253
 """Longest DNS name (RFC 1035); longer :authority / SNI values never route."""
 
@@ -96,32 +96,30 @@ H2_MAX_HEADER_LIST_SIZE: Final = 16 * 1024
 """Decoded header list cap for the first HEADERS block (hpack bomb guard)."""
 
 # ---------------------------------------------------------------------------
-# Relay
+# Relay (TCP: copied through a shared buffer, then spliced)
 # ---------------------------------------------------------------------------
 RELAY_CHUNK_BYTES: Final = 256 * 1024
 """Read size per recv on the buffered relay path; large enough to amortise syscalls."""
 
-RELAY_HIGH_WATER_BYTES: Final = 256 * 1024
-"""Pause reading a side when the other side's write buffer exceeds this (flow control)."""
-
-RELAY_LOW_WATER_BYTES: Final = 64 * 1024
-"""Resume reading once the other side's write buffer drains below this."""
-
 SPLICE_PIPE_BYTES: Final = 1024 * 1024
 """Pipe size for os.splice zero-copy relaying (F_SETPIPE_SZ); clipped by /proc limits."""
 
+SPLICE_AFTER_BYTES: Final = 64 * 1024
+"""A direction is copied through one shared buffer until it has carried this much; only bulk
+flows pay for a pipe (pipe2 + 2 fcntl + 2 close, 2 fds), short gRPC exchanges never do."""
+
+RELAY_REPORT_BYTES: Final = 1024 * 1024
+"""on_bytes is called after this many bytes per direction (and at close): metrics stay cheap."""
+
+RELAY_RELEASE_QUIET_S: Final = 1.0
+"""A relay direction quiet this long gives back its pipe/buffer: idle connections hold ~no memory."""
+
+RELAY_ROUNDS_PER_WAKEUP: Final = 8
+"""Read/write rounds one readiness callback may do before yielding to other connections."""
+
 # ---------------------------------------------------------------------------
-# QUIC / UDP
+# QUIC / UDP: pending flows and the flow table
 # ---------------------------------------------------------------------------
-QUIC_MIN_INITIAL_DATAGRAM_BYTES: Final = 1200
-"""RFC 9000 section 14.1: a client Initial datagram is at least 1200 bytes."""
-
-QUIC_MAX_DATAGRAM_BYTES: Final = 65_527
-"""Largest UDP payload; receive buffers are sized for it."""
-
-QUIC_MAX_CRYPTO_BYTES: Final = MAX_TLS_CLIENT_HELLO_BYTES
-"""CRYPTO bytes buffered per pending flow: past the largest ClientHello accepted none can complete."""
-
 QUIC_MAX_PENDING_DATAGRAMS_PER_FLOW: Final = 16
 """Datagrams held for a flow whose SNI is not complete yet (big ClientHellos need 2-4)."""
 
@@ -140,8 +138,59 @@ QUIC_MAX_FLOWS: Final = 65_536
 QUIC_MAX_LEARNED_CIDS_PER_FLOW: Final = 16
 """Pod connection IDs remembered per flow for migration (aioquic issues up to 8)."""
 
+QUIC_FLOW_SWEEP_INTERVAL_MS: Final = 500
+"""How often pending deadlines, idle flows and batched byte counters are swept/flushed."""
+
+QUIC_FLOW_TAKEOVER_QUIET_MS: Final = 2_000
+"""A new connection naming another pod takes an established flow's address only if that flow's
+client sent nothing for this long: live connections ACK and keep alive far more often, so a
+spoofed Initial cannot cut a busy flow, while a reused NAT port or socket waits at most this."""
+
+# ---------------------------------------------------------------------------
+# QUIC / UDP: refusals (answer budget, refused attempts remembered)
+# ---------------------------------------------------------------------------
 QUIC_REJECT_BUDGET_BYTES_PER_S: Final = 1_000_000
 """Global byte rate of CONNECTION_CLOSE answers; with the <= received-bytes rule, no amplifier."""
+
+QUIC_REJECTION_MEMORY_MS: Final = 10_000
+"""A refused attempt (address + DCID) is remembered this long, past a client's first PTO backoffs."""
+
+QUIC_MAX_REMEMBERED_REJECTIONS: Final = 4_096
+"""Refused attempts remembered at once (oldest forgotten first); bounds a spoofed-source flood."""
+
+QUIC_ANSWERS_PER_REJECTION: Final = 3
+"""CONNECTION_CLOSE answers per refused attempt: the first plus two for lost ones, then silence."""
+
+REASON_ADDRESS_IN_USE: Final = "client address in use by a live connection"
+"""QUIC CONNECTION_CLOSE reason for a new connection from the address of a live flow to another pod."""
+
+# ---------------------------------------------------------------------------
+# QUIC / UDP: sockets and batched I/O (GRO reads, GSO sends)
+# ---------------------------------------------------------------------------
+QUIC_SOCKET_BUFFER_BYTES: Final = 4 * 1024 * 1024
+"""QUIC listener SO_RCVBUF/SO_SNDBUF: a burst of a few hundred Initials overflowed the default
+(the kernel clamps it to net.core.rmem_max / wmem_max)."""
+
+QUIC_MAX_UDP_PAYLOAD_BYTES: Final = 65_535
+"""Room every pod read gets: no UDP payload or GRO batch is longer, so nothing is truncated."""
+
+QUIC_POD_RECEIVE_BUFFER_BYTES: Final = 256 * 1024
+"""The router's one pod-read buffer: reads land back to back so a burst leaves as one GSO send;
+four maximal reads fit before it wraps (after sending what it holds)."""
+
+QUIC_POD_READS_PER_CALLBACK: Final = 64
+"""Reads of one flow's pod socket per readiness callback: one full GSO run of single datagrams,
+and a bound (about 64 syscalls) so one busy flow cannot starve the others."""
+
+QUIC_GSO_MAX_SEGMENTS: Final = 64
+"""Datagrams in one ``UDP_SEGMENT`` send: the kernel's UDP_MAX_SEGMENTS before Linux 6.x (newer allow 128)."""
+
+QUIC_GSO_MAX_BYTES: Final = 65_507
+"""Payload of one ``UDP_SEGMENT`` send: the largest IPv4 UDP payload (IPv6 allows 20 bytes more)."""
+
+QUIC_OUTBOX_DATAGRAMS: Final = QUIC_GSO_MAX_SEGMENTS
+"""Client datagrams a flow collects within one loop iteration before it sends them at once: one
+full GSO run, so a flood holds at most this many per flow between two sends."""
 
 # ---------------------------------------------------------------------------
 # Metrics (names and label values match the Rust router)
@@ -175,6 +224,9 @@ DECISION_LATENCY_SECONDS: Final = f"{METRIC_PREFIX}_decision_latency_seconds"
 
 DIAL_LATENCY_SECONDS: Final = f"{METRIC_PREFIX}_dial_latency_seconds"
 """Histogram of pod dial time, by protocol."""
+
+WORKER_RESTARTS_TOTAL: Final = f"{METRIC_PREFIX}_worker_restarts"
+"""Counter (``_total`` added by prometheus-client) of dead worker processes the supervisor restarted."""
 
 DISCOVERY_UPDATES_TOTAL: Final = f"{METRIC_PREFIX}_discovery_updates"
 """Counter of snapshots published, by source and result."""
@@ -266,44 +318,8 @@ TLS_ALERT_UNRECOGNIZED_NAME: Final = 112
 TLS_ALERT_INTERNAL_ERROR: Final = 80
 """Fatal alert when the named pod is unavailable (no TLS alert says 'try later')."""
 
-QUIC_CLOSE_CONNECTION_REFUSED: Final = 0x2
-"""CONNECTION_REFUSED (RFC 9000 section 20.1): the server refuses to accept the connection."""
-
 # ---------------------------------------------------------------------------
-# QUIC flow table (appended by the UDP router helper)
-# ---------------------------------------------------------------------------
-QUIC_REJECTION_MEMORY_MS: Final = 10_000
-"""A refused attempt (address + DCID) is remembered this long, past a client's first PTO backoffs."""
-
-QUIC_MAX_REMEMBERED_REJECTIONS: Final = 4_096
-"""Refused attempts remembered at once (oldest forgotten first); bounds a spoofed-source flood."""
-
-QUIC_ANSWERS_PER_REJECTION: Final = 3
-"""CONNECTION_CLOSE answers per refused attempt: the first plus two for lost ones, then silence."""
-
-QUIC_FLOW_SWEEP_INTERVAL_MS: Final = 500
-"""How often pending deadlines, idle flows and batched byte counters are swept/flushed."""
-
-QUIC_ROUTER_SCID_BYTES: Final = 8
-"""Random SCID length of the router's refusal Initial: 8 bytes, like aioquic's and most servers' CIDs."""
-
-QUIC_MAX_CLOSE_REASON_BYTES: Final = 256
-"""Reason phrases are cut to this, so a refusal stays far below the client's 1200-byte Initial."""
-
-# ---------------------------------------------------------------------------
-# Relay (router/relay.py)
-# ---------------------------------------------------------------------------
-RELAY_REPORT_BYTES: Final = 1024 * 1024
-"""on_bytes is called after this many bytes per direction (and at close): metrics stay cheap."""
-
-RELAY_RELEASE_QUIET_S: Final = 1.0
-"""A relay direction quiet this long gives back its pipe/buffer: idle connections hold ~no memory."""
-
-RELAY_ROUNDS_PER_WAKEUP: Final = 8
-"""Read/write rounds one readiness callback may do before yielding to other connections."""
-
-# ---------------------------------------------------------------------------
-# Worker processes (--workers N; router/workers.py, router/metrics_merge.py)
+# Worker processes (--workers N) and the merge of their metrics
 # ---------------------------------------------------------------------------
 WORKER_ENV: Final = "STARGATE_ROUTER_WORKER"
 """Set to the worker index in each child of the supervisor; its presence means 'share the listeners'."""
@@ -332,9 +348,6 @@ WORKER_STOP_GRACE_S: Final = 10.0
 WORKER_LOG_LINE_MAX_BYTES: Final = 1024 * 1024
 """A child's stderr line longer than this is passed on in pieces rather than buffered whole."""
 
-WORKER_RESTARTS_TOTAL: Final = f"{METRIC_PREFIX}_worker_restarts"
-"""Counter (``_total`` added by prometheus-client) of dead worker processes the supervisor restarted."""
-
 PER_PROCESS_IDENTICAL_GAUGES: Final = frozenset({READY_TARGETS, DISCOVERY_LAST_SYNC_AGE_SECONDS, BUILD_INFO})
 """Gauges every worker reports about the same thing: merged with max, not summed (2 workers != 2x pods)."""
 
@@ -345,13 +358,22 @@ PER_PROCESS_LIMIT_GAUGES: Final = frozenset({"process_max_fds"})
 """Merged with max: every process has the same limit, so a sum would invent one no process has."""
 
 # ---------------------------------------------------------------------------
-# TCP edge hardening (appended by the fault-suite helper)
+# TCP accept and rejection
 # ---------------------------------------------------------------------------
 ACCEPT_PAUSE_ON_EXHAUSTION_MS: Final = 100
 """accept() failing with EMFILE/ENFILE pauses the listener this long: no spin, resumes within 0.1 s."""
 
 TLS_ALERT_DECODE_ERROR: Final = 50
 """Fatal alert for a ClientHello the router cannot parse (RFC 8446 section 6.2)."""
+
+ACCEPT_BATCH: Final = 64
+"""Connections accepted per readiness callback; bounds one callback's latency under a burst."""
+
+REJECT_LINGER_S: Final = 1.0
+"""After a rejection, read (and discard) this long so the client reads our answer, not a RST."""
+
+REJECTION_LOG_LINES_PER_S: Final = 20.0
+"""Rejection log lines per second per listener; the rest are counted and reported as suppressed."""
 
 # ---------------------------------------------------------------------------
 # Health / metrics HTTP endpoint
@@ -361,61 +383,3 @@ HEALTH_MAX_REQUEST_HEAD_BYTES: Final = 8 * 1024
 
 HEALTH_REQUEST_TIMEOUT_S: Final = 5.0
 """A probe client that cannot send its request (or read the answer) in this long is cut off."""
-
-# ---------------------------------------------------------------------------
-# TCP accept and rejection
-# ---------------------------------------------------------------------------
-ACCEPT_BATCH: Final = 64
-"""Connections accepted per readiness callback; bounds one callback's latency under a burst."""
-
-REJECT_LINGER_S: Final = 1.0
-"""After a rejection, read (and discard) this long so the client reads our answer, not a RST."""
-
-SPLICE_AFTER_BYTES: Final = 64 * 1024
-"""A direction is copied through one shared buffer until it has carried this much; only bulk
-flows pay for a pipe (pipe2 + 2 fcntl + 2 close, 2 fds), short gRPC exchanges never do."""
-
-REJECTION_LOG_LINES_PER_S: Final = 20.0
-"""Rejection log lines per second per listener; the rest are counted and reported as suppressed."""
-
-# ---------------------------------------------------------------------------
-# QUIC: a new connection from an established flow's address (appended by the UDP router helper)
-# ---------------------------------------------------------------------------
-QUIC_FLOW_TAKEOVER_QUIET_MS: Final = 2_000
-"""A new connection naming another pod takes an established flow's address only if that flow's
-client sent nothing for this long: live connections ACK and keep alive far more often, so a
-spoofed Initial cannot cut a busy flow, while a reused NAT port or socket waits at most this."""
-
-REASON_ADDRESS_IN_USE: Final = "client address in use by a live connection"
-"""QUIC CONNECTION_CLOSE reason for a new connection from the address of a live flow to another pod."""
-
-QUIC_SOCKET_BUFFER_BYTES: Final = 4 * 1024 * 1024
-"""QUIC listener SO_RCVBUF/SO_SNDBUF: a burst of a few hundred Initials overflowed the default
-(the kernel clamps it to net.core.rmem_max / wmem_max)."""
-
-# ---------------------------------------------------------------------------
-# QUIC: batched pod -> client path (appended by the UDP batching helper)
-# ---------------------------------------------------------------------------
-QUIC_MAX_UDP_PAYLOAD_BYTES: Final = 65_535
-"""Room every pod read gets: no UDP payload or GRO batch is longer, so nothing is truncated."""
-
-QUIC_POD_RECEIVE_BUFFER_BYTES: Final = 256 * 1024
-"""The router's one pod-read buffer: reads land back to back so a burst leaves as one GSO send;
-four maximal reads fit before it wraps (after sending what it holds)."""
-
-QUIC_POD_READS_PER_CALLBACK: Final = 64
-"""Reads of one flow's pod socket per readiness callback: one full GSO run of single datagrams,
-and a bound (about 64 syscalls) so one busy flow cannot starve the others."""
-
-# ---------------------------------------------------------------------------
-# QUIC: batched client -> pod path
-# ---------------------------------------------------------------------------
-QUIC_GSO_MAX_SEGMENTS: Final = 64
-"""Datagrams in one ``UDP_SEGMENT`` send: the kernel's UDP_MAX_SEGMENTS before Linux 6.x (newer allow 128)."""
-
-QUIC_GSO_MAX_BYTES: Final = 65_507
-"""Payload of one ``UDP_SEGMENT`` send: the largest IPv4 UDP payload (IPv6 allows 20 bytes more)."""
-
-QUIC_OUTBOX_DATAGRAMS: Final = QUIC_GSO_MAX_SEGMENTS
-"""Client datagrams a flow collects within one loop iteration before it sends them at once: one
-full GSO run, so a flood holds at most this many per flow between two sends."""

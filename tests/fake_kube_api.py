@@ -392,12 +392,3 @@ class FakeKubeApi:
     def _abort(watch: _Watch) -> None:
         if watch.transport is not None:
             watch.transport.abort()
-
-
-async def eventually(predicate: Any, timeout_s: float = 5.0, interval_s: float = 0.02) -> None:
-    """Wait until ``predicate()`` is true; fail the test after ``timeout_s`` (a convergence bound)."""
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not reached within {timeout_s} s")
-        await asyncio.sleep(interval_s)

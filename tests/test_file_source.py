@@ -20,7 +20,8 @@ from discovery.targets import TargetSnapshot
 from router import constants as c
 from router.app import MetricsDiscoveryObserver
 from router.metrics import RouterMetrics
-from tests.fake_kube_api import eventually, make_endpoint, make_slice
+from tests.fake_kube_api import make_endpoint, make_slice
+from tests.support.polling import eventually
 
 SETTINGS = DiscoverySettings("stargate", "stargate-headless", "grpc", "quic")
 POLL_S = 0.05

@@ -13,9 +13,8 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from quic.packet import QuicPacketError
+from quic.packet import QuicErrorCode, QuicPacketError
 from quic.server_packets import build_initial_close, build_version_negotiation
-from router import constants as c
 from router.log_limiter import RateLimitedLog
 from router.metrics import RouterMetrics
 from router.udp.flow_table import Address, ByteBudget, Rejection, UdpFlowTable
@@ -54,7 +53,7 @@ class QuicRefusals:
         self._metrics.quic_outcome(outcome)
         self.log.info("quic flow refused: hostname=%r peer=%s outcome=%s", hostname, peer(addr), outcome)
         try:
-            answer = build_initial_close(version, dcid, scid, reason, c.QUIC_CLOSE_CONNECTION_REFUSED)
+            answer = build_initial_close(version, dcid, scid, reason, QuicErrorCode.CONNECTION_REFUSED)
         except QuicPacketError:  # CIDs no close can be built for: nothing to answer
             self._drop("malformed")
             return

@@ -4,18 +4,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
+from quic.frames import QUIC_MAX_CRYPTO_BYTES
 from router import constants as c
 from router.udp.flow_table import FlowLimits
 
 
 @dataclass(frozen=True)
 class UdpRouterSettings:
-    """Knobs of the QUIC side; every default comes from ``router/constants.py``."""
+    """Knobs of the QUIC side; defaults from ``router/constants.py`` (the CRYPTO cap from ``quic/frames.py``)."""
 
     relay_idle_timeout_s: float = c.DEFAULT_RELAY_IDLE_TIMEOUT_MS / 1000
     cid_length: int | None = None
     """Length of the pod's connection IDs in short headers; None learns it from long headers."""
-    max_crypto_bytes: int = c.QUIC_MAX_CRYPTO_BYTES
+    max_crypto_bytes: int = QUIC_MAX_CRYPTO_BYTES
     max_pending_flows: int = c.QUIC_MAX_PENDING_FLOWS
     max_pending_datagrams_per_flow: int = c.QUIC_MAX_PENDING_DATAGRAMS_PER_FLOW
     max_pending_bytes_per_flow: int = c.QUIC_MAX_PENDING_BYTES_PER_FLOW

@@ -15,6 +15,7 @@ from enum import Enum
 from typing import Generic, TypeVar
 
 from quic.packet import (
+    QUIC_MIN_INITIAL_DATAGRAM_BYTES,
     QUIC_VERSION_NEGOTIATION,
     SUPPORTED_VERSIONS,
     LongHeader,
@@ -22,7 +23,6 @@ from quic.packet import (
     QuicPacketError,
     parse_long_header,
 )
-from router import constants as c
 from router.udp.flow_table import Address, Flow, Rejection, UdpFlowTable
 
 S = TypeVar("S")
@@ -79,7 +79,7 @@ def classify_unrouted(
     flow = table.flow_for_cid(header.dcid) if header.dcid else None
     if flow is not None:
         return Unrouted(Verdict.JOIN, flow=flow)
-    big_enough = len(datagram) >= c.QUIC_MIN_INITIAL_DATAGRAM_BYTES
+    big_enough = len(datagram) >= QUIC_MIN_INITIAL_DATAGRAM_BYTES
     if header.version not in SUPPORTED_VERSIONS:
         # RFC 9000 6.1: never answer a VN, nor a datagram too small to start a connection.
         if header.version == QUIC_VERSION_NEGOTIATION or not big_enough:
@@ -114,7 +114,7 @@ def classify_on_flow(
         return Unrouted(Verdict.CONTEND, header=header)
     if (
         header.packet_type is not PacketType.INITIAL
-        or len(datagram) < c.QUIC_MIN_INITIAL_DATAGRAM_BYTES
+        or len(datagram) < QUIC_MIN_INITIAL_DATAGRAM_BYTES
         or header.dcid in flow.client_dcids
         or table.flow_for_cid(header.dcid) is flow
     ):
