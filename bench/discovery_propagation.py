@@ -31,6 +31,9 @@ from tests.fake_kube_api import FakeKubeApi, make_endpoint, make_slice
 from tests.support.router_process import RouterProcess, write_endpoints
 
 AUTHORITY = "stargate-0.stargate.external"
+SETTLE_S = 6.0
+"""Before each outage the watch stays open this long (past the 5 s after which a watch counts as
+healthy), as it would between real outages: no round inherits the backoff of the previous one."""
 NAMESPACE = "stargate"
 
 
@@ -101,8 +104,9 @@ async def outage_rounds(pods: list[RunningPod], outage_s: float, rounds: int, wo
     try:
         times = []
         for i in range(rounds):
-            while api.open_watches < 1:  # each outage starts from an established watch
+            while api.open_watches < 1:  # each outage starts from an established, healthy watch
                 await asyncio.sleep(0.05)
+            await asyncio.sleep(SETTLE_S)
             pod = pods[(i + 1) % 2]
             await api.stop()
             api.upsert(slice_for(pod))  # the world changes while the router cannot see it
