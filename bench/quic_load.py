@@ -246,7 +246,7 @@ def udp_echo_window(seconds: float, size: int, window: int, stall_s: float = 0.0
     try:
         while (now := clock()) < deadline:
             for key, _events in selector.select(min(deadline - now, stall_s)):
-                sock = key.fileobj  # type: ignore[assignment]
+                sock = socks[key.data]
                 recv, send = sock.recv_into, sock.send
                 got = 0
                 with contextlib.suppress(BlockingIOError):
