@@ -5,11 +5,13 @@ a handshake, one stream round trip and a close) against the router alone and pri
 per connection, user and system. ``--callbacks`` splits the main thread's CPU by the router
 callback that spent it (thread CPU clock around each one, wrapped by a ``sitecustomize``
 written into the scratch directory: the router's code is unchanged); ``--py-spy FILE`` records
-a py-spy profile (raw collapsed stacks) of the router meanwhile; ``--peer nginx`` measures
+a py-spy profile (raw collapsed stacks) of the router meanwhile, ``--strace FILE`` its system
+call counts (deterministic, unlike CPU time on a shared machine); ``--peer nginx`` measures
 nginx's worker instead.
 
     python -m bench.quic_profile --seconds 10 --callbacks
     python -m bench.quic_profile --seconds 10 --py-spy /tmp/hs.txt
+    python -m bench.quic_profile --seconds 10 --strace /tmp/hs-syscalls.txt
 """
 
 from __future__ import annotations
@@ -120,6 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, default=10.0, help="measured load (default 10)")
     p.add_argument("--callbacks", action="store_true", help="split the router's CPU by callback")
     p.add_argument("--py-spy", type=Path, help="record a py-spy raw profile of the middle box here")
+    p.add_argument("--strace", type=Path, help="count the middle box's system calls (strace -c) into this file")
     p.add_argument("--peer", choices=("router", "nginx"), default="router")
     args = p.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="stargate-qprof-") as tmp:
@@ -151,6 +154,10 @@ def main(argv: list[str] | None = None) -> int:
                                             str(args.py_spy), "-d", str(int(args.seconds)), "--pid", str(pid)],
                                            stdout=subprocess.DEVNULL)
                     time.sleep(1)
+                if args.strace:
+                    spy = subprocess.Popen(["strace", "-c", "-f", "-o", str(args.strace), "-p", str(pid)],
+                                           stderr=subprocess.DEVNULL)
+                    time.sleep(1)
                 if args.callbacks and args.peer == "router":
                     os.kill(pid, signal.SIGUSR2)
                 user0, sys0 = _cpu_ticks(pid)
@@ -161,6 +168,8 @@ def main(argv: list[str] | None = None) -> int:
                     os.kill(pid, signal.SIGUSR1)
                     time.sleep(0.5)
                 if spy is not None:
+                    if args.strace:
+                        spy.send_signal(signal.SIGINT)
                     spy.wait()
             finally:
                 box.close()
