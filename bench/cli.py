@@ -18,7 +18,7 @@ from typing import Any
 
 from bench.context import BenchContext, Scenario
 from bench.procs import python_version, raise_fd_limit, tool_version
-from bench.results import Row, markdown_table, text_table, write_json, write_plots
+from bench.results import OutputPathError, Outputs, Row, text_table
 
 
 def _scenarios() -> dict[str, Scenario]:
@@ -85,6 +85,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.workers < 1 or (args.rounds is not None and args.rounds < 1):
         print("python -m bench: --workers and --rounds must be >= 1", file=sys.stderr)
         return 2
+    outputs = Outputs(json=args.json, markdown=args.markdown, plot=args.plot)
+    try:
+        outputs.prepare()  # before the first scenario: a bad path must not cost a whole run
+    except OutputPathError as exc:
+        print(f"python -m bench: {exc}", file=sys.stderr)
+        return 2
     raise_fd_limit()
     machine = machine_info(args.workers)
     print(f"bench: {'quick' if args.quick else 'full'} run, {machine['nproc']} CPUs, kernel "
@@ -111,16 +117,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(text_table(rows))
     print(f"\n{len(rows)} figures in {machine['duration_s']}s; load average at end "
           f"{machine['loadavg_at_end']}")
-    if args.json:
-        write_json(args.json, rows, machine)
-    if args.markdown:
-        args.markdown.write_text(markdown_table(rows) + "\n")
-    if args.plot:
-        try:
-            write_plots(args.plot, rows)
-        except ImportError:
-            print("bench: --plot needs matplotlib (pip install '.[bench]')", file=sys.stderr)
-            return 1
+    written, unwritten = outputs.write(rows, machine)
+    for line in written + unwritten:
+        print(f"bench: {line}", file=sys.stderr)
     for failure in failures:
         print(f"FAILED {failure}", file=sys.stderr)
-    return 1 if failures else 0
+    return 1 if failures or unwritten else 0

@@ -3,15 +3,22 @@
 Ratios are always ``router / peer`` and ``router / direct`` of the reported values, whether
 higher or lower is better; ``higher_is_better`` says which, and a row's ``target`` says
 what the issue asks of it. Output: a text table, a Markdown table, JSON, PNG bar charts.
+
+``Outputs`` guards the files: every path is checked (its directory created) before the first
+scenario runs, so a typo costs seconds, not a whole run; and after the run each output that
+cannot be written where asked goes to a scratch file instead, named on stderr.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
+import os
 import statistics
+import tempfile
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -159,9 +166,13 @@ def markdown_table(rows: Sequence[Row]) -> str:
     return "\n".join(lines + (["", *notes] if notes else []))
 
 
-def write_json(path: Path, rows: Sequence[Row], machine: dict[str, Any]) -> None:
+def json_document(rows: Sequence[Row], machine: dict[str, Any]) -> str:
     doc = {"machine": machine, "scenarios": [r.to_json() for r in rows]}
-    path.write_text(json.dumps(doc, indent=2) + "\n")
+    return json.dumps(doc, indent=2) + "\n"
+
+
+def write_json(path: Path, rows: Sequence[Row], machine: dict[str, Any]) -> None:
+    path.write_text(json_document(rows, machine))
 
 
 def write_plots(directory: Path, rows: Sequence[Row]) -> list[Path]:
@@ -221,3 +232,106 @@ def write_plots(directory: Path, rows: Sequence[Row]) -> list[Path]:
         plt.close(fig)
         written.append(path)
     return written
+
+
+# ---------------------------------------------------------------------------------------
+# Output paths: checked before the run, never losing it after
+# ---------------------------------------------------------------------------------------
+FALLBACK_PREFIX = "stargate-bench-"
+"""Scratch files (in the system temp directory) that take an output its own path refused."""
+
+
+class OutputPathError(Exception):
+    """An output option whose path cannot be written; the message starts with the option."""
+
+
+@dataclass(frozen=True)
+class Outputs:
+    """Where ``--json``, ``--markdown`` (files) and ``--plot`` (a directory) write; None: not asked."""
+
+    json: Path | None = None
+    markdown: Path | None = None
+    plot: Path | None = None
+
+    def asked(self) -> list[tuple[str, Path]]:
+        """``(option, path)`` of each output asked for, in the order they are written."""
+        return [(f"--{f.name}", path) for f in fields(self) if (path := getattr(self, f.name)) is not None]
+
+    def prepare(self) -> None:
+        """Create the directories and prove each path writable, before any scenario runs."""
+        for option, path in self.asked():
+            try:
+                if option == "--plot":
+                    _prepare_directory(path)
+                    if importlib.util.find_spec("matplotlib") is None:
+                        raise OutputPathError("needs matplotlib (pip install '.[bench]')")
+                else:
+                    _prepare_file(path)
+            except (OSError, OutputPathError) as exc:
+                raise OutputPathError(f"{option}: {_why(exc)}") from None
+
+    def write(self, rows: Sequence[Row], machine: dict[str, Any]) -> tuple[list[str], list[str]]:
+        """Write every output; returns (lines saying what went where, lines saying what failed).
+
+        An output its path refuses goes to a scratch file instead; each failure says where."""
+        written: list[str] = []
+        failed: list[str] = []
+        for option, path in self.asked():
+            try:
+                _write_output(option, path, rows, machine)
+                written.append(f"{option}: wrote {path}")
+                continue
+            except Exception as exc:  # anything, even a plotting bug: the other outputs still go out
+                reason = _why(exc)
+            try:
+                instead = _scratch_path(option)
+                _write_output(option, instead, rows, machine)
+                failed.append(f"{option}: could not write {path} ({reason}); wrote it to {instead} instead")
+            except Exception as exc:
+                failed.append(f"{option}: could not write {path} ({reason}), nor a scratch copy ({_why(exc)})")
+        return written, failed
+
+
+def _write_output(option: str, path: Path, rows: Sequence[Row], machine: dict[str, Any]) -> None:
+    if option == "--plot":
+        write_plots(path, rows)
+    elif option == "--json":
+        path.write_text(json_document(rows, machine))
+    else:
+        path.write_text(markdown_table(rows) + "\n")
+
+
+def _scratch_path(option: str) -> Path:
+    """A new file (a directory for ``--plot``) in the system temp directory."""
+    if option == "--plot":
+        return Path(tempfile.mkdtemp(prefix=FALLBACK_PREFIX + "plots-"))
+    suffix = ".json" if option == "--json" else ".md"
+    fd, name = tempfile.mkstemp(prefix=FALLBACK_PREFIX, suffix=suffix)
+    os.close(fd)
+    return Path(name)
+
+
+def _prepare_file(path: Path) -> None:
+    if path.is_dir():
+        raise OutputPathError(f"{path} is a directory")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    existed = path.exists()
+    with open(path, "ab"):  # appends nothing: proves the file can be opened for writing
+        pass
+    if not existed:
+        path.unlink()
+
+
+def _prepare_directory(path: Path) -> None:
+    if path.exists() and not path.is_dir():
+        raise OutputPathError(f"{path} is not a directory")
+    path.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryFile(dir=path):
+        pass
+
+
+def _why(exc: BaseException) -> str:
+    if isinstance(exc, OSError) and exc.strerror:
+        where = f": {exc.filename}" if exc.filename else ""
+        return f"{exc.strerror}{where}"
+    return " ".join(str(exc).split()) or type(exc).__name__

@@ -11,10 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import IntEnum
 
-from router.constants import MAX_TLS_CLIENT_HELLO_BYTES
-
 HANDSHAKE_HEADER_BYTES = 4
 """msg_type(1) + uint24 length (RFC 8446 section 4)."""
+
+MAX_TLS_CLIENT_HELLO_BYTES = 16 * 1024
+"""Handshake message length cap; larger claims are rejected before buffering them."""
 
 RANDOM_BYTES = 32
 MAX_SESSION_ID_BYTES = 32

@@ -21,10 +21,18 @@ Error policy, so that an off-path injector cannot kill a flow it does not own:
 
 from __future__ import annotations
 
-from quic.clienthello import ClientHelloError, ClientHelloInfo, client_hello_length, parse_client_hello
-from quic.frames import CryptoReassembler, walk_initial_frames
+from quic.clienthello import (
+    HANDSHAKE_HEADER_BYTES,
+    MAX_TLS_CLIENT_HELLO_BYTES,
+    ClientHelloError,
+    ClientHelloInfo,
+    client_hello_length,
+    parse_client_hello,
+)
+from quic.frames import QUIC_MAX_CRYPTO_BYTES, CryptoReassembler, walk_initial_frames
 from quic.initial_keys import InitialKeys, client_initial_keys, decrypt_initial
 from quic.packet import (
+    QUIC_MIN_INITIAL_DATAGRAM_BYTES,
     QUIC_VERSION_NEGOTIATION,
     SUPPORTED_VERSIONS,
     PacketType,
@@ -33,9 +41,6 @@ from quic.packet import (
     is_long_header,
     iter_long_headers,
 )
-from router.constants import MAX_TLS_CLIENT_HELLO_BYTES, QUIC_MAX_CRYPTO_BYTES, QUIC_MIN_INITIAL_DATAGRAM_BYTES
-
-_HANDSHAKE_HEADER_BYTES = 4
 
 
 class NotInitial(QuicPacketError):
@@ -127,7 +132,7 @@ class InitialSniffer:
         if not available:
             return None
         try:
-            total = client_hello_length(self._crypto.contiguous(_HANDSHAKE_HEADER_BYTES))
+            total = client_hello_length(self._crypto.contiguous(HANDSHAKE_HEADER_BYTES))
             if total is None or available < total:
                 return None
             info = parse_client_hello(self._crypto.contiguous(total))

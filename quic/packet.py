@@ -21,6 +21,9 @@ QUIC_VERSION_NEGOTIATION = 0x00000000
 SUPPORTED_VERSIONS = (QUIC_V1, QUIC_V2)
 """Versions whose Initials the router can open, in server preference order."""
 
+QUIC_MIN_INITIAL_DATAGRAM_BYTES = 1200
+"""RFC 9000 section 14.1: a client Initial datagram is at least 1200 bytes."""
+
 MAX_CID_LENGTH = 20
 """v1/v2 connection IDs are at most 20 bytes (RFC 9000 section 17.2); invariants allow 255."""
 VARINT_MAX = (1 << 62) - 1
@@ -54,6 +57,16 @@ class PacketType(IntEnum):
     ZERO_RTT = 1
     HANDSHAKE = 2
     RETRY = 3
+
+
+class QuicErrorCode(IntEnum):
+    """Transport error codes of CONNECTION_CLOSE (RFC 9000 section 20.1) the router sends;
+    names and values as aioquic's ``QuicErrorCode``."""
+
+    INTERNAL_ERROR = 0x1
+    """The endpoint hit an error it cannot name more precisely."""
+    CONNECTION_REFUSED = 0x2
+    """The server refuses the connection: the router's answer to an Initial it cannot route."""
 
 
 _V2_TYPES = (PacketType.RETRY, PacketType.INITIAL, PacketType.ZERO_RTT, PacketType.HANDSHAKE)

@@ -14,12 +14,13 @@ from collections.abc import Iterable
 
 from quic.frames import FrameType
 from quic.initial_keys import encrypt_initial, server_initial_keys
-from quic.packet import QUIC_V1, QUIC_V2, QUIC_VERSION_NEGOTIATION, QuicPacketError, encode_varint
-from router.constants import (
-    QUIC_CLOSE_CONNECTION_REFUSED,
-    QUIC_MAX_CLOSE_REASON_BYTES,
-    QUIC_ROUTER_SCID_BYTES,
-)
+from quic.packet import QUIC_V1, QUIC_V2, QUIC_VERSION_NEGOTIATION, QuicErrorCode, QuicPacketError, encode_varint
+
+QUIC_ROUTER_SCID_BYTES = 8
+"""Random SCID length of the router's refusal Initial: 8 bytes, like aioquic's and most servers' CIDs."""
+
+QUIC_MAX_CLOSE_REASON_BYTES = 256
+"""Reason phrases are cut to this, so a refusal stays far below the client's 1200-byte Initial."""
 
 
 def connection_close_frame(error_code: int, reason: str, frame_type: int = 0) -> bytes:
@@ -39,7 +40,7 @@ def build_initial_close(
     original_dcid: bytes,
     client_scid: bytes,
     reason: str,
-    error_code: int = QUIC_CLOSE_CONNECTION_REFUSED,
+    error_code: int = QuicErrorCode.CONNECTION_REFUSED,
     scid: bytes | None = None,
 ) -> bytes:
     """A server Initial closing the connection the client's ``original_dcid`` opened.

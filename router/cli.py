@@ -1,12 +1,122 @@
-"""``stargate-router``: run the router (flags as the Rust router's) or ``stargate-router demo``."""
+"""``stargate-router``: run the router (flags as the Rust router's) or one of its subcommands.
+
+``stargate-router [flags]`` runs the router; ``stargate-router NAME ...`` runs the subcommand
+``NAME`` from ``SUBCOMMANDS``. Adding a subcommand is one entry there: ``--help`` lists it and
+``stargate-router NAME --help`` prints its description.
+"""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
 
-from router.config import ConfigError, RouterConfig, config_from_args
+from router.config import ConfigError, RouterConfig, build_parser, config_from_args
+
+
+@dataclass(frozen=True, slots=True)
+class Subcommand:
+    """One ``stargate-router NAME`` command."""
+
+    summary: str
+    """One line in ``stargate-router --help``."""
+    description: str
+    """What ``stargate-router NAME --help`` says the command does."""
+    run: Callable[[argparse.ArgumentParser, list[str]], int]
+    """Gets a parser already named and described (add flags to it, then parse) and the arguments
+    after NAME; returns the exit status. Imports its module lazily so the router starts light."""
+
+
+def _run_demo(parser: argparse.ArgumentParser, argv: list[str]) -> int:
+    parser.parse_args(argv)  # answers --help; any other argument is a usage error (exit 2)
+    from router.demo.command import run_demo
+
+    return run_demo([])
+
+
+def _run_check(parser: argparse.ArgumentParser, argv: list[str]) -> int:
+    from router.check import run_check
+
+    return run_check(parser, argv)
+
+
+SUBCOMMANDS: dict[str, Subcommand] = {
+    "demo": Subcommand(
+        summary="the whole path on this machine, no cluster: two local pods, calls through the router",
+        description=(
+            "Starts two Stargate-like pods, stargate-0 on 127.0.0.2 and stargate-1 on 127.0.0.3\n"
+            "(grpcio servers, h2c and TLS, and aioquic servers), writes an EndpointSlice file naming\n"
+            "them and runs the router on 127.0.0.1 with it. Then calls each pod through the router by\n"
+            "name, once per protocol: gRPC h2c by :authority, gRPC over TLS by SNI, QUIC by SNI; and\n"
+            "shows the rejections: an unknown pod (gRPC UNAVAILABLE, QUIC CONNECTION_CLOSE) and a\n"
+            "name outside the template (gRPC INVALID_ARGUMENT). Prints each call and who answered.\n"
+            "Exits 0 when every call landed where it should, 1 otherwise."
+        ),
+        run=_run_demo,
+    ),
+    "check": Subcommand(
+        summary="validate the flags and print the routing table the router would serve, then exit",
+        description=(
+            "Takes the router's own flags and validates them as the router does. Then reads the\n"
+            "targets once, by the router's rules: the --endpoints-file, or ONE LIST of the Service's\n"
+            "EndpointSlices through the Kubernetes API (--kubeconfig, else in-cluster, else KUBECONFIG\n"
+            "or ~/.kube/config; --connect-timeout-ms bounds the connect). Prints one line per pod,\n"
+            "sorted by pod:\n"
+            "  <hostname> -> <pod> grpc <address:port> quic <address:port>\n"
+            "then a summary line, and exits 0 (with a warning on stderr when no target is ready:\n"
+            "the router would start not ready). Bad flags, an unreadable or invalid file, an\n"
+            "unreachable or refusing API: one line on stderr naming the flag, file or API error,\n"
+            "exit 2."
+        ),
+        run=_run_check,
+    ),
+}
+"""Every subcommand, by name, in the order ``--help`` lists them."""
+
+
+class _VersionAction(argparse.Action):
+    """``--version``: the ``build_info`` metric's ``version`` label (``router.app.version``),
+    looked up only when asked so running the router does not pay for it here."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(
+            option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, nargs=0,
+            help="print the version (the build_info metric's version label) and exit",
+        )
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        from router.app import version
+
+        print(version())
+        parser.exit(0)
+
+
+def top_parser() -> argparse.ArgumentParser:
+    """The router's flags (``router.config``) plus ``--version`` and the list of subcommands."""
+    parser = build_parser()
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    names = "{" + ",".join(SUBCOMMANDS) + "}"
+    parser.usage = f"%(prog)s [flags]\n       %(prog)s {names} [--help]"
+    width = max(map(len, SUBCOMMANDS))
+    parser.epilog = "\n".join([
+        "subcommands:",
+        *(f"  {name:<{width}}  {sub.summary}" for name, sub in SUBCOMMANDS.items()),
+        "",
+        "`stargate-router SUBCOMMAND --help` says what one does.",
+    ])
+    parser.add_argument("--version", action=_VersionAction)
+    return parser
+
+
+def subcommand_parser(name: str) -> argparse.ArgumentParser:
+    return argparse.ArgumentParser(
+        prog=f"stargate-router {name}", description=SUBCOMMANDS[name].description,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
 
 
 def _new_event_loop() -> asyncio.AbstractEventLoop:
@@ -35,14 +145,19 @@ def run_router(config: RouterConfig) -> int:
         return runner.run(_main())
 
 
+def _exit_status(exc: SystemExit) -> int:
+    return exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 2
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    if args[:1] == ["demo"]:
-        from router.demo.command import run_demo
-
-        return run_demo(args[1:])
     try:
+        if args[:1] and args[0] in SUBCOMMANDS:
+            return SUBCOMMANDS[args[0]].run(subcommand_parser(args[0]), args[1:])
+        top_parser().parse_args(args)  # --help, --version and unknown flags end here
         config = config_from_args(args)
+    except SystemExit as exc:  # argparse's help, version and usage errors
+        return _exit_status(exc)
     except ConfigError as exc:
         print(f"stargate-router: error: {exc}", file=sys.stderr)
         return 2

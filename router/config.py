@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from discovery.targets import host_port
 from router import constants as c
 
 
@@ -27,7 +28,7 @@ class SocketAddress:
     port: int
 
     def __str__(self) -> str:
-        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+        return host_port(self.host, self.port)
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,9 +55,10 @@ class RouterConfig:
     quic_cid_length: int | None
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The router's flags (``stargate-router [flags]``); ``demo`` is a separate subcommand."""
-    p = argparse.ArgumentParser(
+def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
+    """The router's flags (``stargate-router [flags]``), added to ``parser`` when given (``check``
+    takes exactly these flags); ``demo`` is a separate subcommand."""
+    p = parser if parser is not None else argparse.ArgumentParser(
         prog="stargate-router",
         description="Route worker gRPC (h2c/TLS) and QUIC to the Stargate pod named in "
         ":authority / SNI, splicing bytes without terminating TLS.",

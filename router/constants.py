@@ -1,9 +1,13 @@
-"""Every pinned value of stargate-router: defaults, limits, metric names and outcomes.
+"""The router's own pinned values: its tunables, CLI defaults and metric names.
 
 One source of truth, each value with the reason it has that value. The CLI defaults
 match the Rust ``stargate-k8s-router`` so this router is a drop-in replacement in the
-same Deployment; metric names and outcome labels match it so dashboards keep working.
-This module imports nothing from the project, so ``quic/`` and ``discovery/`` can use it.
+same Deployment; metric names match it so dashboards keep working (their label values are
+the enums of ``router/outcomes.py``; TLS alerts and gRPC status codes sit beside their codecs).
+A parser's limits live beside that parser instead (the ClientHello, CRYPTO and Initial
+bounds in ``quic/``), and protocol codes as enums in their codec (``quic.packet.QuicErrorCode``).
+This module imports nothing from the project. The lower layers ``quic/`` and ``discovery/``
+must not import it (or anything in ``router/``): ``tests/test_layering.py`` checks them.
 """
 
 from __future__ import annotations
@@ -76,9 +80,6 @@ ENDPOINTS_FILE_POLL_INTERVAL_S: Final = 0.5
 MAX_PEEK_BYTES: Final = 16 * 1024
 """A ClientHello or first HEADERS block larger than this is refused; real ones are < 4 KiB."""
 
-MAX_TLS_CLIENT_HELLO_BYTES: Final = 16 * 1024
-"""Handshake message length cap; larger claims are rejected before buffering them."""
-
 MAX_HOSTNAME_LENGTH: Final = 253
 """Longest DNS name (RFC 1035); longer :authority / SNI values never route."""
 
@@ -92,32 +93,30 @@ H2_MAX_HEADER_LIST_SIZE: Final = 16 * 1024
 """Decoded header list cap for the first HEADERS block (hpack bomb guard)."""
 
 # ---------------------------------------------------------------------------
-# Relay
+# Relay (TCP: copied through a shared buffer, then spliced)
 # ---------------------------------------------------------------------------
 RELAY_CHUNK_BYTES: Final = 256 * 1024
 """Read size per recv on the buffered relay path; large enough to amortise syscalls."""
 
-RELAY_HIGH_WATER_BYTES: Final = 256 * 1024
-"""Pause reading a side when the other side's write buffer exceeds this (flow control)."""
-
-RELAY_LOW_WATER_BYTES: Final = 64 * 1024
-"""Resume reading once the other side's write buffer drains below this."""
-
 SPLICE_PIPE_BYTES: Final = 1024 * 1024
 """Pipe size for os.splice zero-copy relaying (F_SETPIPE_SZ); clipped by /proc limits."""
 
+SPLICE_AFTER_BYTES: Final = 64 * 1024
+"""A direction is copied through one shared buffer until it has carried this much; only bulk
+flows pay for a pipe (pipe2 + 2 fcntl + 2 close, 2 fds), short gRPC exchanges never do."""
+
+RELAY_REPORT_BYTES: Final = 1024 * 1024
+"""on_bytes is called after this many bytes per direction (and at close): metrics stay cheap."""
+
+RELAY_RELEASE_QUIET_S: Final = 1.0
+"""A relay direction quiet this long gives back its pipe/buffer: idle connections hold ~no memory."""
+
+RELAY_ROUNDS_PER_WAKEUP: Final = 8
+"""Read/write rounds one readiness callback may do before yielding to other connections."""
+
 # ---------------------------------------------------------------------------
-# QUIC / UDP
+# QUIC / UDP: pending flows and the flow table
 # ---------------------------------------------------------------------------
-QUIC_MIN_INITIAL_DATAGRAM_BYTES: Final = 1200
-"""RFC 9000 section 14.1: a client Initial datagram is at least 1200 bytes."""
-
-QUIC_MAX_DATAGRAM_BYTES: Final = 65_527
-"""Largest UDP payload; receive buffers are sized for it."""
-
-QUIC_MAX_CRYPTO_BYTES: Final = MAX_TLS_CLIENT_HELLO_BYTES
-"""CRYPTO bytes buffered per pending flow: past the largest ClientHello accepted none can complete."""
-
 QUIC_MAX_PENDING_DATAGRAMS_PER_FLOW: Final = 16
 """Datagrams held for a flow whose SNI is not complete yet (big ClientHellos need 2-4)."""
 
@@ -136,8 +135,59 @@ QUIC_MAX_FLOWS: Final = 65_536
 QUIC_MAX_LEARNED_CIDS_PER_FLOW: Final = 16
 """Pod connection IDs remembered per flow for migration (aioquic issues up to 8)."""
 
+QUIC_FLOW_SWEEP_INTERVAL_MS: Final = 500
+"""How often pending deadlines, idle flows and batched byte counters are swept/flushed."""
+
+QUIC_FLOW_TAKEOVER_QUIET_MS: Final = 2_000
+"""A new connection naming another pod takes an established flow's address only if that flow's
+client sent nothing for this long: live connections ACK and keep alive far more often, so a
+spoofed Initial cannot cut a busy flow, while a reused NAT port or socket waits at most this."""
+
+# ---------------------------------------------------------------------------
+# QUIC / UDP: refusals (answer budget, refused attempts remembered)
+# ---------------------------------------------------------------------------
 QUIC_REJECT_BUDGET_BYTES_PER_S: Final = 1_000_000
 """Global byte rate of CONNECTION_CLOSE answers; with the <= received-bytes rule, no amplifier."""
+
+QUIC_REJECTION_MEMORY_MS: Final = 10_000
+"""A refused attempt (address + DCID) is remembered this long, past a client's first PTO backoffs."""
+
+QUIC_MAX_REMEMBERED_REJECTIONS: Final = 4_096
+"""Refused attempts remembered at once (oldest forgotten first); bounds a spoofed-source flood."""
+
+QUIC_ANSWERS_PER_REJECTION: Final = 3
+"""CONNECTION_CLOSE answers per refused attempt: the first plus two for lost ones, then silence."""
+
+REASON_ADDRESS_IN_USE: Final = "client address in use by a live connection"
+"""QUIC CONNECTION_CLOSE reason for a new connection from the address of a live flow to another pod."""
+
+# ---------------------------------------------------------------------------
+# QUIC / UDP: sockets and batched I/O (GRO reads, GSO sends)
+# ---------------------------------------------------------------------------
+QUIC_SOCKET_BUFFER_BYTES: Final = 4 * 1024 * 1024
+"""QUIC listener SO_RCVBUF/SO_SNDBUF: a burst of a few hundred Initials overflowed the default
+(the kernel clamps it to net.core.rmem_max / wmem_max)."""
+
+QUIC_MAX_UDP_PAYLOAD_BYTES: Final = 65_535
+"""Room every pod read gets: no UDP payload or GRO batch is longer, so nothing is truncated."""
+
+QUIC_POD_RECEIVE_BUFFER_BYTES: Final = 256 * 1024
+"""The router's one pod-read buffer: reads land back to back so a burst leaves as one GSO send;
+four maximal reads fit before it wraps (after sending what it holds)."""
+
+QUIC_POD_READS_PER_CALLBACK: Final = 64
+"""Reads of one flow's pod socket per readiness callback: one full GSO run of single datagrams,
+and a bound (about 64 syscalls) so one busy flow cannot starve the others."""
+
+QUIC_GSO_MAX_SEGMENTS: Final = 64
+"""Datagrams in one ``UDP_SEGMENT`` send: the kernel's UDP_MAX_SEGMENTS before Linux 6.x (newer allow 128)."""
+
+QUIC_GSO_MAX_BYTES: Final = 65_507
+"""Payload of one ``UDP_SEGMENT`` send: the largest IPv4 UDP payload (IPv6 allows 20 bytes more)."""
+
+QUIC_OUTBOX_DATAGRAMS: Final = QUIC_GSO_MAX_SEGMENTS
+"""Client datagrams a flow collects within one loop iteration before it sends them at once: one
+full GSO run, so a flood holds at most this many per flow between two sends."""
 
 # ---------------------------------------------------------------------------
 # Kubernetes discovery
@@ -187,6 +237,9 @@ DECISION_LATENCY_SECONDS: Final = f"{METRIC_PREFIX}_decision_latency_seconds"
 DIAL_LATENCY_SECONDS: Final = f"{METRIC_PREFIX}_dial_latency_seconds"
 """Histogram of pod dial time, by protocol."""
 
+WORKER_RESTARTS_TOTAL: Final = f"{METRIC_PREFIX}_worker_restarts"
+"""Counter (``_total`` added by prometheus-client) of dead worker processes the supervisor restarted."""
+
 DISCOVERY_UPDATES_TOTAL: Final = f"{METRIC_PREFIX}_discovery_updates"
 """Counter of snapshots published, by source and result."""
 
@@ -195,55 +248,6 @@ DISCOVERY_LAST_SYNC_AGE_SECONDS: Final = f"{METRIC_PREFIX}_discovery_last_sync_a
 
 BUILD_INFO: Final = f"{METRIC_PREFIX}_build_info"
 """Constant 1 gauge labelled with the version."""
-
-TCP_PROTOCOLS: Final = ("h2c", "tls")
-"""Label values of ``protocol`` on the gRPC connection counter."""
-
-GRPC_OUTCOMES: Final = (
-    "accepted",
-    "missing_authority",
-    "unknown_authority",
-    "target_unavailable",
-    "connect_error",
-    "protocol_error",
-    "peek_timeout",
-    "completed",
-    "relay_error",
-)
-"""Outcomes of a TCP connection; every one is exported at 0 before traffic."""
-
-QUIC_OUTCOMES: Final = (
-    "accepted",
-    "missing_sni",
-    "unknown_sni",
-    "target_unavailable",
-    "completed",
-    "relay_error",
-)
-"""Outcomes of a QUIC flow (the Rust router's names)."""
-
-QUIC_DROP_REASONS: Final = (
-    "not_initial",
-    "short_initial",
-    "malformed",
-    "pending_full",
-    "flow_table_full",
-    "pending_timeout",
-    "rate_limited",
-)
-"""Why a datagram was dropped without routing."""
-
-RELAY_PROTOCOLS: Final = ("h2c", "tls", "quic")
-"""Label values of ``protocol`` on byte and active-connection metrics."""
-
-RELAY_DIRECTIONS: Final = ("client_to_pod", "pod_to_client")
-"""Label values of ``direction`` on the relayed-bytes counter."""
-
-DISCOVERY_SOURCES: Final = ("kubernetes", "file")
-"""Label values of ``source`` on discovery metrics."""
-
-DISCOVERY_RESULTS: Final = ("published", "unchanged", "error")
-"""Label values of ``result`` on the discovery updates counter."""
 
 LATENCY_BUCKETS_S: Final = (
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
@@ -262,23 +266,8 @@ REASON_UNKNOWN_SNI: Final = "unknown target SNI"
 REASON_TARGET_NOT_READY: Final = "target stargate not ready"
 """Reason when the named pod is known by name but not routable (no port / dial failed)."""
 
-GRPC_STATUS_INVALID_ARGUMENT: Final = 3
-"""grpc-status for a missing or non-matching :authority."""
-
-GRPC_STATUS_UNAVAILABLE: Final = 14
-"""grpc-status when the pod is not ready or the dial fails."""
-
-TLS_ALERT_UNRECOGNIZED_NAME: Final = 112
-"""Fatal alert for missing or unknown SNI (RFC 6066 section 3)."""
-
-TLS_ALERT_INTERNAL_ERROR: Final = 80
-"""Fatal alert when the named pod is unavailable (no TLS alert says 'try later')."""
-
-QUIC_CLOSE_CONNECTION_REFUSED: Final = 0x2
-"""CONNECTION_REFUSED (RFC 9000 section 20.1): the server refuses to accept the connection."""
-
 # ---------------------------------------------------------------------------
-# Discovery sources (appended by the discovery helper)
+# Discovery sources: endpoints file size, Kubernetes API timeouts, watch health
 # ---------------------------------------------------------------------------
 ENDPOINTS_FILE_MAX_BYTES: Final = 32 * 1024 * 1024
 """Larger endpoints files are refused unread; a 10,000-pod EndpointSlice dump is about 10 MiB."""
@@ -296,40 +285,7 @@ WATCH_HEALTHY_AFTER_S: Final = 5.0
 """An event-less watch open this long resets the backoff; shorter ones back off, so never a hot loop."""
 
 # ---------------------------------------------------------------------------
-# QUIC flow table (appended by the UDP router helper)
-# ---------------------------------------------------------------------------
-QUIC_REJECTION_MEMORY_MS: Final = 10_000
-"""A refused attempt (address + DCID) is remembered this long, past a client's first PTO backoffs."""
-
-QUIC_MAX_REMEMBERED_REJECTIONS: Final = 4_096
-"""Refused attempts remembered at once (oldest forgotten first); bounds a spoofed-source flood."""
-
-QUIC_ANSWERS_PER_REJECTION: Final = 3
-"""CONNECTION_CLOSE answers per refused attempt: the first plus two for lost ones, then silence."""
-
-QUIC_FLOW_SWEEP_INTERVAL_MS: Final = 500
-"""How often pending deadlines, idle flows and batched byte counters are swept/flushed."""
-
-QUIC_ROUTER_SCID_BYTES: Final = 8
-"""Random SCID length of the router's refusal Initial: 8 bytes, like aioquic's and most servers' CIDs."""
-
-QUIC_MAX_CLOSE_REASON_BYTES: Final = 256
-"""Reason phrases are cut to this, so a refusal stays far below the client's 1200-byte Initial."""
-
-# ---------------------------------------------------------------------------
-# Relay (router/relay.py)
-# ---------------------------------------------------------------------------
-RELAY_REPORT_BYTES: Final = 1024 * 1024
-"""on_bytes is called after this many bytes per direction (and at close): metrics stay cheap."""
-
-RELAY_RELEASE_QUIET_S: Final = 1.0
-"""A relay direction quiet this long gives back its pipe/buffer: idle connections hold ~no memory."""
-
-RELAY_ROUNDS_PER_WAKEUP: Final = 8
-"""Read/write rounds one readiness callback may do before yielding to other connections."""
-
-# ---------------------------------------------------------------------------
-# Worker processes (--workers N; router/workers.py, router/metrics_merge.py)
+# Worker processes (--workers N) and the merge of their metrics
 # ---------------------------------------------------------------------------
 WORKER_ENV: Final = "STARGATE_ROUTER_WORKER"
 """Set to the worker index in each child of the supervisor; its presence means 'share the listeners'."""
@@ -358,9 +314,6 @@ WORKER_STOP_GRACE_S: Final = 10.0
 WORKER_LOG_LINE_MAX_BYTES: Final = 1024 * 1024
 """A child's stderr line longer than this is passed on in pieces rather than buffered whole."""
 
-WORKER_RESTARTS_TOTAL: Final = f"{METRIC_PREFIX}_worker_restarts"
-"""Counter (``_total`` added by prometheus-client) of dead worker processes the supervisor restarted."""
-
 PER_PROCESS_IDENTICAL_GAUGES: Final = frozenset({READY_TARGETS, DISCOVERY_LAST_SYNC_AGE_SECONDS, BUILD_INFO})
 """Gauges every worker reports about the same thing: merged with max, not summed (2 workers != 2x pods)."""
 
@@ -371,13 +324,20 @@ PER_PROCESS_LIMIT_GAUGES: Final = frozenset({"process_max_fds"})
 """Merged with max: every process has the same limit, so a sum would invent one no process has."""
 
 # ---------------------------------------------------------------------------
-# TCP edge hardening (appended by the fault-suite helper)
+# TCP accept and rejection
 # ---------------------------------------------------------------------------
 ACCEPT_PAUSE_ON_EXHAUSTION_MS: Final = 100
 """accept() failing with EMFILE/ENFILE pauses the listener this long: no spin, resumes within 0.1 s."""
 
-TLS_ALERT_DECODE_ERROR: Final = 50
-"""Fatal alert for a ClientHello the router cannot parse (RFC 8446 section 6.2)."""
+
+ACCEPT_BATCH: Final = 64
+"""Connections accepted per readiness callback; bounds one callback's latency under a burst."""
+
+REJECT_LINGER_S: Final = 1.0
+"""After a rejection, read (and discard) this long so the client reads our answer, not a RST."""
+
+REJECTION_LOG_LINES_PER_S: Final = 20.0
+"""Rejection log lines per second per listener; the rest are counted and reported as suppressed."""
 
 # ---------------------------------------------------------------------------
 # Health / metrics HTTP endpoint
@@ -387,61 +347,3 @@ HEALTH_MAX_REQUEST_HEAD_BYTES: Final = 8 * 1024
 
 HEALTH_REQUEST_TIMEOUT_S: Final = 5.0
 """A probe client that cannot send its request (or read the answer) in this long is cut off."""
-
-# ---------------------------------------------------------------------------
-# TCP accept and rejection
-# ---------------------------------------------------------------------------
-ACCEPT_BATCH: Final = 64
-"""Connections accepted per readiness callback; bounds one callback's latency under a burst."""
-
-REJECT_LINGER_S: Final = 1.0
-"""After a rejection, read (and discard) this long so the client reads our answer, not a RST."""
-
-SPLICE_AFTER_BYTES: Final = 64 * 1024
-"""A direction is copied through one shared buffer until it has carried this much; only bulk
-flows pay for a pipe (pipe2 + 2 fcntl + 2 close, 2 fds), short gRPC exchanges never do."""
-
-REJECTION_LOG_LINES_PER_S: Final = 20.0
-"""Rejection log lines per second per listener; the rest are counted and reported as suppressed."""
-
-# ---------------------------------------------------------------------------
-# QUIC: a new connection from an established flow's address (appended by the UDP router helper)
-# ---------------------------------------------------------------------------
-QUIC_FLOW_TAKEOVER_QUIET_MS: Final = 2_000
-"""A new connection naming another pod takes an established flow's address only if that flow's
-client sent nothing for this long: live connections ACK and keep alive far more often, so a
-spoofed Initial cannot cut a busy flow, while a reused NAT port or socket waits at most this."""
-
-REASON_ADDRESS_IN_USE: Final = "client address in use by a live connection"
-"""QUIC CONNECTION_CLOSE reason for a new connection from the address of a live flow to another pod."""
-
-QUIC_SOCKET_BUFFER_BYTES: Final = 4 * 1024 * 1024
-"""QUIC listener SO_RCVBUF/SO_SNDBUF: a burst of a few hundred Initials overflowed the default
-(the kernel clamps it to net.core.rmem_max / wmem_max)."""
-
-# ---------------------------------------------------------------------------
-# QUIC: batched pod -> client path (appended by the UDP batching helper)
-# ---------------------------------------------------------------------------
-QUIC_MAX_UDP_PAYLOAD_BYTES: Final = 65_535
-"""Room every pod read gets: no UDP payload or GRO batch is longer, so nothing is truncated."""
-
-QUIC_POD_RECEIVE_BUFFER_BYTES: Final = 256 * 1024
-"""The router's one pod-read buffer: reads land back to back so a burst leaves as one GSO send;
-four maximal reads fit before it wraps (after sending what it holds)."""
-
-QUIC_POD_READS_PER_CALLBACK: Final = 64
-"""Reads of one flow's pod socket per readiness callback: one full GSO run of single datagrams,
-and a bound (about 64 syscalls) so one busy flow cannot starve the others."""
-
-# ---------------------------------------------------------------------------
-# QUIC: batched client -> pod path
-# ---------------------------------------------------------------------------
-QUIC_GSO_MAX_SEGMENTS: Final = 64
-"""Datagrams in one ``UDP_SEGMENT`` send: the kernel's UDP_MAX_SEGMENTS before Linux 6.x (newer allow 128)."""
-
-QUIC_GSO_MAX_BYTES: Final = 65_507
-"""Payload of one ``UDP_SEGMENT`` send: the largest IPv4 UDP payload (IPv6 allows 20 bytes more)."""
-
-QUIC_OUTBOX_DATAGRAMS: Final = QUIC_GSO_MAX_SEGMENTS
-"""Client datagrams a flow collects within one loop iteration before it sends them at once: one
-full GSO run, so a flood holds at most this many per flow between two sends."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 
 import pytest
+from aioquic.quic.packet import QuicErrorCode as AioquicErrorCode
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -13,6 +14,7 @@ from quic.packet import (
     QUIC_V2,
     LongHeader,
     PacketType,
+    QuicErrorCode,
     QuicPacketError,
     UnsupportedVersion,
     decode_varint,
@@ -223,3 +225,8 @@ def test_fuzz_header_parsing_raises_only_quic_packet_error(datagram: bytes, offs
         pass
     with contextlib.suppress(QuicPacketError):
         short_header_dcid(datagram, 8)
+
+
+@pytest.mark.parametrize("code", list(QuicErrorCode))
+def test_error_codes_are_the_rfc_values_aioquic_uses(code: QuicErrorCode) -> None:
+    assert code == AioquicErrorCode[code.name]

@@ -5,21 +5,32 @@ from __future__ import annotations
 import pytest
 from aioquic.quic import events
 from aioquic.quic.connection import QuicConnection
-from aioquic.quic.packet import QuicErrorCode
+from aioquic.quic.packet import QuicErrorCode as AioquicErrorCode
 
 from quic.initial_keys import decrypt_initial, server_initial_keys
 from quic.initial_sniffer import InitialSniffer
-from quic.packet import QUIC_V1, QUIC_V2, PacketType, QuicPacketError, UnsupportedVersion, parse_long_header
-from quic.server_packets import build_initial_close, build_version_negotiation, connection_close_frame
-from router.constants import (
-    QUIC_CLOSE_CONNECTION_REFUSED,
+from quic.packet import (
+    QUIC_V1,
+    QUIC_V2,
+    PacketType,
+    QuicErrorCode,
+    QuicPacketError,
+    UnsupportedVersion,
+    parse_long_header,
+)
+from quic.server_packets import (
     QUIC_MAX_CLOSE_REASON_BYTES,
     QUIC_ROUTER_SCID_BYTES,
+    build_initial_close,
+    build_version_negotiation,
+    connection_close_frame,
+)
+from router.constants import (
     REASON_MISSING_SNI,
     REASON_TARGET_NOT_READY,
     REASON_UNKNOWN_SNI,
 )
-from tests.quic_initial_rewriter import SERVER_NAME, client_first_flight
+from tests.support.quic_initial_rewriter import SERVER_NAME, client_first_flight
 
 ROUTER_ADDR = ("127.0.0.1", 50072)
 VERSIONS = [QUIC_V1, QUIC_V2]
@@ -49,8 +60,8 @@ def _terminated(client: QuicConnection, now: float) -> events.ConnectionTerminat
 @pytest.mark.parametrize("version", VERSIONS)
 @pytest.mark.parametrize(
     ("reason", "code"),
-    [(REASON_UNKNOWN_SNI, QUIC_CLOSE_CONNECTION_REFUSED), (REASON_MISSING_SNI, QUIC_CLOSE_CONNECTION_REFUSED),
-     (REASON_TARGET_NOT_READY, 0x1)],
+    [(REASON_UNKNOWN_SNI, QuicErrorCode.CONNECTION_REFUSED), (REASON_MISSING_SNI, QuicErrorCode.CONNECTION_REFUSED),
+     (REASON_TARGET_NOT_READY, QuicErrorCode.INTERNAL_ERROR)],
 )
 def test_real_client_terminates_with_our_reason_and_code(version: int, reason: str, code: int) -> None:
     client, sniffer, datagrams = _sniffed(version)
@@ -71,7 +82,7 @@ def test_close_is_a_server_initial_addressed_to_the_client(version: int) -> None
         version, PacketType.INITIAL, b"clientscid", b"routerid", b"",
     )
     number, payload = decrypt_initial(close, header, server_initial_keys(version, b"origdcid"))
-    assert number == 0 and payload.startswith(connection_close_frame(QUIC_CLOSE_CONNECTION_REFUSED, "no"))
+    assert number == 0 and payload.startswith(connection_close_frame(QuicErrorCode.CONNECTION_REFUSED, "no"))
     random_scid = parse_long_header(build_initial_close(version, b"origdcid", b"c", "no")).scid
     assert len(random_scid) == QUIC_ROUTER_SCID_BYTES
 
@@ -114,5 +125,5 @@ def test_version_negotiation_without_a_common_version_terminates_a_real_client()
     vn = build_version_negotiation(header.dcid, header.scid, (QUIC_V2,))
     client.receive_datagram(vn, ROUTER_ADDR, now=0.05)
     event = _terminated(client, 0.05)
-    assert event.error_code == QuicErrorCode.INTERNAL_ERROR
+    assert event.error_code == AioquicErrorCode.INTERNAL_ERROR
     assert "common protocol version" in event.reason_phrase

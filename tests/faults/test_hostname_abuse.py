@@ -24,19 +24,19 @@ import pytest
 
 from router import constants as c
 from router.demo.grpc_pods import WHOAMI
-from router.tcp.tls_peek import tls_alert
-from tests.faults import (
-    CountingPod,
+from router.tcp.grpc_rejection import GrpcStatus
+from router.tcp.tls_peek import TlsAlert, tls_alert
+from tests.faults.router_probes import moved, outcome_counts
+from tests.faults.tcp_peers import CountingPod, read_to_eof
+from tests.support.router_process import RouterProcess, router_args, write_endpoints
+from tests.support.tls import (
     alpn_extension,
     append_extension,
     client_hello,
     extension,
-    moved,
-    outcome_counts,
-    read_to_eof,
     sni_extension,
+    ssl_client_hello_records,
 )
-from tests.router_process import RouterProcess, router_args, write_endpoints
 
 NAMESPACE = "demo"
 TEMPLATE = "{pod_name}.{namespace}.svc"
@@ -50,12 +50,12 @@ UNAVAILABLE = "target_unavailable"
 MISSING = "missing_authority"
 MALFORMED = "protocol_error"
 
-GRPC_STATUS = {REJECTED: c.GRPC_STATUS_INVALID_ARGUMENT, MISSING: c.GRPC_STATUS_INVALID_ARGUMENT,
-               UNAVAILABLE: c.GRPC_STATUS_UNAVAILABLE}
+GRPC_STATUS = {REJECTED: GrpcStatus.INVALID_ARGUMENT, MISSING: GrpcStatus.INVALID_ARGUMENT,
+               UNAVAILABLE: GrpcStatus.UNAVAILABLE}
 """The gRPC status an h2c client gets per outcome (a malformed stream is closed unanswered)."""
 
-TLS_ALERT = {REJECTED: c.TLS_ALERT_UNRECOGNIZED_NAME, MISSING: c.TLS_ALERT_UNRECOGNIZED_NAME,
-             UNAVAILABLE: c.TLS_ALERT_INTERNAL_ERROR, MALFORMED: c.TLS_ALERT_DECODE_ERROR}
+TLS_ALERT = {REJECTED: TlsAlert.UNRECOGNIZED_NAME, MISSING: TlsAlert.UNRECOGNIZED_NAME,
+             UNAVAILABLE: TlsAlert.INTERNAL_ERROR, MALFORMED: TlsAlert.DECODE_ERROR}
 """The fatal alert a TLS client gets per outcome."""
 
 HOSTILE_NAMES: list[tuple[str, bytes, str]] = [
@@ -247,11 +247,7 @@ def test_hostile_sni_is_rejected_never_routed(never_routed: Deployment, name: by
 
 def real_client_hello(server_name: str) -> bytes:
     """The first flight of Python's ``ssl`` client (one record) for ``server_name``."""
-    ctx = ssl.create_default_context()
-    tls = ctx.wrap_bio(ssl.MemoryBIO(), outgoing := ssl.MemoryBIO(), server_hostname=server_name)
-    with pytest.raises(ssl.SSLWantReadError):
-        tls.do_handshake()
-    return outgoing.read()
+    return ssl_client_hello_records(server_name, alpn=())
 
 
 SNI_CASES: list[tuple[str, list[bytes], str]] = [
