@@ -34,9 +34,21 @@ from router.demo.pki import make_pki
 CALLBACK_HOOKS = '''
 import inspect, json, os, signal, sys, time
 if sys.orig_argv[sys.orig_argv.index("-m") + 1:][:1] == ["router"] if "-m" in sys.orig_argv else False:
-    from router.udp import edge, pod_to_client
-    from quic import initial_sniffer
     spent, clock, began = {}, time.thread_time_ns, [time.thread_time_ns()]
+
+    def restart(*_):
+        spent.clear()
+        began[0] = clock()
+
+    def dump(*_):
+        with open(os.environ["STARGATE_BENCH_CALLBACKS"], "w") as out:
+            json.dump({"main thread": [clock() - began[0], 1], **spent}, out)
+
+    # Installed first: a hook that fails to install must not leave SIGUSR2 fatal.
+    signal.signal(signal.SIGUSR2, restart)
+    signal.signal(signal.SIGUSR1, dump)
+    from router.udp import edge, pod_link, pod_to_client
+    from quic import initial_sniffer
 
     def note(key, ns):
         entry = spent.setdefault(key, [0, 0])
@@ -76,14 +88,15 @@ if sys.orig_argv[sys.orig_argv.index("-m") + 1:][:1] == ["router"] if "-m" in sy
         def __await__(self):
             return (yield self.yielded)
 
-    def listener_kind(listener, data, addr):
-        table = listener.router._table
+    def client_kind(router, data, addr):
+        table = router._table
         if table.flow(addr) is not None:
             return "client datagram, routed flow"
         return "client datagram, pending flow" if table.pending(addr) else "client datagram, new address"
 
-    hook(edge._Listener, "datagram_received", "", listener_kind)
+    hook(edge.UdpRouter, "_from_client", "", client_kind)
     hook(edge.UdpRouter, "_send_outboxes", "client datagrams sent to pods (per loop iteration)")
+    hook(getattr(pod_link, "Outboxes", None), "_send", "client datagrams sent to pods (per loop iteration)")
     hook(pod_to_client.ClientReplies, "readable", "pod socket readable: read, send to client")
     hook(edge.UdpRouter, "sweep", "sweep (expiry)")
     hook(edge.UdpRouter, "_open_flow", "flow setup: socket, link, reader, metrics")
@@ -94,16 +107,6 @@ if sys.orig_argv[sys.orig_argv.index("-m") + 1:][:1] == ["router"] if "-m" in sy
     hook(edge, "classify_on_flow", "  of which: classify_on_flow")
     hook(pod_to_client.ClientReplies, "_send", "  of which: send to client")
 
-    def restart(*_):
-        spent.clear()
-        began[0] = clock()
-
-    def dump(*_):
-        with open(os.environ["STARGATE_BENCH_CALLBACKS"], "w") as out:
-            json.dump({"main thread": [clock() - began[0], 1], **spent}, out)
-
-    signal.signal(signal.SIGUSR2, restart)
-    signal.signal(signal.SIGUSR1, dump)
 '''
 """Timing hooks for the router process (a hook whose target this version lacks is skipped)."""
 
