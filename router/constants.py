@@ -208,6 +208,10 @@ QUIC_OUTBOX_DATAGRAMS: Final = QUIC_GSO_MAX_SEGMENTS
 """Client datagrams a flow collects within one loop iteration before it sends them at once: one
 full GSO run, so a flood holds at most this many per flow between two sends."""
 
+QUIC_POD_SOCKADDR_CACHE: Final = 4_096
+"""Pod endpoints whose resolved socket address is kept, so a new flow skips ``getaddrinfo``: far
+more than one router's pods, and bounded (least recently used first out) when endpoints churn."""
+
 # ---------------------------------------------------------------------------
 # Metrics (names and label values match the Rust router)
 # ---------------------------------------------------------------------------
