@@ -14,9 +14,11 @@ import gc
 import logging
 import resource
 import signal
+from collections.abc import Callable
 from importlib import metadata
 from typing import Protocol
 
+from discovery.observer import RewatchCause
 from discovery.settings import DiscoverySettings
 from discovery.targets import EMPTY_SNAPSHOT, TargetSnapshot
 from router.config import ConfigError, RouterConfig
@@ -36,6 +38,29 @@ class DiscoverySource(Protocol):
     last_sync_monotonic: float | None
 
     async def run(self) -> None: ...
+
+
+class MetricsDiscoveryObserver:
+    """``DiscoveryObserver`` -> the router's Prometheus families (discovery knows no metrics)."""
+
+    def __init__(self, metrics: RouterMetrics) -> None:
+        self._metrics = metrics
+
+    def published(self, source: str, ready_targets: int) -> None:
+        self._metrics.discovery_updates.labels(source=source, result="published").inc()
+        self._metrics.ready_targets.set(ready_targets)
+
+    def unchanged(self, source: str) -> None:
+        self._metrics.discovery_updates.labels(source=source, result="unchanged").inc()
+
+    def error(self, source: str) -> None:
+        self._metrics.discovery_updates.labels(source=source, result="error").inc()
+
+    def rewatched(self, source: str, cause: RewatchCause) -> None:
+        self._metrics.discovery_rewatches.labels(cause=cause).inc()
+
+    def synced(self, source: str, sync_age_s: Callable[[], float]) -> None:
+        self._metrics.discovery_last_sync_age.set_function(sync_age_s)
 
 
 def version() -> str:
@@ -98,15 +123,17 @@ class RouterApp:
             grpc_port_name=self.config.grpc_port_name,
             quic_port_name=self.config.quic_port_name,
         )
+        observer = MetricsDiscoveryObserver(self.metrics)
         if self.config.endpoints_file is not None:
             from discovery.file_source import EndpointsFileSource
 
-            return EndpointsFileSource(
-                settings, self.publish, self.metrics, path=self.config.endpoints_file
-            )
+            return EndpointsFileSource(settings, self.publish, observer, path=self.config.endpoints_file)
         from discovery.kubernetes_source import KubernetesSource
 
-        return KubernetesSource(settings, self.publish, self.metrics, kubeconfig=self.config.kubeconfig)
+        return KubernetesSource(
+            settings, self.publish, observer, kubeconfig=self.config.kubeconfig,
+            watch_idle_timeout_s=self.config.kube_watch_idle_timeout_s,
+        )
 
     def snapshot(self) -> TargetSnapshot:
         return self._snapshot

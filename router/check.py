@@ -18,11 +18,11 @@ import os
 import sys
 from typing import Any
 
+from discovery.constants import SERVICE_NAME_LABEL
 from discovery.endpoint_slices import targets_from_slices
 from discovery.settings import DiscoverySettings
 from discovery.targets import Target, TargetSnapshot
 from router.config import ConfigError, RouterConfig, build_parser, config_from_args
-from router.constants import SERVICE_NAME_LABEL
 from router.hostname import HostnameTemplate, TemplateError
 
 PROG = "stargate-router check"

@@ -49,6 +49,7 @@ class RouterConfig:
     peek_timeout_s: float
     endpoints_file: Path | None
     kubeconfig: Path | None
+    kube_watch_idle_timeout_s: float
     round_robin_paths: frozenset[str]
     shutdown_delay_s: float
     drain_timeout_s: float
@@ -97,6 +98,10 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     add("--peek-timeout-ms", default=str(c.DEFAULT_PEEK_TIMEOUT_MS), help="time allowed to present the hostname")
     add("--endpoints-file", default=None, help="static EndpointSlice file (else Kubernetes discovery)")
     add("--kubeconfig", default=None, help="kubeconfig for Kubernetes discovery (else in-cluster / KUBECONFIG)")
+    add(
+        "--kube-watch-idle-timeout-ms", default=str(c.DEFAULT_KUBE_WATCH_IDLE_TIMEOUT_MS),
+        help="replace a Kubernetes watch on which nothing (event or bookmark) arrived this long",
+    )
     add(
         "--round-robin-paths", default=",".join(c.DEFAULT_ROUND_ROBIN_PATHS),
         help="comma-separated h2c paths routed round-robin when the authority names no pod",
@@ -242,6 +247,12 @@ def config_from_args(
     kubeconfig = Path(ns.kubeconfig) if ns.kubeconfig else None
     if kubeconfig is not None and not os.access(kubeconfig, os.R_OK):
         raise ConfigError(f"--kubeconfig: cannot read {str(kubeconfig)!r}")
+    watch_idle_s = _positive_ms("--kube-watch-idle-timeout-ms", ns.kube_watch_idle_timeout_ms)
+    if watch_idle_s * 1000 < c.MIN_KUBE_WATCH_IDLE_TIMEOUT_MS:
+        raise ConfigError(
+            f"--kube-watch-idle-timeout-ms: must be at least {c.MIN_KUBE_WATCH_IDLE_TIMEOUT_MS}, "
+            f"got {ns.kube_watch_idle_timeout_ms}"
+        )
     if ns.log_format not in ("text", "json"):
         raise ConfigError(f"--log-format: expected text or json, got {ns.log_format!r}")
     log_level = _log_level(ns.log_level or env.get(c.LOG_LEVEL_ENV) or c.DEFAULT_LOG_LEVEL)
@@ -272,6 +283,7 @@ def config_from_args(
         peek_timeout_s=_positive_ms("--peek-timeout-ms", ns.peek_timeout_ms),
         endpoints_file=endpoints_file,
         kubeconfig=kubeconfig,
+        kube_watch_idle_timeout_s=watch_idle_s,
         round_robin_paths=paths,
         shutdown_delay_s=_non_negative_ms("--shutdown-delay-ms", ns.shutdown_delay_ms),
         drain_timeout_s=_non_negative_ms("--drain-timeout-ms", ns.drain_timeout_ms),

@@ -145,3 +145,12 @@ def test_unknown_flag_exits_2() -> None:
         capture_output=True, text=True, timeout=30,
     )
     assert proc.returncode == 2
+
+
+def test_kube_watch_idle_timeout_defaults_to_three_bookmark_periods_and_is_validated() -> None:
+    env = {"POD_NAMESPACE": "x"}
+    assert config_from_args([], environ=env).kube_watch_idle_timeout_s == 180.0
+    assert config_from_args(["--kube-watch-idle-timeout-ms", "1500"], environ=env).kube_watch_idle_timeout_s == 1.5
+    for bad in ("0", "-5", "soon", str(c.MIN_KUBE_WATCH_IDLE_TIMEOUT_MS - 1)):
+        with pytest.raises(ConfigError, match=r"^--kube-watch-idle-timeout-ms: "):
+            config_from_args(["--kube-watch-idle-timeout-ms", bad], environ=env)

@@ -76,7 +76,8 @@ class UdpRouter:
         self._transport: asyncio.DatagramTransport | None = None
         self._accepting = True
         self._sweeper: asyncio.Task[None] | None = None
-        self._dials: set[asyncio.Task[None]] = set()
+        self._accepted = metrics.quic_connections.labels(outcome=QuicOutcome.ACCEPTED)
+        """Looked up once: every flow counts one."""
         self._empty = asyncio.Event()
         self._empty.set()
         self._replies = ClientReplies(self._learn_from_pod, self._flow_failed, self._now)
@@ -110,12 +111,10 @@ class UdpRouter:
     async def close(self) -> None:
         """Close every flow and the listener; idempotent."""
         self._accepting = False
-        tasks = [t for t in (self._sweeper, *self._dials) if t is not None]
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
+        if self._sweeper is not None:  # a dial still scheduled finds its pending flow gone
+            self._sweeper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await task
+                await self._sweeper
         self._sweeper = None
         self._close_flows()
         if self._transport is not None:
@@ -274,9 +273,9 @@ class UdpRouter:
         target = decision
         pending.decided = True
         assert self._loop is not None
-        task = self._loop.create_task(self._dial(pending, target, hostname))
-        self._dials.add(task)
-        task.add_done_callback(self._dials.discard)
+        # After this iteration's datagrams (those that came with the ClientHello are buffered);
+        # a plain callback, not a task: no coroutine, no future, no second step per flow.
+        self._loop.call_soon(self._dial, pending, target, hostname)
 
     def _share(self, pending: PendingFlow[InitialSniffer], flow: Flow[_Link], now: float) -> None:
         """A contender naming the flow's own pod: its datagrams go through the flow's socket."""
@@ -288,11 +287,12 @@ class UdpRouter:
             self._to_pod(flow, datagram, now)
         pending.datagrams.clear()
 
-    async def _dial(self, pending: PendingFlow[InitialSniffer], target: Target, hostname: str | None) -> None:
+    def _dial(self, pending: PendingFlow[InitialSniffer], target: Target, hostname: str | None) -> None:
         """Open the flow's socket to the pod, then flush the buffered datagrams in order."""
         assert self._loop is not None
+        if self._table.pending(pending.address) is not pending:  # expired or closed meanwhile
+            return
         started = self._now()
-        await asyncio.sleep(0)  # after the datagrams that arrived with the ClientHello
         try:
             sock = connect_udp(target.address, target.quic_port)
         except OSError as exc:
@@ -302,16 +302,13 @@ class UdpRouter:
             return
         now = self._now()
         self._series.dial.observe(now - started)
-        if self._table.pending(pending.address) is not pending:  # expired or closed meanwhile
-            sock.close()
-            return
         link: _Link = PodLink(self._loop, sock, self._flow_failed)
         flow = self._table.establish(pending, target.pod_name, link, now)
         self._slots.move(pending, flow)
         link.flow = flow
         self._loop.add_reader(sock.fileno(), self._replies.readable, link)
         self._metrics.pending_flows.set(self._table.pending_count)
-        self._metrics.quic_outcome(QuicOutcome.ACCEPTED)
+        self._accepted.inc()
         self._series.active.inc()
         log.debug("quic flow %s -> %s (%s)", peer(flow.address), target.quic_endpoint, hostname)
         for datagram in pending.datagrams:
