@@ -133,6 +133,11 @@ RELAY_RELEASE_QUIET_S: Final = 1.0
 RELAY_ROUNDS_PER_WAKEUP: Final = 8
 """Read/write rounds one readiness callback may do before yielding to other connections."""
 
+RELAY_TIMER_DEFER_S: Final = 0.25
+"""A relay's idle timer is armed this long after it starts, by one shared callback: connections
+shorter than that never create one. Deadlines are absolute, so it still fires on time whenever
+the idle timeout is longer (a shorter one is armed at once)."""
+
 # ---------------------------------------------------------------------------
 # QUIC / UDP: pending flows and the flow table
 # ---------------------------------------------------------------------------

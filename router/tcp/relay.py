@@ -15,7 +15,8 @@ Why it looks like this:
 * Pipes and buffers are created on first use and given back once a direction has been quiet
   for ``RELAY_RELEASE_QUIET_S``, so an idle connection holds only its two sockets.
 * One timer per connection, re-armed lazily from last-activity stamps, serves both the idle
-  timeout and that release.
+  timeout and that release; it is first armed ``RELAY_TIMER_DEFER_S`` after the start by one
+  callback shared by the relays that started meanwhile, so short connections never make one.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Final
 
-from router.constants import RELAY_RELEASE_QUIET_S
+from router.constants import RELAY_RELEASE_QUIET_S, RELAY_TIMER_DEFER_S
 from router.tcp.poller import poller_for
 from router.tcp.pump import READ, Direction, Mode
 
@@ -134,7 +135,10 @@ class _Relay:
             c2p.splice = False  # buffered until the filter is done and the peeked bytes are out
         if initial:
             c2p.set_pending(client_filter(initial) if client_filter is not None else initial)
-        self._arm_timer()
+        if self.idle_s > RELAY_TIMER_DEFER_S:
+            _arm_later(self)
+        else:
+            self.arm_timer()
         if c2p.pending:
             c2p.write_initial()  # usually written at once, no poller round
         elif not self.future.done():
@@ -201,9 +205,9 @@ class _Relay:
     def acquired(self) -> None:
         """A pipe/buffer was taken: make sure the timer fires in time to give it back."""
         if self.loop.time() + RELAY_RELEASE_QUIET_S < self.timer_at:
-            self._arm_timer()
+            self.arm_timer()
 
-    def _arm_timer(self) -> None:
+    def arm_timer(self) -> None:
         at = max(self.c2p.last, self.p2c.last) + self.idle_s
         for d in (self.c2p, self.p2c):
             if d.held() and not d.pending:
@@ -224,13 +228,34 @@ class _Relay:
         for d in (self.c2p, self.p2c):
             if not d.pending and d.held() and now - d.last >= RELAY_RELEASE_QUIET_S:
                 d.release()
-        self._arm_timer()
+        self.arm_timer()
 
     def state(self) -> RelayState:
         c2p, p2c = self.c2p, self.p2c
         return RelayState(
             c2p.mode(), p2c.mode(), c2p.pending, p2c.pending, c2p.held() + p2c.held(), c2p.sent, p2c.sent
         )
+
+
+_YOUNG: dict[asyncio.AbstractEventLoop, list[_Relay]] = {}
+"""Per loop: relays started since the last shared arming callback, whose timer is not armed yet."""
+
+
+def _arm_later(state: _Relay) -> None:
+    loop = state.loop
+    young = _YOUNG.get(loop)
+    if young is None:
+        for old in [other for other in _YOUNG if other.is_closed()]:
+            del _YOUNG[old]
+        young = _YOUNG[loop] = []
+        loop.call_later(RELAY_TIMER_DEFER_S, _arm_young, loop)
+    young.append(state)
+
+
+def _arm_young(loop: asyncio.AbstractEventLoop) -> None:
+    for state in _YOUNG.pop(loop, ()):
+        if not state.future.done() and state.timer is None:
+            state.arm_timer()
 
 
 async def relay(
