@@ -156,9 +156,11 @@ class TcpRouter:
         listener = self._listener
         if listener is None or self._loop is None:
             return
+        family = listener.family
         for _ in range(c.ACCEPT_BATCH):
             try:
-                conn, peer = listener.accept()
+                # socket.accept() minus its per-call enum conversions of family and type.
+                fd, peer = listener._accept()  # type: ignore[attr-defined]  # (CPython, untyped)
             except (BlockingIOError, InterruptedError):
                 return
             except ConnectionAbortedError:  # the client gave up while queued: next one
@@ -175,6 +177,7 @@ class TcpRouter:
             if self._accept_exhausted:
                 self._accept_exhausted = False
                 log.info("accepting again")
+            conn = socket.socket(family, socket.SOCK_STREAM, 0, fd)
             conn.setblocking(False)
             task = self._loop.create_task(self._serve(conn, peer))
             self._tasks.add(task)
