@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import socket
 import time
 from collections.abc import Callable
@@ -38,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from kubernetes_asyncio import client, config
+from kubernetes_asyncio import client
 
 from discovery.backoff import Backoff, retry_after_delay
 from discovery.constants import (
@@ -56,6 +55,7 @@ from discovery.constants import (
     WATCH_TIMEOUT_S,
 )
 from discovery.endpoint_slices import EndpointSliceError
+from discovery.kube_config import load_configuration
 from discovery.kube_wire import (
     ApiStatusError,
     KubeApiResponseError,
@@ -78,7 +78,6 @@ __all__ = [
 logger = logging.getLogger("discovery.kubernetes_source")  # pinned: operators filter logs by this name
 
 SOURCE_LABEL = "kubernetes"
-IN_CLUSTER_ENV = "KUBERNETES_SERVICE_HOST"
 RETRY_AFTER_STATUSES = frozenset({HTTPStatus.TOO_MANY_REQUESTS, HTTPStatus.SERVICE_UNAVAILABLE})
 CONNECTION_ERRORS = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError)
 """The connection failed (refused, reset, dropped mid-stream, timed out) rather than the API answering."""
@@ -219,16 +218,8 @@ class KubernetesSource:
     async def _connect(self) -> Any:
         """An ApiClient on a fresh Configuration (never the global default); retried until it loads."""
         while True:
-            cfg = client.Configuration()
             try:
-                if self._kubeconfig is not None:
-                    await config.load_kube_config(
-                        config_file=str(self._kubeconfig), client_configuration=cfg, persist_config=False,
-                    )
-                elif os.environ.get(IN_CLUSTER_ENV):
-                    config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
-                else:
-                    await config.load_kube_config(client_configuration=cfg, persist_config=False)
+                cfg = await load_configuration(self._kubeconfig)
                 api_client = client.ApiClient(cfg)
                 _install_keepalive(api_client)
                 return api_client

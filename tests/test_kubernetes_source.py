@@ -527,13 +527,13 @@ async def test_a_quiet_watch_with_bookmarks_is_never_replaced(
 ) -> None:
     api.bookmark_interval_s = 0.1
     api.upsert(pods_slice("s-a", {"stargate-0": "10.0.0.1"}))
-    source = start(watch_idle_timeout_s=0.5)
+    source = start(watch_idle_timeout_s=1.0)  # ten bookmark periods: a loaded CI machine stalls for less
     await synced(source)
     await eventually(lambda: api.open_watches == 1, CONVERGE_S)
     first = api.requests_of("watch")[0]
     assert first.query["allowWatchBookmarks"].lower() == "true"
     api.rv += 5  # unrelated cluster activity: the bookmarks carry it
-    await asyncio.sleep(2.5)  # five idle periods, no event: only bookmarks
+    await asyncio.sleep(3.5)  # three and a half idle periods, no event: only bookmarks
     assert len(api.requests) == 2  # the list and the one watch
     assert rewatches(metrics, RewatchCause.IDLE) == 0
     assert int(source.resource_version or 0) > int(first.query["resourceVersion"])
