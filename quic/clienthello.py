@@ -141,6 +141,8 @@ def parse_client_hello(handshake: bytes) -> ClientHelloInfo:
         r.expect_end("extensions")
         # Walked inline (a hello carries a dozen or more extensions): type, uint16 length, body.
         data, pos, end = extensions._data, extensions._pos, extensions._end
+        # Plain ints, looked up once: an enum member lookup per extension cost ~15% of the walk.
+        sni_type, alpn_type = int(ExtensionType.SERVER_NAME), int(ExtensionType.ALPN)
         seen: set[int] = set()
         while pos < end:
             if end - pos < 4:
@@ -153,9 +155,9 @@ def parse_client_hello(handshake: bytes) -> ClientHelloInfo:
             if ext_type in seen:
                 raise ClientHelloError(f"duplicate extension {ext_type}")
             seen.add(ext_type)
-            if ext_type == ExtensionType.SERVER_NAME:
+            if ext_type == sni_type:
                 server_name = _parse_server_name(_Reader(data, start, pos))
-            elif ext_type == ExtensionType.ALPN:
+            elif ext_type == alpn_type:
                 alpn = _parse_alpn(_Reader(data, start, pos))
     return ClientHelloInfo(server_name=server_name, alpn=alpn)
 
