@@ -22,6 +22,7 @@ from discovery.observer import RewatchCause
 from discovery.settings import DiscoverySettings
 from discovery.targets import EMPTY_SNAPSHOT, TargetSnapshot
 from router.config import ConfigError, RouterConfig
+from router.constants import GC_YOUNG_THRESHOLD
 from router.health import HealthServer
 from router.hostname import HostnameTemplate, TemplateError
 from router.metrics import RouterMetrics
@@ -178,6 +179,7 @@ class RouterApp:
         # What exists now (modules, config, metrics) lives as long as the process: keep it out of
         # the collector's passes, which then only scan what connections and flows allocate.
         gc.freeze()
+        gc.set_threshold(GC_YOUNG_THRESHOLD, *gc.get_threshold()[1:])
         await self._stop.wait()
         await self.shutdown()
         return 0

@@ -133,6 +133,10 @@ RELAY_RELEASE_QUIET_S: Final = 1.0
 RELAY_ROUNDS_PER_WAKEUP: Final = 8
 """Read/write rounds one readiness callback may do before yielding to other connections."""
 
+GC_YOUNG_THRESHOLD: Final = 20_000
+"""Allocations between young-generation GC passes (CPython's default: 700). A connection leaves
+no cyclic garbage, so each pass only re-scans the objects of the connections in flight."""
+
 RELAY_TIMER_DEFER_S: Final = 0.25
 """A relay's idle timer is armed this long after it starts, by one shared callback: connections
 shorter than that never create one. Deadlines are absolute, so it still fires on time whenever
