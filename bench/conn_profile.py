@@ -1,0 +1,163 @@
+"""Where the router's CPU per new TCP connection goes: ``python -m bench.conn_profile``.
+
+Runs the ``conn_rate`` load (2 client processes x 8 connections at a time, each a real TLS
+ClientHello + 1 KiB, echoed by the pod, then closed) against the router, and HAProxy in the
+same rounds, interleaved, and prints each one's CPU per connection, user and system.
+``--baseline TREE`` adds a router run from another source tree (a ``git archive`` of the
+commit to compare with): the per-round CPU ratio of the two routers is the figure that
+survives a shared machine's noise. ``--strace`` counts the system calls per connection of
+the router (and HAProxy), which is deterministic; ``--py-spy FILE`` records a py-spy profile
+(raw collapsed stacks) of the router meanwhile.
+
+    python -m bench.conn_profile --rounds 6
+    python -m bench.conn_profile --rounds 6 --baseline /tmp/main-tree
+    python -m bench.conn_profile --strace
+    python -m bench.conn_profile --py-spy /tmp/conn.txt
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from bench.context import POD, POD_HOST, SNI
+from bench.procs import CLK_TCK, Agent, Haproxy, Router, call_all, process_tree
+from bench.tcp_load import connection_rate, start_echo_pod, tls_client_hello
+from bench.tcp_scenarios import ECHO_BYTES, RATE_CLIENTS, RATE_CONCURRENCY
+
+Box = tuple[tuple[str, int], int]
+"""(address the clients dial, pid of the middle box)."""
+
+
+def cpu_split(pid: int) -> tuple[float, float]:
+    """User and system CPU seconds of ``pid``'s process tree."""
+    user = system = 0
+    for p in process_tree(pid):
+        with contextlib.suppress(OSError):
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+            user, system = user + int(fields[11]), system + int(fields[12])
+    return user / CLK_TCK, system / CLK_TCK
+
+
+@contextlib.contextmanager
+def _router_from(tree: Path | None, workdir: Path, port: int) -> Iterator[Router]:
+    """A router from ``tree`` (None: this one): ``python -m router`` imports from its cwd."""
+    saved_cwd, saved_path = os.getcwd(), os.environ.get("PYTHONPATH")
+    if tree is not None:
+        os.chdir(tree)
+        os.environ["PYTHONPATH"] = str(tree)
+    try:
+        router = Router(workdir, [(POD, POD_HOST, port, 1)])
+    finally:
+        os.chdir(saved_cwd)
+        if saved_path is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = saved_path
+    try:
+        yield router
+    finally:
+        router.close()
+
+
+def _run(clients: list[Agent], box: Box, seconds: float, message: bytes) -> tuple[int, float, float]:
+    """Connections done, and the box's user and system CPU seconds meanwhile."""
+    (addr, pid), per_client = box, RATE_CONCURRENCY // len(clients)
+    user0, sys0 = cpu_split(pid)
+    answers = call_all(clients, connection_rate, [(addr, seconds, per_client, message)] * len(clients))
+    user1, sys1 = cpu_split(pid)
+    done = sum(a[0] for a in answers)
+    return done, user1 - user0, sys1 - sys0
+
+
+def _strace(clients: list[Agent], box: Box, message: bytes) -> dict[str, float]:
+    out = Path(tempfile.mkdtemp()) / "strace.txt"
+    tracer = subprocess.Popen(["strace", "-c", "-f", "-p", str(box[1]), "-o", str(out)],
+                              stderr=subprocess.DEVNULL)
+    time.sleep(1.0)
+    done = _run(clients, box, 2.0, message)[0]
+    time.sleep(0.3)
+    tracer.terminate()
+    tracer.wait()
+    counts = {}
+    for line in out.read_text().splitlines():
+        fields = line.split()
+        if len(fields) >= 5 and fields[3].isdigit() and fields[-1] != "total":
+            counts[fields[-1]] = int(fields[3]) / max(done, 1)
+    return counts
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.conn_profile", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--rounds", type=int, default=5, help="interleaved rounds (default 5)")
+    p.add_argument("--seconds", type=float, default=2.0, help="load per box and round (default 2)")
+    p.add_argument("--baseline", type=Path, help="also run the router of this source tree")
+    p.add_argument("--strace", action="store_true", help="system calls per connection instead of CPU")
+    p.add_argument("--py-spy", type=Path, help="record a py-spy raw profile of the router here")
+    args = p.parse_args(argv)
+    workdir = Path(tempfile.mkdtemp(prefix="conn-profile-"))
+    message = tls_client_hello(SNI) + bytes(ECHO_BYTES)
+    pod = Agent("echo-pod")
+    clients = [Agent(f"rate-client-{i}") for i in range(RATE_CLIENTS)]
+    try:
+        port = pod.call(start_echo_pod, POD_HOST)
+        with contextlib.ExitStack() as stack:
+            router = stack.enter_context(_router_from(None, workdir, port))
+            boxes: dict[str, Box] = {"router": (("127.0.0.1", router.tcp_port), router.pid)}
+            if args.baseline is not None:
+                base = stack.enter_context(_router_from(args.baseline.resolve(), workdir, port))
+                boxes["baseline"] = (("127.0.0.1", base.tcp_port), base.pid)
+            haproxy = Haproxy(workdir, sni_routes=[(SNI, POD_HOST, port)])
+            stack.callback(haproxy.close)
+            boxes["haproxy"] = (("127.0.0.1", haproxy.ports[0]), haproxy.pid)
+            for box in boxes.values():
+                _run(clients, box, 0.5, message)  # warm up
+            if args.strace:
+                for name, box in boxes.items():
+                    counts = _strace(clients, box, message)
+                    detail = ", ".join(f"{k} {v:.2f}" for k, v in sorted(counts.items(), key=lambda kv: -kv[1])
+                                       if v >= 0.05)
+                    print(f"{name:9s} {sum(counts.values()):5.1f} system calls per connection: {detail}")
+                return 0
+            spy = None
+            if args.py_spy is not None:
+                seconds = int(args.rounds * args.seconds * len(boxes) + 2)
+                spy = subprocess.Popen(["py-spy", "record", "-r", "500", "--native", "-f", "raw", "-d",
+                                        str(seconds), "-o", str(args.py_spy), "--pid", str(router.pid)],
+                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                time.sleep(1.0)
+            results: dict[str, list[tuple[float, float, float]]] = {n: [] for n in boxes}
+            names = list(boxes)
+            for r in range(args.rounds):
+                for name in names[r % len(names):] + names[: r % len(names)]:
+                    done, user, system = _run(clients, boxes[name], args.seconds, message)
+                    results[name].append((done / args.seconds, user / done * 1e6, system / done * 1e6))
+            if spy is not None:
+                spy.wait()
+    finally:
+        pod.close()
+        for client in clients:
+            client.close()
+    print(f"{args.rounds} rounds x {args.seconds}s per box, load average {os.getloadavg()[0]:.1f}")
+    for name, rows in results.items():
+        rate = statistics.median(row[0] for row in rows)
+        cpu = statistics.median(row[1] + row[2] for row in rows)
+        user = statistics.median(row[1] for row in rows)
+        print(f"{name:9s} {rate:7.0f} conn/s  {cpu:6.1f} us CPU per connection (user {user:5.1f})")
+    if "baseline" in results:
+        ratios = [(a[1] + a[2]) / (b[1] + b[2]) for a, b in zip(results["router"], results["baseline"], strict=True)]
+        print(f"router/baseline CPU per connection, median of the rounds: {statistics.median(ratios):.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
