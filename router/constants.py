@@ -102,6 +102,10 @@ MAX_PEEK_BYTES: Final = 16 * 1024
 MAX_HOSTNAME_LENGTH: Final = 253
 """Longest DNS name (RFC 1035); longer :authority / SNI values never route."""
 
+HOSTNAME_CACHE_ENTRIES: Final = 8192
+"""Hostnames whose pod name the template remembers (workers name the same pods again and again;
+the match is a regex). Only names of a pod are kept and the table is emptied when full: <= ~2 MiB."""
+
 MAX_POD_NAME_LENGTH: Final = 63
 """A pod name extracted from a hostname must be one DNS-1123 label."""
 

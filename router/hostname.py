@@ -12,11 +12,12 @@ snapshot decides whether such a pod exists.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import string
 from dataclasses import dataclass
 
-from router.constants import MAX_HOSTNAME_LENGTH, MAX_POD_NAME_LENGTH
+from router.constants import HOSTNAME_CACHE_ENTRIES, MAX_HOSTNAME_LENGTH, MAX_POD_NAME_LENGTH
 
 POD_NAME_FIELD = "pod_name"
 NAMESPACE_FIELD = "namespace"
@@ -40,6 +41,8 @@ class HostnameTemplate:
 
     prefix: str
     suffix: str
+    _names: dict[str, str] = dataclasses.field(default_factory=dict, init=False, repr=False, compare=False)
+    """Hostnames seen before -> the pod they name (only those that name one; emptied when full)."""
 
     @classmethod
     def parse(cls, template: str, namespace: str) -> HostnameTemplate:
@@ -75,6 +78,17 @@ class HostnameTemplate:
 
     def pod_name_for(self, hostname: str) -> str | None:
         """The pod a worker names in ``:authority`` / SNI, or None if it names none."""
+        known = self._names.get(hostname)
+        if known is not None:
+            return known
+        pod = self._match(hostname)
+        if pod is not None:
+            if len(self._names) >= HOSTNAME_CACHE_ENTRIES:
+                self._names.clear()
+            self._names[hostname] = pod
+        return pod
+
+    def _match(self, hostname: str) -> str | None:
         host = _strip_port(hostname)
         if host is None:
             return None

@@ -147,3 +147,21 @@ def test_fuzz_none_or_round_tripping_label(hostname: str) -> None:
 def test_fuzz_every_label_round_trips(pod: str) -> None:
     assert DEFAULT.pod_name_for(DEFAULT.hostname_for(pod)) == pod
     assert DEFAULT.pod_name_for(DEFAULT.hostname_for(pod).upper() + ":1") == pod
+
+
+def test_remembered_names_answer_alike_stay_bounded_and_misses_are_not_kept(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import router.hostname as hostname_module
+
+    monkeypatch.setattr(hostname_module, "HOSTNAME_CACHE_ENTRIES", 4)
+    template = HostnameTemplate.parse("{pod_name}.stargate.external", "demo")
+    for _ in range(2):  # the second round answers from the table
+        assert template.pod_name_for("Stargate-0.stargate.external:443") == "stargate-0"
+        assert template.pod_name_for("x.stargate-0.stargate.external") is None
+        assert template.pod_name_for("stargate-0.other.example") is None
+    for i in range(10):
+        assert template.pod_name_for(f"stargate-{i}.stargate.external") == f"stargate-{i}"
+    assert 0 < len(template._names) <= 4
+    assert all(template._names[name] == template._match(name) for name in template._names)
+    assert template == HostnameTemplate.parse("{pod_name}.stargate.external", "demo")
