@@ -52,6 +52,10 @@ class RouterConfig:
     log_level: str
     workers: int
     quic_cid_length: int | None
+    access_log: bool
+    """One access line per connection and flow (``--access-log on|off``)."""
+    debug_endpoints: bool
+    """``/debug/targets`` and ``/debug/connections`` on the health listener (they show client addresses)."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -97,6 +101,14 @@ def build_parser() -> argparse.ArgumentParser:
     add("--log-level", default=None, help=f"debug, info, warning, error (env {c.LOG_LEVEL_ENV})")
     add("--workers", default=str(c.DEFAULT_WORKERS), help="processes sharing the listeners (SO_REUSEPORT)")
     add("--quic-cid-length", default=None, help="pod connection ID length (default: learned from long headers)")
+    add(
+        "--access-log", default=c.DEFAULT_ACCESS_LOG,
+        help="on or off: one info line per connection and QUIC flow when it ends",
+    )
+    add(
+        "--debug-endpoints", action="store_true",
+        help="serve /debug/targets and /debug/connections on the health listener (shows client addresses)",
+    )
     return p
 
 
@@ -190,6 +202,8 @@ def config_from_args(
         if not ns.quic_cid_length.isdigit() or not 1 <= int(ns.quic_cid_length) <= 20:
             raise ConfigError(f"--quic-cid-length: expected 1-20, got {ns.quic_cid_length!r}")
         cid_length = int(ns.quic_cid_length)
+    if ns.access_log not in ("on", "off"):
+        raise ConfigError(f"--access-log: expected on or off, got {ns.access_log!r}")
     paths = frozenset(p.strip() for p in ns.round_robin_paths.split(",") if p.strip())
     for path in paths:
         if not path.startswith("/"):
@@ -217,4 +231,6 @@ def config_from_args(
         log_level=log_level,
         workers=int(ns.workers),
         quic_cid_length=cid_length,
+        access_log=ns.access_log == "on",
+        debug_endpoints=bool(ns.debug_endpoints),
     )

@@ -11,6 +11,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Proc
 from prometheus_client.registry import Collector
 
 from router import constants as c
+from router.termination import Termination
 
 
 class RouterMetrics:
@@ -62,6 +63,14 @@ class RouterMetrics:
             registry=r,
         )
         self.discovery_last_sync_age.set(-1)
+        self.terminations = Counter(
+            c.TERMINATIONS_TOTAL, "Ended connections and flows by protocol and termination (who ended it, how).",
+            ["protocol", "termination"], registry=r,
+        )
+        self.connection_duration = Histogram(
+            c.CONNECTION_DURATION_SECONDS, "Accept (or first datagram) to end of a connection or flow.",
+            ["protocol"], buckets=c.DURATION_BUCKETS_S, registry=r,
+        )
         self.build_info = Gauge(c.BUILD_INFO, "Build information.", ["version"], registry=r)
         self.build_info.labels(version=version).set(1)
         ProcessCollector(registry=r)  # process_cpu_seconds_total, process_resident_memory_bytes, fds
@@ -79,6 +88,9 @@ class RouterMetrics:
             self.active_connections.labels(protocol=protocol)
             self.decision_latency.labels(protocol=protocol)
             self.dial_latency.labels(protocol=protocol)
+            self.connection_duration.labels(protocol=protocol)
+            for termination in Termination:
+                self.terminations.labels(protocol=protocol, termination=termination)
         for reason in c.QUIC_DROP_REASONS:
             self.quic_dropped.labels(reason=reason)
         for source in c.DISCOVERY_SOURCES:

@@ -29,6 +29,13 @@ def test_defaults_match_the_rust_router() -> None:
     assert cfg.log_level == "info"
 
 
+def test_access_log_is_on_and_debug_endpoints_off_by_default() -> None:
+    cfg = config_from_args([], environ={"POD_NAMESPACE": "x"})
+    assert (cfg.access_log, cfg.debug_endpoints) == (True, False)
+    cfg = config_from_args(["--access-log", "off", "--debug-endpoints"], environ={"POD_NAMESPACE": "x"})
+    assert (cfg.access_log, cfg.debug_endpoints) == (False, True)
+
+
 def test_flag_overrides_environment_namespace() -> None:
     cfg = config_from_args(["--target-namespace", "a"], environ={"POD_NAMESPACE": "b"})
     assert cfg.target_namespace == "a"
@@ -65,6 +72,7 @@ def test_ipv6_listen_address() -> None:
         (["--workers", "0"], "--workers"),
         (["--round-robin-paths", "relative/path"], "--round-robin-paths"),
         (["--quic-cid-length", "21"], "--quic-cid-length"),
+        (["--access-log", "yes"], "--access-log"),
     ],
 )
 def test_bad_value_names_its_flag(args: list[str], flag: str) -> None:
