@@ -37,6 +37,12 @@ def _run_demo(parser: argparse.ArgumentParser, argv: list[str]) -> int:
     return run_demo([])
 
 
+def _run_check(parser: argparse.ArgumentParser, argv: list[str]) -> int:
+    from router.check import run_check
+
+    return run_check(parser, argv)
+
+
 SUBCOMMANDS: dict[str, Subcommand] = {
     "demo": Subcommand(
         summary="the whole path on this machine, no cluster: two local pods, calls through the router",
@@ -50,6 +56,22 @@ SUBCOMMANDS: dict[str, Subcommand] = {
             "Exits 0 when every call landed where it should, 1 otherwise."
         ),
         run=_run_demo,
+    ),
+    "check": Subcommand(
+        summary="validate the flags and print the routing table the router would serve, then exit",
+        description=(
+            "Takes the router's own flags and validates them as the router does. Then reads the\n"
+            "targets once, by the router's rules: the --endpoints-file, or ONE LIST of the Service's\n"
+            "EndpointSlices through the Kubernetes API (--kubeconfig, else in-cluster, else KUBECONFIG\n"
+            "or ~/.kube/config; --connect-timeout-ms bounds the connect). Prints one line per pod,\n"
+            "sorted by pod:\n"
+            "  <hostname> -> <pod> grpc <address:port> quic <address:port>\n"
+            "then a summary line, and exits 0 (with a warning on stderr when no target is ready:\n"
+            "the router would start not ready). Bad flags, an unreadable or invalid file, an\n"
+            "unreachable or refusing API: one line on stderr naming the flag, file or API error,\n"
+            "exit 2."
+        ),
+        run=_run_check,
     ),
 }
 """Every subcommand, by name, in the order ``--help`` lists them."""

@@ -58,9 +58,10 @@ class RouterConfig:
     """``/debug/targets`` and ``/debug/connections`` on the health listener (they show client addresses)."""
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The router's flags (``stargate-router [flags]``); ``demo`` is a separate subcommand."""
-    p = argparse.ArgumentParser(
+def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
+    """The router's flags (``stargate-router [flags]``), added to ``parser`` when given (``check``
+    takes exactly these flags); ``demo`` is a separate subcommand."""
+    p = parser if parser is not None else argparse.ArgumentParser(
         prog="stargate-router",
         description="Route worker gRPC (h2c/TLS) and QUIC to the Stargate pod named in "
         ":authority / SNI, splicing bytes without terminating TLS.",

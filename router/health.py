@@ -1,124 +1,218 @@
-"""The probe and scrape endpoint: ``/healthz``, ``/readyz``, ``/metrics`` over HTTP/1.1.
+"""The probe and scrape endpoint: ``/healthz``, ``/readyz``, ``/metrics`` on ``aiohttp.web``.
 
-A deliberately tiny server (one request per connection, bounded request size and time):
-kubelet probes and Prometheus scrapes need nothing more, and it keeps a web framework
-out of the data-path process.
+Kubelet probes and Prometheus scrapes need one small request per connection, so the
+low-level ``web.Server`` serves a path table (adding a route is one entry) and every
+connection is bounded: its request head in size and time, its answer in time, and it
+closes after one answer. The router and the ``--workers`` supervisor share this server;
+only their route tables differ.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from http import HTTPStatus
+from typing import Any, cast
+
+from aiohttp import web
 
 from router import constants as c
 from router.metrics import RouterMetrics
 
-MAX_REQUEST_HEAD_BYTES = c.HEALTH_MAX_REQUEST_HEAD_BYTES
-REQUEST_TIMEOUT_S = c.HEALTH_REQUEST_TIMEOUT_S
+log = logging.getLogger("router.health")  # pinned: operators filter logs by this name
 
 PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+"""The text exposition format Prometheus negotiates by default."""
+
+CLOSE_TIMEOUT_S = 1.0
+"""At close, in-flight probe answers get this long: a probe is retried, the shutdown must not wait."""
+
+Route = Callable[[], Awaitable[web.Response]]
+"""Answers one probe path; the method (GET or HEAD) is checked before it is called."""
 
 
-def http_response(status: str, body: bytes, content_type: str = "text/plain; charset=utf-8") -> bytes:
-    """A complete ``Connection: close`` HTTP/1.1 response."""
-    head = (
-        f"HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\n"
-        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
-    )
-    return head.encode() + body
+def text_response(status: int, text: str) -> web.Response:
+    """A ``text/plain`` answer; every probe answer closes its connection (one request each)."""
+    response = web.Response(status=status, text=text, content_type="text/plain", charset="utf-8")
+    response.force_close()
+    return response
 
 
-Responder = Callable[[str, str], Awaitable[bytes]]
-"""``(method, path) -> full HTTP response``."""
+def metrics_response(exposition: bytes) -> web.Response:
+    response = web.Response(body=exposition, headers={"Content-Type": PROMETHEUS_CONTENT_TYPE})
+    response.force_close()
+    return response
+
+
+def readiness_response(ready: bool) -> web.Response:
+    if ready:
+        return text_response(HTTPStatus.OK, "ready\n")
+    return text_response(HTTPStatus.SERVICE_UNAVAILABLE, "not ready\n")
+
+
+async def healthy() -> web.Response:
+    """Liveness: the loop answers, so the process is alive (a draining router still is)."""
+    return text_response(HTTPStatus.OK, "ok\n")
+
+
+ERROR_TEXT: Mapping[int, str] = {
+    HTTPStatus.BAD_REQUEST: "bad request\n",
+    HTTPStatus.NOT_FOUND: "not found\n",
+    HTTPStatus.METHOD_NOT_ALLOWED: "method not allowed\n",
+    HTTPStatus.INTERNAL_SERVER_ERROR: "internal server error\n",
+}
+"""Bodies of the error answers (aiohttp's own would name the parser's exception)."""
+
+
+class _ProbeConnection(web.RequestHandler):
+    """aiohttp's HTTP/1.1 connection with today's bounds: a request head over
+    ``max_head_bytes`` or not complete within ``timeout_s`` is cut without an answer, and an
+    answer the client does not read within ``timeout_s`` is aborted."""
+
+    def __init__(self, manager: web.Server, *, max_head_bytes: int, timeout_s: float, **kwargs: Any) -> None:
+        super().__init__(manager, **kwargs)
+        self._max_head_bytes = max_head_bytes
+        self._timeout_s = timeout_s
+        self._received = 0
+        self._deadline: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        self._arm(cast(asyncio.Transport, transport))
+
+    def data_received(self, data: bytes) -> None:
+        # One bodiless request per connection: every byte received is request head.
+        self._received += len(data)
+        if self._received > self._max_head_bytes:
+            if self.transport is not None:
+                self.transport.abort()
+            return
+        super().data_received(data)
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def answering(self) -> None:
+        """The head arrived and the answer is computed: the client now has ``timeout_s`` to read it."""
+        if self.transport is not None:
+            self._arm(self.transport)
+
+    def computing(self) -> None:
+        """A route runs (the supervisor's scrape its workers with their own timeout): no deadline."""
+        self._disarm()
+
+    def _arm(self, transport: asyncio.Transport) -> None:
+        self._disarm()
+        self._deadline = asyncio.get_running_loop().call_later(self._timeout_s, transport.abort)
+
+    def _disarm(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+
+    def handle_error(
+        self, request: web.BaseRequest, status: int = 500, exc: BaseException | None = None,
+        message: str | None = None,
+    ) -> web.StreamResponse:
+        """A malformed request gets our terse 400; a failing route is logged and answers 500."""
+        if status >= 500:
+            log.error("probe request %s failed", request.path, exc_info=exc)
+        known = HTTPStatus(status) if status in ERROR_TEXT else HTTPStatus.BAD_REQUEST
+        self.answering()
+        return text_response(known, ERROR_TEXT[known])
+
+
+class _BoundedServer(web.Server):
+    """Makes ``_ProbeConnection``\\ s (``web.Server`` is the protocol factory of the listener)."""
+
+    def __init__(self, handler: Callable[[web.BaseRequest], Awaitable[web.StreamResponse]],
+                 max_head_bytes: int, timeout_s: float) -> None:
+        super().__init__(handler, access_log=None)
+        self._max_head_bytes = max_head_bytes
+        self._timeout_s = timeout_s
+
+    def __call__(self) -> web.RequestHandler:
+        return _ProbeConnection(
+            self, loop=asyncio.get_running_loop(), access_log=None,
+            max_head_bytes=self._max_head_bytes, timeout_s=self._timeout_s,
+        )
 
 
 class ProbeHttpServer:
-    """One bounded request per connection, answered by ``respond``; shared by the router and the
-    ``--workers`` supervisor, whose answers differ but whose HTTP handling must not."""
+    """Serves a ``path -> Route`` table to GET and HEAD; the router and the ``--workers``
+    supervisor answer the same paths from different state, through the same HTTP handling."""
 
-    def __init__(self, respond: Responder) -> None:
-        self._respond = respond
-        self._server: asyncio.AbstractServer | None = None
+    def __init__(
+        self, routes: Mapping[str, Route],
+        max_head_bytes: int = c.HEALTH_MAX_REQUEST_HEAD_BYTES,
+        timeout_s: float = c.HEALTH_REQUEST_TIMEOUT_S,
+    ) -> None:
+        self.routes = dict(routes)
+        self._max_head_bytes = max_head_bytes
+        self._timeout_s = timeout_s
+        self._runner: web.ServerRunner | None = None
+
+    async def answer(self, method: str, path: str) -> web.Response:
+        """The answer to ``method path`` (query string ignored), without sockets."""
+        if method not in ("GET", "HEAD"):
+            return text_response(HTTPStatus.METHOD_NOT_ALLOWED, ERROR_TEXT[HTTPStatus.METHOD_NOT_ALLOWED])
+        route = self.routes.get(path.split("?", 1)[0])
+        if route is None:
+            return text_response(HTTPStatus.NOT_FOUND, ERROR_TEXT[HTTPStatus.NOT_FOUND])
+        return await route()
+
+    async def _handle(self, request: web.BaseRequest) -> web.StreamResponse:
+        connection = request.protocol
+        if isinstance(connection, _ProbeConnection):
+            connection.computing()
+        response = await self.answer(request.method, request.path)
+        if isinstance(connection, _ProbeConnection):
+            connection.answering()
+        return response
 
     async def start(self, host: str, port: int) -> tuple[str, int]:
-        self._server = await asyncio.start_server(self._handle, host, port, reuse_address=True)
-        sockname = self._server.sockets[0].getsockname()
+        server = _BoundedServer(self._handle, self._max_head_bytes, self._timeout_s)
+        self._runner = web.ServerRunner(server, shutdown_timeout=CLOSE_TIMEOUT_S)
+        await self._runner.setup()
+        try:
+            await web.TCPSite(self._runner, host, port, reuse_address=True).start()
+        except BaseException:
+            await self.close()
+            raise
+        sockname = self._runner.addresses[0]
         return sockname[0], sockname[1]
 
     async def close(self) -> None:
-        if self._server is not None:
-            self._server.close()
+        if self._runner is not None:
+            runner, self._runner = self._runner, None
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._server.wait_closed(), 1.0)
-
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), REQUEST_TIMEOUT_S)
-            if len(head) > MAX_REQUEST_HEAD_BYTES:
-                raise ValueError("request head too large")
-            parts = head.split(b"\r\n", 1)[0].decode("ascii", "replace").split(" ")
-            if len(parts) == 3:
-                response = await self._respond(parts[0], parts[1])
-            else:
-                response = http_response("400 Bad Request", b"bad request\n")
-            if parts[0] == "HEAD":
-                response = response.split(b"\r\n\r\n", 1)[0] + b"\r\n\r\n"
-            writer.write(response)
-            await asyncio.wait_for(writer.drain(), REQUEST_TIMEOUT_S)
-        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError, ValueError,
-                ConnectionError):
-            pass
-        finally:
-            writer.close()
-            with contextlib.suppress(Exception):
-                await writer.wait_closed()
+                await runner.cleanup()
 
 
 class HealthServer(ProbeHttpServer):
     """Serves liveness, readiness (from ``is_ready()``) and the metrics exposition."""
 
     def __init__(self, metrics: RouterMetrics, is_ready: Callable[[], bool]) -> None:
-        super().__init__(self._respond_async)
         self._metrics = metrics
         self._is_ready = is_ready
+        super().__init__({"/healthz": healthy, "/readyz": self._readyz, "/metrics": self._metrics_route})
 
-    async def _respond_async(self, method: str, path: str) -> bytes:
-        return self.respond(method, path)
+    async def _readyz(self) -> web.Response:
+        return readiness_response(self._is_ready())
+
+    async def _metrics_route(self) -> web.Response:
+        return metrics_response(self._metrics.render())
 
     def respond(self, method: str, path: str) -> bytes:
-        """The full HTTP response for one request (pure, so it is testable without sockets)."""
-        route = probe_route(method, path)
-        if isinstance(route, bytes):
-            return route
-        if route == "readyz":
-            return readiness_response(self._is_ready())
-        if route == "metrics":
-            return metrics_response(self._metrics.render())
-        return HEALTHY_RESPONSE
-
-
-HEALTHY_RESPONSE = http_response("200 OK", b"ok\n")
-
-
-def probe_route(method: str, path: str) -> str | bytes:
-    """``"healthz"``, ``"readyz"`` or ``"metrics"`` for a probe request, else the error response.
-
-    The router and the ``--workers`` supervisor answer the same paths from different state.
-    """
-    path = path.split("?", 1)[0]
-    if method not in ("GET", "HEAD"):
-        return http_response("405 Method Not Allowed", b"method not allowed\n")
-    if path in ("/healthz", "/readyz", "/metrics"):
-        return path[1:]
-    return http_response("404 Not Found", b"not found\n")
-
-
-def readiness_response(ready: bool) -> bytes:
-    if ready:
-        return http_response("200 OK", b"ready\n")
-    return http_response("503 Service Unavailable", b"not ready\n")
-
-
-def metrics_response(exposition: bytes) -> bytes:
-    return http_response("200 OK", exposition, PROMETHEUS_CONTENT_TYPE)
+        """The answer's status line, content type and body as HTTP/1.1 text, for tests that
+        check an answer without a socket (e.g. the deploy manifests' probe paths)."""
+        response = asyncio.run(self.answer(method, path))
+        body = response.body if isinstance(response.body, bytes) else b""
+        head = (
+            f"HTTP/1.1 {response.status} {response.reason}\r\n"
+            f"Content-Type: {response.headers['Content-Type']}\r\nContent-Length: {len(body)}\r\n\r\n"
+        )
+        return head.encode() + body

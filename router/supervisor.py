@@ -9,10 +9,10 @@ The supervisor routes nothing. It picks the concrete ports (so a restarted worke
 the same ones), starts the workers, passes their stderr on line by line, restarts a dead
 one with capped backoff, and owns the public health port: ``/healthz`` is its own
 liveness, ``/readyz`` asks every worker, ``/metrics`` merges every worker's exposition
-(``router.metrics_merge``). Each worker serves its own health port on loopback only; its
-``listening ... health=`` log line, which tells the supervisor that port, is re-emitted
-as ``worker I bound ... private-health=`` so the supervisor's own ``listening`` line is
-the only one naming public addresses (tools and tests parse that line).
+(``router.metrics_merge``); ``router.worker_scrape`` asks the workers. Each worker serves
+its own health port on loopback only; its ``listening ... health=`` log line, which
+tells the supervisor that port, is re-emitted as ``worker I bound ... private-health=``
+so the supervisor's own ``listening`` line is the only one naming public addresses (tools and tests parse that line).
 
 SIGTERM/SIGINT: ``/readyz`` fails at once, every worker gets SIGTERM and runs its own
 shutdown delay and drain; stragglers are killed after that budget plus a grace period.
@@ -32,25 +32,19 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from http import HTTPStatus
 
+from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, ProcessCollector, generate_latest
 
 from discovery.backoff import Backoff
 from router import constants as c
 from router.config import RouterConfig, SocketAddress
-from router.health import (
-    HEALTHY_RESPONSE,
-    ProbeHttpServer,
-    http_response,
-    metrics_response,
-    probe_route,
-    readiness_response,
-)
+from router.health import ProbeHttpServer, healthy, metrics_response, readiness_response, text_response
 from router.metrics_merge import ExpositionError, merge_expositions
+from router.worker_scrape import HostPort, WorkerClient
 
 log = logging.getLogger("router.workers")  # pinned: operators filter logs by this name
-
-HostPort = tuple[str, int]
 
 _WORKER_LISTENING = re.compile(
     rb"listening (grpc=\S+ quic=\S+) health=(\[[0-9A-Fa-f:.]+\]|[0-9A-Za-z.:-]+):(\d+)"
@@ -107,19 +101,6 @@ class LineSplitter:
         return [rest] if rest else []
 
 
-class ProbeError(Exception):
-    """A worker's health endpoint did not answer with a well-formed HTTP response."""
-
-
-def parse_http_response(raw: bytes) -> tuple[int, bytes]:
-    """``(status, body)`` of a ``Connection: close`` response read to EOF."""
-    head, sep, body = raw.partition(b"\r\n\r\n")
-    parts = head.split(b"\r\n", 1)[0].split(b" ", 2)
-    if not sep or len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or not parts[1].isdigit():
-        raise ProbeError(f"malformed HTTP response: {raw[:60]!r}")
-    return int(parts[1]), body
-
-
 def describe_exit(returncode: int | None) -> str:
     if returncode is None:
         return "unknown status"
@@ -146,30 +127,6 @@ def concrete_address(addr: SocketAddress, kind: socket.SocketKind) -> SocketAddr
     with socket.socket(family, kind) as probe:
         probe.bind((addr.host, 0))
         return SocketAddress(addr.host, int(probe.getsockname()[1]))
-
-
-async def fetch(
-    address: HostPort, path: str, timeout_s: float = c.WORKER_PROBE_TIMEOUT_S
-) -> tuple[int, bytes]:
-    """GET ``path`` from a worker's private health port: ``(status, body)``, bounded in size and time."""
-
-    async def _get() -> bytes:
-        reader, writer = await asyncio.open_connection(*address)
-        try:
-            writer.write(f"GET {path} HTTP/1.1\r\nHost: {address[0]}\r\nConnection: close\r\n\r\n".encode())
-            raw = bytearray()
-            while chunk := await reader.read(65536):
-                raw += chunk
-                if len(raw) > c.WORKER_MAX_RESPONSE_BYTES:
-                    raise ProbeError(f"response larger than {c.WORKER_MAX_RESPONSE_BYTES} bytes")
-            return bytes(raw)
-        finally:
-            writer.close()
-
-    try:
-        return parse_http_response(await asyncio.wait_for(_get(), timeout_s))
-    except (OSError, TimeoutError) as exc:
-        raise ProbeError(f"GET {path} from {address[0]}:{address[1]}: {exc!r}") from None
 
 
 def _parent_death_signal() -> Callable[[], None] | None:
@@ -228,6 +185,7 @@ class Supervisor:
         self._failed = False
         self._stop = asyncio.Event()
         self._preexec = _parent_death_signal()
+        self.workers = WorkerClient()
 
     # -- lifecycle -----------------------------------------------------------------------
     async def run(self) -> int:
@@ -235,7 +193,7 @@ class Supervisor:
         try:
             grpc = concrete_address(cfg.listen_addr, socket.SOCK_STREAM)
             quic = concrete_address(cfg.reverse_tunnel_listen_addr, socket.SOCK_DGRAM)
-            server = ProbeHttpServer(self.respond)
+            server = ProbeHttpServer({"/healthz": healthy, "/readyz": self.readyz, "/metrics": self.metrics_route})
             health = await server.start(cfg.health_listen_addr.host, cfg.health_listen_addr.port)
         except OSError as exc:
             log.error("supervisor cannot bind: %s", exc)
@@ -252,6 +210,7 @@ class Supervisor:
         await self._stop_workers(keepers)
         announce.cancel()
         await server.close()
+        await self.workers.close()
         log.info("all workers stopped; exiting")
         return 1 if self._failed else 0
 
@@ -370,9 +329,7 @@ class Supervisor:
         addresses = [s.health for s in self.slots if s.alive]
         if len(addresses) != len(self.slots) or None in addresses:
             return False
-        results = await asyncio.gather(
-            *(fetch(a, "/readyz") for a in addresses if a is not None), return_exceptions=True
-        )
+        results = await self.workers.fetch_all([a for a in addresses if a is not None], "/readyz")
         return not self._stopping and all(isinstance(r, tuple) and r[0] == 200 for r in results)
 
     async def metrics(self) -> bytes:
@@ -380,7 +337,7 @@ class Supervisor:
         live: list[tuple[WorkerSlot, int, HostPort]] = [
             (s, s.generation, s.health) for s in self.slots if s.alive and s.health is not None
         ]
-        results = await asyncio.gather(*(fetch(h, "/metrics") for _s, _g, h in live), return_exceptions=True)
+        results = await self.workers.fetch_all([h for _s, _g, h in live], "/metrics")
         for (slot, generation, _h), result in zip(live, results, strict=True):
             if isinstance(result, BaseException):
                 log.debug("worker %d metrics unavailable, using its last scrape: %s", slot.index, result)
@@ -390,19 +347,15 @@ class Supervisor:
         texts += [s.exposition for s in self.slots if s.exposition is not None]
         return merge_expositions(texts)
 
-    async def respond(self, method: str, path: str) -> bytes:
-        route = probe_route(method, path)
-        if isinstance(route, bytes):
-            return route
-        if route == "readyz":
-            return readiness_response(await self.is_ready())
-        if route == "metrics":
-            try:
-                return metrics_response(await self.metrics())
-            except ExpositionError as exc:
-                log.error("cannot merge worker metrics: %s", exc)
-                return http_response("500 Internal Server Error", b"cannot merge worker metrics\n")
-        return HEALTHY_RESPONSE
+    async def readyz(self) -> web.Response:
+        return readiness_response(await self.is_ready())
+
+    async def metrics_route(self) -> web.Response:
+        try:
+            return metrics_response(await self.metrics())
+        except ExpositionError as exc:
+            log.error("cannot merge worker metrics: %s", exc)
+            return text_response(HTTPStatus.INTERNAL_SERVER_ERROR, "cannot merge worker metrics\n")
 
 
 def supervise(config: RouterConfig, argv: list[str]) -> int:

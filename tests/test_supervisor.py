@@ -21,14 +21,13 @@ from router.demo.pki import make_pki
 from router.demo.quic_pods import bound_port, quic_whoami, start_quic_pod
 from router.supervisor import (
     LineSplitter,
-    ProbeError,
     concrete_address,
     describe_exit,
-    parse_http_response,
     rewrite_listening_line,
     stop_budget_s,
     worker_argv,
 )
+from router.worker_scrape import ProbeError, WorkerClient
 from tests.router_process import RouterProcess, router_args, write_endpoints
 
 # ---------------------------------------------------------------------------
@@ -78,12 +77,62 @@ def test_line_splitter_keeps_partial_lines_and_cuts_over_long_ones() -> None:
     assert splitter.flush() == []
 
 
-def test_parse_http_response() -> None:
+async def serve_raw(answer: bytes | None) -> tuple[asyncio.Server, int]:
+    """A fake worker health port: reads the request head, then sends ``answer`` (None: stays silent)."""
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        if answer is None:
+            await reader.read()  # until the client gives up and closes
+        else:
+            writer.write(answer)
+            await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    return server, server.sockets[0].getsockname()[1]
+
+
+async def fetch_from(
+    answer: bytes | None,
+    timeout_s: float = c.WORKER_PROBE_TIMEOUT_S,
+    max_response_bytes: int = c.WORKER_MAX_RESPONSE_BYTES,
+) -> tuple[int, bytes]:
+    server, port = await serve_raw(answer)
+    client = WorkerClient(timeout_s, max_response_bytes)
+    try:
+        return await client.fetch(("127.0.0.1", port), "/readyz")
+    finally:
+        await client.close()
+        server.close()
+
+
+async def test_worker_answers_are_read_and_malformed_ones_are_probe_errors() -> None:
     raw = b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 10\r\n\r\nnot ready\n"
-    assert parse_http_response(raw) == (503, b"not ready\n")
+    assert await fetch_from(raw) == (503, b"not ready\n")
+    assert await fetch_from(b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\nready\n") == (200, b"ready\n")
     for bad in (b"", b"HTTP/1.1 200 OK\r\n", b"garbage\r\n\r\n", b"HTTP/1.1 xx OK\r\n\r\n"):
         with pytest.raises(ProbeError):
-            parse_http_response(bad)
+            await fetch_from(bad)
+    with pytest.raises(ProbeError):  # nothing listens
+        await WorkerClient().fetch(("127.0.0.1", concrete_address(SocketAddress("127.0.0.1", 0),
+                                                                  socket.SOCK_STREAM).port), "/readyz")
+
+
+async def test_a_worker_answer_over_the_size_cap_is_refused() -> None:
+    body = b"x" * 5000
+    declared = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+    undeclared = b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n" + body
+    chunked = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n1388\r\n%s\r\n0\r\n\r\n" % body
+    for raw in (declared, undeclared, chunked):
+        assert await fetch_from(raw, max_response_bytes=len(body)) == (200, body)
+        with pytest.raises(ProbeError, match="larger than 4999 bytes"):
+            await fetch_from(raw, max_response_bytes=len(body) - 1)
+
+
+async def test_a_silent_worker_is_a_probe_error_at_the_probe_timeout() -> None:
+    with pytest.raises(ProbeError):
+        await fetch_from(None, timeout_s=0.2)
 
 
 def test_describe_exit() -> None:

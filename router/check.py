@@ -1,0 +1,197 @@
+"""``stargate-router check``: print the routing table the router would serve, then exit.
+
+Like ``haproxy -c`` / ``nginx -t`` before a rollout: the router's own flags, validated by
+``router.config`` (same messages), then one read of the targets by the router's own rules — the
+endpoints file through discovery's file loader, or ONE LIST of the Service's EndpointSlices
+through the Kubernetes API (no watch), derived by ``targets_from_slices``. Any failure is one line
+on stderr naming the flag, the file or the API error, and exit status 2; the whole API exchange
+(client config, connect, LIST) is bounded by ``--connect-timeout-ms``, so ``check`` never hangs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import sys
+from typing import Any
+
+from discovery.endpoint_slices import targets_from_slices
+from discovery.settings import DiscoverySettings
+from discovery.targets import Target, TargetSnapshot
+from router.config import ConfigError, RouterConfig, build_parser, config_from_args
+from router.constants import SERVICE_NAME_LABEL
+from router.hostname import HostnameTemplate, TemplateError
+
+PROG = "stargate-router check"
+EXIT_OK = 0
+EXIT_ERROR = 2
+"""Bad flags, file or API: the same status argparse and the router use for bad configuration."""
+
+
+class CheckError(Exception):
+    """Why the routing table could not be read; the message is the whole stderr line."""
+
+
+def route_line(template: HostnameTemplate, target: Target) -> str:
+    """``<hostname> -> <pod> grpc <address:port> quic <address:port>`` (``-`` for a missing port)."""
+    grpc = target.grpc_endpoint if target.grpc_port else "-"
+    quic = target.quic_endpoint if target.quic_port else "-"
+    return f"{template.hostname_for(target.pod_name)} -> {target.pod_name} grpc {grpc} quic {quic}"
+
+
+def _settings(config: RouterConfig) -> DiscoverySettings:
+    return DiscoverySettings(
+        namespace=config.target_namespace,
+        service_name=config.target_service_name,
+        grpc_port_name=config.grpc_port_name,
+        quic_port_name=config.quic_port_name,
+    )
+
+
+def _from_file(config: RouterConfig) -> tuple[TargetSnapshot, str]:
+    from discovery.file_source import load_endpoints_file
+
+    assert config.endpoints_file is not None
+    load = load_endpoints_file(config.endpoints_file, _settings(config))
+    if load.snapshot is None:
+        raise CheckError(f"--endpoints-file {config.endpoints_file}: {load.error}")
+    return load.snapshot, f"file {config.endpoints_file}"
+
+
+async def _api_client(config: RouterConfig) -> Any:
+    """An ApiClient resolved as the router's discovery does: --kubeconfig, else in-cluster (when
+    ``KUBERNETES_SERVICE_HOST`` is set), else ``KUBECONFIG`` / ``~/.kube/config``."""
+    from kubernetes_asyncio import client
+    from kubernetes_asyncio import config as kube_config
+    from kubernetes_asyncio.config.kube_config import KUBE_CONFIG_DEFAULT_LOCATION
+
+    from discovery.kubernetes_source import IN_CLUSTER_ENV
+
+    cfg = client.Configuration()
+    try:
+        if config.kubeconfig is not None:
+            where = f"--kubeconfig {config.kubeconfig}"
+            await kube_config.load_kube_config(
+                config_file=str(config.kubeconfig), client_configuration=cfg, persist_config=False,
+            )
+        elif os.environ.get(IN_CLUSTER_ENV):
+            where = "in-cluster config"
+            kube_config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
+        else:
+            where = f"kubeconfig {KUBE_CONFIG_DEFAULT_LOCATION} (KUBECONFIG or ~/.kube/config)"
+            paths = KUBE_CONFIG_DEFAULT_LOCATION.split(os.pathsep)  # as the client splits it
+            if not any(path and os.path.exists(os.path.expanduser(path)) for path in paths):
+                raise CheckError(f"{where}: not found; pass --kubeconfig, or --endpoints-file")
+            await kube_config.load_kube_config(client_configuration=cfg, persist_config=False)
+    except CheckError:
+        raise
+    except Exception as exc:  # missing/invalid kubeconfig, no service-account files, exec plugin errors
+        raise CheckError(f"{where}: {_one_line(exc)}") from None
+    return client.ApiClient(cfg)
+
+
+async def _list_slices(api_client: Any, config: RouterConfig) -> list[dict[str, Any]]:
+    """ONE LIST of the Service's EndpointSlices with the router's selector, never a watch."""
+    from kubernetes_asyncio import client
+
+    from discovery.kubernetes_source import parse_slice_list
+
+    api: Any = client.DiscoveryV1Api(api_client)  # _preload_content=False: a raw aiohttp response
+    response = await api.list_namespaced_endpoint_slice(
+        config.target_namespace,
+        label_selector=f"{SERVICE_NAME_LABEL}={config.target_service_name}",
+        _preload_content=False,
+    )
+    try:
+        body = await response.read()
+    finally:
+        response.release()
+    if response.status != 200:
+        raise CheckError(f"HTTP {response.status}: {_status_message(body)}")
+    slices, _resource_version = parse_slice_list(body)
+    return slices
+
+
+async def _from_kubernetes(config: RouterConfig) -> tuple[TargetSnapshot, str]:
+    """Load the client config and LIST, all within --connect-timeout-ms (so ``check`` never hangs
+    on a blackholed API server or a stuck kubeconfig exec plugin)."""
+    import aiohttp
+
+    from discovery.kubernetes_source import KubeApiResponseError
+
+    budget = f"no answer within --connect-timeout-ms {round(config.connect_timeout_s * 1000)}"
+    deadline = asyncio.get_running_loop().time() + config.connect_timeout_s
+    try:
+        async with asyncio.timeout_at(deadline):
+            api_client = await _api_client(config)
+    except TimeoutError:
+        raise CheckError(f"Kubernetes client config: {budget}") from None
+    server = f"Kubernetes API {api_client.configuration.host}"
+    try:
+        async with asyncio.timeout_at(deadline):
+            slices = await _list_slices(api_client, config)
+    except TimeoutError:  # aiohttp's own timeouts are TimeoutErrors too
+        raise CheckError(f"{server}: {budget}") from None
+    except CheckError as exc:
+        raise CheckError(f"{server}: {exc}") from None
+    except (aiohttp.ClientError, OSError, KubeApiResponseError) as exc:
+        raise CheckError(f"{server}: {_one_line(exc)}") from None
+    finally:
+        await api_client.close()
+    where = f"kubernetes {config.target_namespace}/{config.target_service_name}"
+    return targets_from_slices(slices, _settings(config)), where
+
+
+def _status_message(body: bytes) -> str:
+    """A Kubernetes Status body's ``message``, else the start of whatever came instead."""
+    try:
+        data = json.loads(body)
+    except (ValueError, RecursionError):
+        return " ".join(body[:200].decode("utf-8", "replace").split()) or "(empty body)"
+    message = data.get("message") if isinstance(data, dict) else None
+    return _one_line(message if message is not None else data)
+
+
+def _one_line(value: object) -> str:
+    text = " ".join(str(value).split())[:300]
+    return text or type(value).__name__
+
+
+def check(config: RouterConfig) -> tuple[list[str], str]:
+    """The table's lines (sorted by pod) and the summary line; raises CheckError or ConfigError."""
+    try:
+        template = HostnameTemplate.parse(config.advertised_hostname_template, config.target_namespace)
+    except TemplateError as exc:  # the router's own message for this flag (router.app)
+        raise ConfigError(f"--advertised-hostname-template: {exc}") from None
+    if config.endpoints_file is not None:
+        snapshot, where = _from_file(config)
+    else:
+        snapshot, where = asyncio.run(_from_kubernetes(config))
+    lines = [route_line(template, target) for target in snapshot]  # a snapshot iterates by pod
+    noun = "target" if len(snapshot) == 1 else "targets"
+    return lines, f"{len(snapshot)} ready {noun} from {where}"
+
+
+def run_check(parser: argparse.ArgumentParser, argv: list[str]) -> int:
+    """``stargate-router check [router flags]``: print the table and a summary; 0 or 2."""
+    build_parser(parser)
+    parser.exit_on_error = False  # a bad flag is one line, not argparse's usage block
+    logging.getLogger("kubernetes_asyncio").setLevel(logging.CRITICAL)  # its errors reach us raised
+    try:
+        _known, unknown = parser.parse_known_args(argv)  # answers --help
+        if unknown:
+            raise ConfigError(f"unrecognized arguments: {' '.join(unknown)}")
+        lines, summary = check(config_from_args(argv))
+    except (argparse.ArgumentError, ConfigError, CheckError) as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    for line in lines:
+        print(line)
+    print(summary)
+    if not lines:
+        print(f"{PROG}: warning: no ready targets: the router would start not ready (/readyz 503)",
+              file=sys.stderr)
+    return EXIT_OK
