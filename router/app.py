@@ -13,12 +13,15 @@ import contextlib
 import logging
 import resource
 import signal
+import time
 from importlib import metadata
 from typing import Protocol
 
 from discovery.settings import DiscoverySettings
 from discovery.targets import EMPTY_SNAPSHOT, TargetSnapshot
+from router.access_log import AccessLog
 from router.config import ConfigError, RouterConfig
+from router.debug_endpoints import router_routes
 from router.health import HealthServer
 from router.hostname import HostnameTemplate, TemplateError
 from router.metrics import RouterMetrics
@@ -67,6 +70,7 @@ class RouterApp:
         self._shutting_down = False
         self._stop = asyncio.Event()
         self.source = self._make_source()
+        self.access = AccessLog(self.metrics, enabled=config.access_log)
         self.tcp = TcpRouter(
             TcpRouterSettings(
                 connect_timeout_s=config.connect_timeout_s,
@@ -84,6 +88,13 @@ class RouterApp:
             self.template, self.snapshot, self.metrics,
         )
         self.health = HealthServer(self.metrics, self.is_ready)
+        if config.debug_endpoints:
+            routes, query_routes = router_routes(
+                self.access.live, self.snapshot, "file" if config.endpoints_file is not None else "kubernetes",
+                self.is_ready, self._sync_age_s,
+            )
+            self.health.routes.update(routes)
+            self.health.query_routes.update(query_routes)
 
     def _make_source(self) -> DiscoverySource:
         settings = DiscoverySettings(
@@ -101,6 +112,12 @@ class RouterApp:
         from discovery.kubernetes_source import KubernetesSource
 
         return KubernetesSource(settings, self.publish, self.metrics, kubeconfig=self.config.kubeconfig)
+
+    def _sync_age_s(self) -> float:
+        """Seconds since discovery last synced, -1 before the first sync."""
+        if self.source.last_sync_monotonic is None:
+            return -1.0
+        return max(0.0, time.monotonic() - self.source.last_sync_monotonic)
 
     def snapshot(self) -> TargetSnapshot:
         return self._snapshot
