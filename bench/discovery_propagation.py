@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from router.demo.grpc_pods import RunningPod, call_whoami, start_pod
 from tests.fake_kube_api import FakeKubeApi, make_endpoint, make_slice
-from tests.router_process import RouterProcess, write_endpoints
+from tests.support.router_process import RouterProcess, write_endpoints
 
 AUTHORITY = "stargate-0.stargate.external"
 NAMESPACE = "stargate"

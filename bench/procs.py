@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from router.constants import SPLICE_PIPE_BYTES
-from tests.router_process import RouterProcess, router_args, write_endpoints
+from tests.support.router_process import RouterProcess, router_args, write_endpoints
 
 NGINX_STREAM_MODULE = "/usr/lib/nginx/modules/ngx_stream_module.so"
 START_TIMEOUT_S = 20.0

@@ -6,8 +6,6 @@ import contextlib
 import ssl
 
 import pytest
-from aioquic import tls as aioquic_tls
-from aioquic.buffer import Buffer
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -18,73 +16,7 @@ from quic.clienthello import (
     client_hello_length,
     parse_client_hello,
 )
-
-HOST = "stargate-0.stargate.external"
-
-
-def ssl_client_hello_records(
-    server_hostname: str | None = HOST,
-    alpn: tuple[str, ...] = ("h2",),
-    maximum_version: ssl.TLSVersion | None = None,
-) -> bytes:
-    """The record-layer bytes a real OpenSSL client sends first."""
-    ctx = ssl.create_default_context()
-    if server_hostname is None:
-        ctx.check_hostname = False
-    if alpn:
-        ctx.set_alpn_protocols(list(alpn))
-    if maximum_version is not None:
-        ctx.maximum_version = maximum_version
-    obj = ctx.wrap_bio(ssl.MemoryBIO(), out := ssl.MemoryBIO(), server_hostname=server_hostname)
-    with pytest.raises(ssl.SSLWantReadError):
-        obj.do_handshake()
-    return out.read()
-
-
-def ssl_client_hello(**kwargs: object) -> bytes:
-    """The handshake message inside the (single) record of a real OpenSSL ClientHello."""
-    records = ssl_client_hello_records(**kwargs)  # type: ignore[arg-type]
-    assert records[0] == 22 and int.from_bytes(records[3:5], "big") == len(records) - 5
-    return records[5:]
-
-
-def aioquic_client_hello(server_name: str | None = HOST, alpn: tuple[str, ...] = ("stargate",)) -> bytes:
-    ctx = aioquic_tls.Context(is_client=True, alpn_protocols=list(alpn), server_name=server_name)
-    bufs = {epoch: Buffer(capacity=4096) for epoch in aioquic_tls.Epoch}
-    ctx.handle_message(b"", bufs)
-    return bufs[aioquic_tls.Epoch.INITIAL].data
-
-
-def u16(n: int) -> bytes:
-    return n.to_bytes(2, "big")
-
-
-def sni_ext(*names: tuple[int, bytes]) -> tuple[int, bytes]:
-    entries = b"".join(bytes([t]) + u16(len(n)) + n for t, n in names)
-    return 0, u16(len(entries)) + entries
-
-
-def alpn_ext(*protocols: bytes) -> tuple[int, bytes]:
-    entries = b"".join(bytes([len(p)]) + p for p in protocols)
-    return 16, u16(len(entries)) + entries
-
-
-def build_hello(
-    extensions: list[tuple[int, bytes]] | None = None,
-    *,
-    session_id: bytes = b"",
-    suites: bytes = b"\x13\x01",
-    compression: bytes = b"\x00",
-    after_extensions: bytes = b"",
-) -> bytes:
-    """A synthetic ClientHello handshake message (only the fields the walker reads)."""
-    body = b"\x03\x03" + bytes(32) + bytes([len(session_id)]) + session_id
-    body += u16(len(suites)) + suites + bytes([len(compression)]) + compression
-    if extensions is not None:
-        block = b"".join(u16(t) + u16(len(d)) + d for t, d in extensions)
-        body += u16(len(block)) + block + after_extensions
-    return b"\x01" + len(body).to_bytes(3, "big") + body
-
+from tests.support.tls import HOST, aioquic_client_hello, alpn_ext, build_hello, sni_ext, ssl_client_hello, u16
 
 # --- real hellos -------------------------------------------------------------
 

@@ -313,8 +313,8 @@ def test_pod_namespace_comes_from_the_downward_api() -> None:
 
 
 def test_log_level_env_is_a_valid_level() -> None:
-    if c.LOG_LEVEL_ENV in env():
-        parse_log_level(env()[c.LOG_LEVEL_ENV]["value"])
+    assert c.LOG_LEVEL_ENV in env(), f"deploy/deployment.yaml does not set {c.LOG_LEVEL_ENV}"
+    parse_log_level(env()[c.LOG_LEVEL_ENV]["value"])
 
 
 def test_grace_period_exceeds_shutdown_delay_plus_drain_timeout() -> None:

@@ -17,7 +17,8 @@ from discovery.settings import DiscoverySettings
 from discovery.targets import TargetSnapshot
 from router import constants as c
 from router.metrics import RouterMetrics
-from tests.fake_kube_api import eventually, make_endpoint, make_slice
+from tests.fake_kube_api import make_endpoint, make_slice
+from tests.support.polling import eventually
 
 SETTINGS = DiscoverySettings(namespace="stargate", service_name="stargate-headless")
 POLL_S = 0.05

@@ -24,6 +24,7 @@ from router.tcp.h2c_peek import (
     looks_like_h2c,
     percent_encode_grpc_message,
 )
+from tests.support.h2 import frame as _frame
 
 AUTHORITY = "stargate-0.stargate.external:50071"
 PATH = "/stargate.Stargate/Attach"
@@ -148,11 +149,6 @@ def test_endless_pings_hit_the_budget() -> None:
     with pytest.raises(H2PeekError, match=str(MAX_PEEK_BYTES)):
         for _ in range(MAX_PEEK_BYTES // len(ping) + 2):
             reader.feed(ping if reader.saw_preface else H2_PREFACE + ping)
-
-
-def _frame(ftype: int, flags: int, stream: int, payload: bytes = b"", length: int | None = None) -> bytes:
-    n = len(payload) if length is None else length
-    return n.to_bytes(3, "big") + bytes([ftype, flags]) + stream.to_bytes(4, "big") + payload
 
 
 BLOCK = hpack.Encoder().encode(REQUEST)

@@ -25,7 +25,8 @@ from discovery.settings import DiscoverySettings
 from discovery.targets import TargetSnapshot
 from router import constants as c
 from router.metrics import RouterMetrics
-from tests.fake_kube_api import FakeKubeApi, eventually, make_endpoint, make_slice
+from tests.fake_kube_api import FakeKubeApi, make_endpoint, make_slice
+from tests.support.polling import eventually
 
 NS = "stargate"
 SETTINGS = DiscoverySettings(namespace=NS, service_name="stargate-headless")
@@ -48,14 +49,6 @@ class Recorder:
 
 
 Start = Callable[..., KubernetesSource]
-
-
-@pytest.fixture
-async def api() -> AsyncIterator[FakeKubeApi]:
-    server = FakeKubeApi()
-    await server.start()
-    yield server
-    await server.stop()
 
 
 @pytest.fixture

@@ -16,8 +16,8 @@ import grpc
 
 from router.demo.grpc_pods import call_whoami, start_pod
 from router.demo.pki import make_pki
-from tests.bulk_tls import BulkTlsPod, bulk_tls_client
-from tests.router_process import RouterProcess, router_args, write_endpoints
+from tests.support.bulk_tls import BulkTlsPod, bulk_tls_client
+from tests.support.router_process import RouterProcess, router_args, write_endpoints
 
 HOST = "stargate-bulk.stargate.external"
 

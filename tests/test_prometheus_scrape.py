@@ -18,7 +18,7 @@ import pytest
 
 from router import constants as c
 from router.demo.grpc_pods import call_whoami, start_pod
-from tests.router_process import RouterProcess, router_args, write_endpoints
+from tests.support.router_process import RouterProcess, router_args, write_endpoints
 
 pytestmark = pytest.mark.skipif(shutil.which("prometheus") is None, reason="prometheus not installed")
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import random
 from collections.abc import Iterator, Sequence
-from pathlib import Path
 
 import pytest
 from aioquic.quic import events
@@ -14,11 +14,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from quic.clienthello import ClientHelloError, ClientHelloInfo
-from quic.initial_keys import client_initial_keys, encrypt_initial
 from quic.initial_sniffer import InitialSniffer, InvalidClientHello, NotInitial, ShortInitial
 from quic.packet import QUIC_V1, QUIC_V2, QuicPacketError, UnsupportedVersion, encode_varint
-from router.demo.pki import DemoPki, make_pki
-from tests.quic_initial_rewriter import (
+from router.demo.pki import DemoPki
+from tests.support.initial_packets import protected_initial
+from tests.support.quic_initial_rewriter import (
     ALPN,
     BIG_HELLO_ALPN,
     CASES,
@@ -38,14 +38,8 @@ SERVER_ADDR = ("127.0.0.2", 50072)
 CLIENT_ADDR = ("127.0.0.1", 40001)
 
 
-def initial(frames: bytes, *, version: int = QUIC_V1, dcid: bytes = DCID, scid: bytes = SCID, pn: int = 0,
-            size: int = 1200) -> bytes:
-    """A client Initial carrying ``frames``, PADDING-extended to ``size`` bytes."""
-    keys = client_initial_keys(version, dcid)
-    packet = encrypt_initial(version, dcid, scid, pn, frames, keys)
-    if len(packet) < size:
-        packet = encrypt_initial(version, dcid, scid, pn, frames + bytes(size - len(packet)), keys)
-    return packet
+initial = functools.partial(protected_initial, dcid=DCID, scid=SCID)
+"""A client Initial carrying ``frames`` (this file's connection IDs unless told otherwise)."""
 
 
 def feed_all(sniffer: InitialSniffer, datagrams: Sequence[bytes]) -> list[ClientHelloInfo | None]:
@@ -110,11 +104,6 @@ def _pump(client: QuicConnection, server: QuicConnection, first: Sequence[bytes]
         if len(done) == 2:
             return True
     return False
-
-
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory: pytest.TempPathFactory) -> DemoPki:
-    return make_pki(Path(tmp_path_factory.mktemp("pki")))
 
 
 @pytest.mark.parametrize("version", VERSIONS)

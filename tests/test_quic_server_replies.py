@@ -30,7 +30,7 @@ from router.constants import (
     REASON_TARGET_NOT_READY,
     REASON_UNKNOWN_SNI,
 )
-from tests.quic_initial_rewriter import SERVER_NAME, client_first_flight
+from tests.support.quic_initial_rewriter import SERVER_NAME, client_first_flight
 
 ROUTER_ADDR = ("127.0.0.1", 50072)
 VERSIONS = [QUIC_V1, QUIC_V2]

@@ -28,7 +28,7 @@ from router.supervisor import (
     worker_argv,
 )
 from router.worker_scrape import ProbeError, WorkerClient
-from tests.router_process import RouterProcess, router_args, write_endpoints
+from tests.support.router_process import RouterProcess, router_args, write_endpoints
 
 # ---------------------------------------------------------------------------
 # Pure pieces

@@ -14,21 +14,10 @@ from quic.clienthello import ClientHelloError, ClientHelloInfo
 from router.constants import MAX_PEEK_BYTES, TLS_ALERT_UNRECOGNIZED_NAME
 from router.demo.pki import make_pki
 from router.tcp.tls_peek import ClientHelloReader, TlsPeekError, looks_like_tls, tls_alert
-from tests.test_clienthello import HOST, build_hello, sni_ext, ssl_client_hello_records
+from tests.support.tls import HOST, build_hello, sni_ext, ssl_client_hello_records, tls_records
 
 RECORDS = ssl_client_hello_records(alpn=("h2", "grpc-exp"))
 EXPECTED = ClientHelloInfo(server_name=HOST, alpn=("h2", "grpc-exp"))
-
-
-def records_of(handshake: bytes, sizes: list[int], version: bytes = b"\x03\x01") -> bytes:
-    """Re-split a handshake message into records of the given fragment sizes (rest last)."""
-    out, pos = bytearray(), 0
-    for size in [*sizes, len(handshake)]:
-        fragment = handshake[pos : pos + size]
-        if fragment:
-            out += b"\x16" + version + len(fragment).to_bytes(2, "big") + fragment
-        pos += len(fragment)
-    return bytes(out)
 
 
 def test_whole() -> None:
@@ -43,7 +32,7 @@ def test_one_byte_at_a_time() -> None:
 
 
 def test_several_records_one_byte_at_a_time() -> None:
-    data = records_of(RECORDS[5:], [1, 3, 40, 100])
+    data = tls_records(RECORDS[5:], [1, 3, 40, 100])
     reader = ClientHelloReader()
     results = [reader.feed(data[i : i + 1]) for i in range(len(data))]
     assert results[-1] == EXPECTED
@@ -73,7 +62,7 @@ def test_max_bytes() -> None:
 def test_default_budget_refuses_endless_small_records() -> None:
     # Records of 1-byte fragments: 6 bytes per hello byte, the budget runs out first.
     hello = build_hello([sni_ext((0, b"x" * 3000))])
-    data = records_of(hello, [1] * len(hello))
+    data = tls_records(hello, [1] * len(hello))
     with pytest.raises(TlsPeekError, match="within"):
         ClientHelloReader().feed(data)
     assert len(data) > MAX_PEEK_BYTES
@@ -89,7 +78,7 @@ def test_default_budget_refuses_endless_small_records() -> None:
         (b"\x16\x03\x01" + (2**14 + 257).to_bytes(2, "big"), "exceeds"),
         (b"\x16\x03\x01\x00\x01\x02", "not client_hello"),
         (b"\x16\x03\x01\x00\x04\x01\xff\xff\xff", "exceeds"),
-        (records_of(build_hello([sni_ext((0, b"a")), sni_ext((0, b"b"))]), []), "duplicate"),
+        (tls_records(build_hello([sni_ext((0, b"a")), sni_ext((0, b"b"))]), []), "duplicate"),
     ],
 )
 def test_refusals(data: bytes, reason: str) -> None:
@@ -187,7 +176,7 @@ def test_fuzz_arbitrary_chunks(chunks: list[bytes]) -> None:
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.integers(1, 200), max_size=8), st.integers(1, 64))
 def test_fuzz_record_split_and_chunking_of_a_real_hello(sizes: list[int], chunk: int) -> None:
-    data = records_of(RECORDS[5:], sizes)
+    data = tls_records(RECORDS[5:], sizes)
     reader = ClientHelloReader()
     results = [reader.feed(data[i : i + chunk]) for i in range(0, len(data), chunk)]
     assert results[-1] == EXPECTED

@@ -24,15 +24,13 @@ from hypothesis import strategies as st
 
 from discovery.targets import Target, TargetSnapshot
 from router import constants as c
-from router.demo.pki import DemoPki, make_pki
+from router.demo.pki import DemoPki
 from router.demo.quic_pods import ALPN, client_configuration
-from router.hostname import HostnameTemplate
-from router.metrics import RouterMetrics
 from router.udp import batching as b
 from router.udp import pod_link as udp_pod_link
 from router.udp import pod_to_client as udp_replies
 from router.udp.edge import UdpRouter
-from router.udp.settings import UdpRouterSettings
+from tests.support.udp_router import running_udp_router
 
 ROUTER_HOST, POD_HOST = "127.0.0.1", "127.0.0.2"
 SNI = "stargate-0.stargate.external"
@@ -294,11 +292,6 @@ def test_an_unconnected_socket_has_no_path_segment_limit() -> None:
 
 
 # -- through the router -------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory: pytest.TempPathFactory) -> DemoPki:
-    return make_pki(tmp_path_factory.mktemp("pki"))
-
-
 @dataclass
 class Relay:
     router: UdpRouter
@@ -328,13 +321,8 @@ async def relay_to(pod_port: int, monkeypatch: pytest.MonkeyPatch) -> AsyncItera
 
     monkeypatch.setattr(udp_pod_link, "send_datagrams", recording_outbox)
     snapshot = TargetSnapshot.of([Target("stargate-0", POD_HOST, 1, pod_port)])
-    router = UdpRouter(UdpRouterSettings(), HostnameTemplate.parse(c.DEFAULT_ADVERTISED_HOSTNAME_TEMPLATE,
-                                                                   "default"), lambda: snapshot, RouterMetrics())
-    _, port = await router.start(ROUTER_HOST, 0)
-    try:
+    async with running_udp_router(lambda: snapshot, host=ROUTER_HOST) as (router, port):
         yield Relay(router, port, batches, outboxes)
-    finally:
-        await asyncio.wait_for(router.close(), T)
 
 
 def _client_initial() -> bytes:

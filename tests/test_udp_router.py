@@ -6,7 +6,7 @@ import asyncio
 import logging
 import random
 import socket
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,7 +20,7 @@ from aioquic.quic.connection import QuicConnection
 from discovery.targets import Target, TargetSnapshot
 from quic.packet import QuicErrorCode
 from router import constants as c
-from router.demo.pki import DemoPki, make_pki
+from router.demo.pki import DemoPki
 from router.demo.quic_pods import (
     QUIC_V1,
     QUIC_V2,
@@ -31,11 +31,12 @@ from router.demo.quic_pods import (
     request,
     start_quic_pod,
 )
-from router.hostname import HostnameTemplate
 from router.metrics import RouterMetrics
 from router.udp.edge import UdpRouter
 from router.udp.settings import UdpRouterSettings
-from tests.quic_initial_rewriter import BIG_HELLO_ALPN, SERVER_COMPLETABLE, rewrite_flight
+from tests.support.polling import eventually
+from tests.support.quic_initial_rewriter import BIG_HELLO_ALPN, SERVER_COMPLETABLE, rewrite_flight
+from tests.support.udp_router import running_udp_router
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -47,11 +48,6 @@ T = 5.0
 
 def sni(pod: str) -> str:
     return f"{pod}.stargate.external"
-
-
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory: pytest.TempPathFactory) -> DemoPki:
-    return make_pki(tmp_path_factory.mktemp("pki"))
 
 
 @dataclass
@@ -95,28 +91,12 @@ async def running(
     targets = {name: Target(name, POD_HOSTS[name], 1, bound_port(pod)) for name, pod in pods.items()}
     metrics = RouterMetrics()
     snapshot = [TargetSnapshot.of(list(targets.values()))]
-    router = UdpRouter(
-        UdpRouterSettings(**settings),
-        HostnameTemplate.parse(c.DEFAULT_ADVERTISED_HOSTNAME_TEMPLATE, "default"),
-        lambda: snapshot[0],
-        metrics,
-    )
-    _, port = await router.start(ROUTER_HOST, 0)
     try:
-        yield Harness(router, metrics, port, targets, pki.ca_path, snapshot)
+        async with running_udp_router(lambda: snapshot[0], UdpRouterSettings(**settings), metrics) as (router, port):
+            yield Harness(router, metrics, port, targets, pki.ca_path, snapshot)
     finally:
-        await asyncio.wait_for(router.close(), T)
         for pod in pods.values():
             pod.close()
-
-
-async def eventually(check: Callable[[], bool], what: str, timeout_s: float = T) -> None:
-    """Poll ``check`` (cheap, in-process) until true; fail naming ``what`` after the bound."""
-    for _ in range(int(timeout_s / 0.02)):
-        if check():
-            return
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 class _Recorder(QuicConnectionProtocol):
@@ -236,7 +216,7 @@ async def test_a_flood_of_refusals_is_counted_but_logged_at_a_bounded_rate(
         with caplog.at_level(logging.INFO, logger="router.udp_router"):
             for initial in flights:
                 sock.sendto(initial, (ROUTER_HOST, h.port))
-            await eventually(lambda: h.outcome("unknown_sni") == attempts, "every attempt refused")
+            await eventually(lambda: h.outcome("unknown_sni") == attempts, what="every attempt refused")
         refused = [r for r in caplog.records if "quic flow refused" in r.getMessage()]
         assert 1 <= len(refused) <= c.REJECTION_LOG_LINES_PER_S + 1
 
@@ -288,7 +268,7 @@ async def test_retransmits_of_a_refused_attempt_get_a_bounded_number_of_answers(
         (initial,) = _initial(h, "nobody.example.com")
         for _ in range(5):
             sock.sendto(initial, (ROUTER_HOST, h.port))
-        await eventually(lambda: h.dropped("rate_limited") == 2, "two silenced retransmits")
+        await eventually(lambda: h.dropped("rate_limited") == 2, what="two silenced retransmits")
         answers = _received(sock)
         assert len(answers) == c.QUIC_ANSWERS_PER_REJECTION
         assert all(len(a) <= len(initial) for a in answers)
@@ -299,7 +279,7 @@ async def test_refusals_beyond_the_byte_budget_are_silent(pki: DemoPki) -> None:
     async with running(pki, reject_budget_bytes_per_s=1.0) as h, raw_socket() as sock:
         (initial,) = _initial(h, "nobody.example.com")
         sock.sendto(initial, (ROUTER_HOST, h.port))
-        await eventually(lambda: h.dropped("rate_limited") == 1, "a refusal over budget")
+        await eventually(lambda: h.dropped("rate_limited") == 1, what="a refusal over budget")
         assert _received(sock) == [] and h.outcome("unknown_sni") == 1
 
 
@@ -311,7 +291,7 @@ async def test_unusable_datagrams_from_new_addresses_are_dropped_and_counted(pki
         sock.sendto(initial[:1100], router)  # an Initial cut under 1200 bytes
         sock.sendto(b"\xff\x00", router)  # a long header that is not one
         reasons = ("not_initial", "short_initial", "malformed")
-        await eventually(lambda: [h.dropped(r) for r in reasons] == [1, 1, 1], "three drops")
+        await eventually(lambda: [h.dropped(r) for r in reasons] == [1, 1, 1], what="three drops")
         assert _received(sock) == [] and h.router.pending_flows == h.router.active_flows == 0
 
 
@@ -321,7 +301,7 @@ async def test_unknown_versions_get_version_negotiation_never_larger_than_receiv
         probe = b"\xc0" + (0x1A2A3A4A).to_bytes(4, "big") + b"\x08" + dcid + b"\x08" + scid
         sock.sendto(probe.ljust(1200, b"\x00"), (ROUTER_HOST, h.port))
         sock.sendto(probe.ljust(1199, b"\x00"), (ROUTER_HOST, h.port))  # too small to answer
-        await eventually(lambda: h.dropped("not_initial") == 2, "both probes handled")
+        await eventually(lambda: h.dropped("not_initial") == 2, what="both probes handled")
         (vn,) = _received(sock)
         assert vn[0] & 0x80 and vn[1:5] == bytes(4) and len(vn) <= 1200
         assert vn[5:6 + 8 + 1 + 8] == b"\x08" + scid + b"\x08" + dcid  # CIDs echoed swapped
@@ -338,10 +318,10 @@ async def test_incomplete_client_hellos_wait_bounded_then_expire(pki: DemoPki) -
         conn.connect((ROUTER_HOST, h.port), now=0.0)
         part = next(iter(conn.datagrams_to_send(now=0.0)))[0]  # 1 of 3 datagrams of the hello
         first.sendto(part, (ROUTER_HOST, h.port))
-        await eventually(lambda: h.router.pending_flows == 1, "one pending flow")
+        await eventually(lambda: h.router.pending_flows == 1, what="one pending flow")
         second.sendto(part, (ROUTER_HOST, h.port))
-        await eventually(lambda: h.dropped("pending_full") == 1, "pending table full")
-        await eventually(lambda: h.dropped("pending_timeout") == 1, "the pending flow to expire")
+        await eventually(lambda: h.dropped("pending_full") == 1, what="pending table full")
+        await eventually(lambda: h.dropped("pending_timeout") == 1, what="the pending flow to expire")
         assert h.router.pending_flows == 0 and h.count(c.PENDING_FLOWS) == 0
 
 
@@ -354,7 +334,7 @@ async def test_a_pod_port_that_refuses_is_a_relay_error(pki: DemoPki) -> None:
         h.publish(**{"stargate-0": dead})
         for datagram in _initial(h, sni("stargate-0")):
             sock.sendto(datagram, (ROUTER_HOST, h.port))
-        await eventually(lambda: h.outcome("relay_error") == 1, "the flow to fail")
+        await eventually(lambda: h.outcome("relay_error") == 1, what="the flow to fail")
         assert h.outcome("accepted") == 1 and h.router.active_flows == 0
         assert h.count(c.ACTIVE_CONNECTIONS, protocol="quic") == 0
 
@@ -394,7 +374,7 @@ async def test_idle_flows_expire_as_completed(pki: DemoPki) -> None:
         config = client_configuration(sni("stargate-0"), h.cafile)
         async with connect(ROUTER_HOST, h.port, configuration=config) as client:
             assert await request(client, b"hi") == b"stargate-0:hi"
-            await eventually(lambda: h.router.active_flows == 0, "the idle flow to expire")
+            await eventually(lambda: h.router.active_flows == 0, what="the idle flow to expire")
             assert h.outcome("completed") == 1
             assert h.count(c.ACTIVE_CONNECTIONS, protocol="quic") == 0
 

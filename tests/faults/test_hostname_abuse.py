@@ -25,18 +25,17 @@ import pytest
 from router import constants as c
 from router.demo.grpc_pods import WHOAMI
 from router.tcp.tls_peek import tls_alert
-from tests.faults import (
-    CountingPod,
+from tests.faults.router_probes import moved, outcome_counts
+from tests.faults.tcp_peers import CountingPod, read_to_eof
+from tests.support.router_process import RouterProcess, router_args, write_endpoints
+from tests.support.tls import (
     alpn_extension,
     append_extension,
     client_hello,
     extension,
-    moved,
-    outcome_counts,
-    read_to_eof,
     sni_extension,
+    ssl_client_hello_records,
 )
-from tests.router_process import RouterProcess, router_args, write_endpoints
 
 NAMESPACE = "demo"
 TEMPLATE = "{pod_name}.{namespace}.svc"
@@ -247,11 +246,7 @@ def test_hostile_sni_is_rejected_never_routed(never_routed: Deployment, name: by
 
 def real_client_hello(server_name: str) -> bytes:
     """The first flight of Python's ``ssl`` client (one record) for ``server_name``."""
-    ctx = ssl.create_default_context()
-    tls = ctx.wrap_bio(ssl.MemoryBIO(), outgoing := ssl.MemoryBIO(), server_hostname=server_name)
-    with pytest.raises(ssl.SSLWantReadError):
-        tls.do_handshake()
-    return outgoing.read()
+    return ssl_client_hello_records(server_name, alpn=())
 
 
 SNI_CASES: list[tuple[str, list[bytes], str]] = [

@@ -20,8 +20,8 @@ import pytest
 from router import constants as c
 from router.demo.grpc_pods import RunningPod, start_pod
 from tests.fake_kube_api import FakeKubeApi, make_endpoint, make_slice
-from tests.faults import WhoAmIProbe, timed_whoami
-from tests.router_process import RouterProcess
+from tests.faults.router_probes import WhoAmIProbe, timed_whoami
+from tests.support.router_process import RouterProcess
 
 NAMESPACE = "stargate"
 PODS = (("stargate-0", "127.0.0.2"), ("stargate-1", "127.0.0.3"), ("stargate-2", "127.0.0.4"))
@@ -45,14 +45,6 @@ def pods() -> Iterator[dict[str, RunningPod]]:
     finally:
         for pod in running.values():
             pod.stop()
-
-
-@pytest.fixture
-async def api() -> AsyncIterator[FakeKubeApi]:
-    server = FakeKubeApi()
-    await server.start()
-    yield server
-    await server.stop()
 
 
 def pod_slice(pod: RunningPod, **metadata: Any) -> dict[str, Any]:

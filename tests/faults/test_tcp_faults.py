@@ -9,47 +9,51 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
-import hashlib
 import os
-import queue
 import random
 import resource
 import selectors
 import socket
 import ssl
 import struct
-import threading
 import time
-from collections.abc import Coroutine, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import grpc
-import h2.config
-import h2.connection
-import h2.events
 import pytest
 
 from router import constants as c
-from router.demo.grpc_pods import ECHO, RunningPod, start_pod
+from router.demo.grpc_pods import RunningPod, start_pod
 from router.tcp.tls_peek import tls_alert
-from tests.faults import (
+from tests.faults.router_probes import (
     WhoAmIProbe,
-    alpn_extension,
-    client_hello,
+    cpu_seconds,
+    echo_stream,
     h2c_channel,
     open_fds,
     outcome_count,
     outcome_counts,
     raise_nofile_limit,
-    read_to_eof,
     rss_kib,
     settle_fds,
-    sni_extension,
     timed_whoami,
 )
-from tests.router_process import RouterProcess, router_args, write_endpoints
+from tests.faults.tcp_peers import (
+    BlackholePod,
+    IntegrityPods,
+    ResettingProxy,
+    SynDroppingPod,
+    closed_port,
+    echo_pod,
+    flooding_pod,
+    integrity_client,
+    read_to_eof,
+)
+from tests.support.h2 import grpc_status_of, h2c_grpc_request
+from tests.support.router_process import RouterProcess, router_args, write_endpoints
+from tests.support.tls import alpn_extension, client_hello, sni_extension
 
 T = TypeVar("T")
 
@@ -183,12 +187,6 @@ def test_slowloris_peeks_close_at_the_peek_timeout_while_real_calls_pass(
         assert router.stop() == 0
 
 
-def _cpu_seconds(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def test_fd_exhaustion_answers_unavailable_pauses_accepts_and_recovers(
     tmp_path: Path, grpc_pod: RunningPod,
 ) -> None:
@@ -221,9 +219,9 @@ def test_fd_exhaustion_answers_unavailable_pauses_accepts_and_recovers(
             # Now beyond the limit: accept() fails with EMFILE while connections queue.
             for _ in range(30):
                 idle.append(socket.create_connection(("127.0.0.1", router.grpc_port), timeout=5))
-            lines_before, cpu_before, t0 = len(router.lines), _cpu_seconds(pid), time.monotonic()
+            lines_before, cpu_before, t0 = len(router.lines), cpu_seconds(pid), time.monotonic()
             time.sleep(0.5)
-            cpu_share = (_cpu_seconds(pid) - cpu_before) / (time.monotonic() - t0)
+            cpu_share = (cpu_seconds(pid) - cpu_before) / (time.monotonic() - t0)
             log_lines = len(router.lines) - lines_before
             # The held peeks time out (1.5 s), fds come back, the queued ones are accepted and
             # time out too; a real call then succeeds without anyone restarting anything.
@@ -251,12 +249,6 @@ def test_fd_exhaustion_answers_unavailable_pauses_accepts_and_recovers(
 # ---------------------------------------------------------------------------
 # Pod faults
 # ---------------------------------------------------------------------------
-def _closed_port(address: str) -> int:
-    with socket.socket() as probe:
-        probe.bind((address, 0))
-        return int(probe.getsockname()[1])
-
-
 def _tls_status(router: RouterProcess, pod: str) -> tuple[bytes, float]:
     """(what the router answered, seconds) to a hand-built ClientHello naming ``pod``."""
     started = time.monotonic()
@@ -266,23 +258,10 @@ def _tls_status(router: RouterProcess, pod: str) -> tuple[bytes, float]:
     return answer, time.monotonic() - started
 
 
-class SynDroppingPod:
-    """A pod address whose accept queue is full (backlog 0, one queued connection): SYNs are dropped."""
-
-    def __init__(self, address: str) -> None:
-        self._listener = socket.create_server((address, 0), backlog=0)
-        self.port: int = self._listener.getsockname()[1]
-        self._filler = socket.create_connection((address, self.port), timeout=2)
-
-    def close(self) -> None:
-        self._filler.close()
-        self._listener.close()
-
-
 @pytest.mark.parametrize("fault", ["refused", "syn-dropped"])
 def test_unreachable_pod_is_unavailable_within_the_connect_timeout(tmp_path: Path, fault: str) -> None:
     dropping = SynDroppingPod("127.0.0.6") if fault == "syn-dropped" else None
-    port = dropping.port if dropping is not None else _closed_port("127.0.0.6")
+    port = dropping.port if dropping is not None else closed_port("127.0.0.6")
     try:
         router = start_router(
             tmp_path, [("stargate-0", "127.0.0.6", port, 1)], "--connect-timeout-ms", str(CONNECT_TIMEOUT_MS),
@@ -303,66 +282,6 @@ def test_unreachable_pod_is_unavailable_within_the_connect_timeout(tmp_path: Pat
             dropping.close()
 
 
-class ResettingProxy:
-    """A pod address forwarding to a real grpcio pod until ``reset_all`` RSTs every connection."""
-
-    def __init__(self, address: str, upstream: tuple[str, int]) -> None:
-        self._upstream = upstream
-        self._writers: list[asyncio.StreamWriter] = []
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="resetting-proxy", daemon=True)
-        self._thread.start()
-        self._server = self._call(asyncio.start_server(self._handle, address, 0))
-        self.port: int = self._server.sockets[0].getsockname()[1]
-
-    def _call(self, coro: Coroutine[Any, Any, T]) -> T:
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(5)
-
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        up_reader, up_writer = await asyncio.open_connection(*self._upstream)
-        self._writers += [writer, up_writer]
-
-        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
-            with contextlib.suppress(OSError):
-                while data := await src.read(65536):
-                    dst.write(data)
-                    await dst.drain()
-
-        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
-
-    def reset_all(self) -> int:
-        async def reset() -> int:
-            count = len(self._writers) // 2
-            for writer in self._writers:
-                with contextlib.suppress(OSError):
-                    writer.get_extra_info("socket").setsockopt(
-                        socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0)
-                    )
-                writer.transport.abort()
-            self._writers.clear()
-            return count
-
-        return self._call(reset())
-
-    def close(self) -> None:
-        self.reset_all()
-        self._server.close()
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(5)
-
-
-def _echo_stream(channel: grpc.Channel) -> tuple[queue.Queue[bytes | None], Iterator[bytes]]:
-    """An open bidirectional Echo call: put messages (None ends it), iterate the replies."""
-    outbox: queue.Queue[bytes | None] = queue.Queue()
-
-    def requests() -> Iterator[bytes]:
-        while (message := outbox.get(timeout=30)) is not None:
-            yield message
-
-    echo = channel.stream_stream(ECHO, request_serializer=bytes, response_deserializer=bytes)
-    return outbox, echo(requests(), timeout=30)
-
-
 def test_pod_reset_mid_stream_reaches_the_client_promptly(tmp_path: Path, grpc_pod: RunningPod) -> None:
     proxy = ResettingProxy("127.0.0.3", (grpc_pod.address, grpc_pod.port))
     try:
@@ -370,7 +289,7 @@ def test_pod_reset_mid_stream_reaches_the_client_promptly(tmp_path: Path, grpc_p
         with router:
             base_fds = settle_fds(router.proc.pid, 0, timeout_s=0.5)
             with h2c_channel(router, host("stargate-0")) as channel:
-                outbox, replies = _echo_stream(channel)
+                outbox, replies = echo_stream(channel)
                 outbox.put(b"first")
                 assert next(replies) == b"first"
                 assert proxy.reset_all() == 1
@@ -388,35 +307,6 @@ def test_pod_reset_mid_stream_reaches_the_client_promptly(tmp_path: Path, grpc_p
             assert router.stop() == 0
     finally:
         proxy.close()
-
-
-class BlackholePod:
-    """Accepts and then never reads or answers; keeps every connection."""
-
-    def __init__(self, address: str) -> None:
-        self._listener = socket.create_server((address, 0))
-        self._listener.settimeout(0.1)
-        self.port: int = self._listener.getsockname()[1]
-        self.held: list[socket.socket] = []
-        self._stopping = threading.Event()
-        self._thread = threading.Thread(target=self._accept_loop, daemon=True)
-        self._thread.start()
-
-    def _accept_loop(self) -> None:
-        while not self._stopping.is_set():
-            try:
-                self.held.append(self._listener.accept()[0])
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-
-    def close(self) -> None:
-        self._stopping.set()
-        self._thread.join(5)
-        self._listener.close()
-        for sock in self.held:
-            sock.close()
 
 
 @pytest.mark.parametrize("protocol", ["h2c", "tls"])
@@ -463,7 +353,7 @@ def test_pod_removed_from_endpoints_keeps_open_streams_and_rejects_new_ones(
         router = start_router(tmp_path, rows)
         with router:
             with h2c_channel(router, host("stargate-0")) as channel:
-                outbox, replies = _echo_stream(channel)
+                outbox, replies = echo_stream(channel)
                 outbox.put(b"before")
                 assert next(replies) == b"before"
                 write_endpoints(tmp_path / "endpoints.json", rows[1:])
@@ -487,91 +377,6 @@ def test_pod_removed_from_endpoints_keeps_open_streams_and_rejects_new_ones(
 # ---------------------------------------------------------------------------
 # Integrity and leaks under load
 # ---------------------------------------------------------------------------
-STREAM_HEADER = struct.Struct("!QQ")
-"""After the ClientHello record: stream id, bytes the pod is to send back."""
-
-
-class IntegrityPods:
-    """Raw pods behind TLS-SNI routing: skip the ClientHello record, then a raw byte stream.
-
-    Per connection the pod hashes what it receives until EOF and, at the same time, sends the
-    random bytes the header asks for, then half-closes; it records both digests by stream id.
-    """
-
-    def __init__(self) -> None:
-        self.results: dict[int, tuple[str, str, str]] = {}
-        """stream id -> (pod name, sha256 received, sha256 sent)."""
-        self.servers: list[asyncio.Server] = []
-        self.rows: list[tuple[str, str, int, int]] = []
-
-    async def start(self, pods: list[tuple[str, str]]) -> None:
-        for name, address in pods:
-            server = await asyncio.start_server(
-                functools.partial(self._serve, name), address, 0, limit=1 << 20, backlog=1024
-            )
-            self.servers.append(server)
-            self.rows.append((name, address, server.sockets[0].getsockname()[1], 1))
-
-    async def _serve(self, name: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            record_header = await reader.readexactly(5)
-            await reader.readexactly(int.from_bytes(record_header[3:5], "big"))
-            stream_id, down_size = STREAM_HEADER.unpack(await reader.readexactly(STREAM_HEADER.size))
-            down = os.urandom(down_size)
-
-            async def send() -> None:
-                for i in range(0, len(down), 64 * 1024):
-                    writer.write(down[i : i + 64 * 1024])
-                    await writer.drain()
-                writer.write_eof()
-
-            sender = asyncio.create_task(send())
-            got = hashlib.sha256()
-            while chunk := await reader.read(1 << 20):
-                got.update(chunk)
-            await sender
-            self.results[stream_id] = (name, got.hexdigest(), hashlib.sha256(down).hexdigest())
-        finally:
-            writer.close()
-
-    def close(self) -> None:
-        for server in self.servers:
-            server.close()
-
-
-async def _integrity_client(
-    port: int, stream_id: int, pod: str, up_size: int, down_size: int, pod_first: bool, rng: random.Random,
-) -> tuple[str, str, str]:
-    """One routed stream; returns (pod, sha256 sent, sha256 received)."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", port, limit=1 << 20)
-    try:
-        writer.write(client_hello([sni_extension(host(pod).encode())]) + STREAM_HEADER.pack(stream_id, down_size))
-        up = os.urandom(up_size)
-        got = hashlib.sha256()
-
-        async def receive() -> None:
-            while chunk := await reader.read(1 << 20):
-                got.update(chunk)
-
-        async def send() -> None:
-            pos = 0
-            while pos < len(up):
-                step = rng.randint(1, 256 * 1024)
-                writer.write(up[pos : pos + step])
-                await writer.drain()
-                pos += step
-            writer.write_eof()
-
-        if pod_first:  # the pod->client half closes first; client->pod keeps flowing afterwards
-            await receive()
-            await send()
-        else:
-            await asyncio.gather(send(), receive())
-        return pod, hashlib.sha256(up).hexdigest(), got.hexdigest()
-    finally:
-        writer.close()
-
-
 @pytest.mark.parametrize(
     ("streams", "max_bytes"),
     [(200, 2 * 1024 * 1024), pytest.param(200, 16 * 1024 * 1024, marks=pytest.mark.slow)],
@@ -593,7 +398,7 @@ async def test_concurrent_streams_with_half_closes_arrive_byte_exact(
             plans.append((stream_id, rng.choice(["stargate-0", "stargate-1"]), up, down, rng.random() < 0.3))
         started = time.monotonic()
         outcomes = await asyncio.wait_for(asyncio.gather(*(
-            _integrity_client(router.grpc_port, sid, pod, up, down, pod_first, random.Random(seed + sid))
+            integrity_client(router.grpc_port, sid, pod, host(pod), up, down, pod_first, random.Random(seed + sid))
             for sid, pod, up, down, pod_first in plans
         )), 90)
         elapsed = time.monotonic() - started
@@ -618,38 +423,6 @@ async def test_concurrent_streams_with_half_closes_arrive_byte_exact(
         pods.close()
 
 
-def _h2c_client(authority: str) -> tuple[h2.connection.H2Connection, bytes]:
-    """An h2 client and its first bytes: preface, SETTINGS and one gRPC request naming ``authority``."""
-    conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
-    conn.initiate_connection()
-    conn.send_headers(1, [(":method", "POST"), (":scheme", "http"), (":path", "/x.Y/Z"),
-                          (":authority", authority), ("content-type", "application/grpc"), ("te", "trailers")],
-                      end_stream=True)
-    return conn, conn.data_to_send()
-
-
-def grpc_status_of(conn: h2.connection.H2Connection, answer: bytes) -> str | None:
-    """The grpc-status an h2 client reads in ``answer`` (None if there is none)."""
-    for event in conn.receive_data(answer):
-        if isinstance(event, h2.events.ResponseReceived | h2.events.TrailersReceived):
-            for name, value in event.headers:
-                if name == b"grpc-status":
-                    return bytes(value).decode()
-    return None
-
-
-async def _echo_pod(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    try:
-        while data := await reader.read(65536):
-            writer.write(data)
-            await writer.drain()
-        writer.write_eof()
-    except OSError:
-        pass
-    finally:
-        writer.close()
-
-
 async def _churn_one(port: int, kind: str, payload: bytes) -> bool:
     """One connection of the mix; True when it ended as that kind should."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
@@ -669,7 +442,7 @@ async def _churn_one(port: int, kind: str, payload: bytes) -> bool:
             writer.write(client_hello([sni_extension(b"nobody.example.org")]))
             return await reader.read() == tls_alert(c.TLS_ALERT_UNRECOGNIZED_NAME)
         if kind == "h2c-unknown":
-            conn, request = _h2c_client("nobody.example.org")
+            conn, request = h2c_grpc_request("nobody.example.org")
             writer.write(request)
             return grpc_status_of(conn, await reader.read()) == str(c.GRPC_STATUS_INVALID_ARGUMENT)
         writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")  # garbage: closed, nothing answered
@@ -683,7 +456,7 @@ CHURN_KINDS = ("routed",) * 5 + ("unknown-sni", "unknown-sni", "h2c-unknown", "g
 
 @pytest.mark.parametrize("connections", [1000, pytest.param(10_000, marks=pytest.mark.slow)])
 async def test_connection_churn_leaks_no_fds_or_memory(tmp_path: Path, connections: int) -> None:
-    server = await asyncio.start_server(_echo_pod, "127.0.0.2", 0, backlog=1024)
+    server = await asyncio.start_server(echo_pod, "127.0.0.2", 0, backlog=1024)
     port = server.sockets[0].getsockname()[1]
     router = await asyncio.to_thread(start_router, tmp_path, [("stargate-echo", "127.0.0.2", port, 1)])
     rng = random.Random(7)
@@ -717,26 +490,10 @@ async def test_connection_churn_leaks_no_fds_or_memory(tmp_path: Path, connectio
         server.close()
 
 
-
-async def _flooding_pod(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    """Skips the ClientHello record, then writes as fast as the router takes it (until cut)."""
-    chunk = os.urandom(256 * 1024)
-    try:
-        record_header = await reader.readexactly(5)
-        await reader.readexactly(int.from_bytes(record_header[3:5], "big"))
-        for _ in range(4096):  # at most 1 GiB per connection; flow control stops it far earlier
-            writer.write(chunk)
-            await writer.drain()
-    except (OSError, asyncio.IncompleteReadError):
-        pass
-    finally:
-        writer.close()
-
-
 async def test_clients_that_never_read_cost_the_router_bounded_memory(tmp_path: Path) -> None:
     """A pod floods, its clients never read: flow control holds, the router's RSS does not follow."""
     connections = 50
-    server = await asyncio.start_server(_flooding_pod, "127.0.0.2", 0, backlog=1024)
+    server = await asyncio.start_server(flooding_pod, "127.0.0.2", 0, backlog=1024)
     port = server.sockets[0].getsockname()[1]
     router = await asyncio.to_thread(start_router, tmp_path, [("stargate-flood", "127.0.0.2", port, 1)])
     clients: list[socket.socket] = []

@@ -5,7 +5,7 @@
     python -m tests.fuzz.run_fuzz --engine atheris --inputs 200000   # coverage-guided, if installed
 
 The default engine needs nothing beyond the test dependencies and no coverage: it starts
-from real inputs (``tests/fuzz/__init__.py``), stacks byte flips, inserts, deletes,
+from real inputs (``tests/fuzz/targets_*.py``), stacks byte flips, inserts, deletes,
 repeats, splices, dictionary tokens and integer/varint (length-field) tweaks, and keeps a
 mutant when it produces an outcome (an error message shape, a result kind) not seen yet.
 
@@ -36,7 +36,8 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
-from tests.fuzz import CRASHES_DIR, TARGETS, FuzzTarget
+from tests.fuzz.registry import TARGETS
+from tests.fuzz.target import CRASHES_DIR, FuzzTarget
 
 STATE_HEADER = struct.Struct("<QI")
 """Shared-file header: index of the input being run, its length; the input follows."""

@@ -18,14 +18,15 @@ from pathlib import Path
 import pytest
 
 from router import constants as c
-from tests.fuzz import CRASHES_DIR, TARGETS, replay
-from tests.router_process import RouterProcess, router_args
+from tests.fuzz.registry import TARGETS, replay
+from tests.fuzz.target import CRASHES_DIR
+from tests.support.router_process import RouterProcess, router_args
 
 ROOT = Path(__file__).resolve().parents[2]
 KILLER_PREFIXES = ("signal-", "hang", "exit-")
 CHILD_STACK_BYTES = 8 * 1024 * 1024
 REPLAY_IN_CHILD = (
-    "import sys; from pathlib import Path; from tests.fuzz import replay; "
+    "import sys; from pathlib import Path; from tests.fuzz.registry import replay; "
     "exc = replay(sys.argv[1], Path(sys.argv[2]).read_bytes()); "
     "print(repr(exc)); sys.exit(0 if exc is None else 3)"
 )

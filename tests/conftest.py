@@ -1,0 +1,30 @@
+"""Fixtures the whole suite shares: the demo PKI and the loopback fake Kubernetes API.
+
+Byte builders and harnesses that are not fixtures live in ``tests/support/``
+(``eventually`` in ``tests.support.polling``, an in-process QUIC edge in
+``tests.support.udp_router``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+
+from router.demo.pki import DemoPki, make_pki
+from tests.fake_kube_api import FakeKubeApi
+
+
+@pytest.fixture(scope="session")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> DemoPki:
+    """A CA and a server certificate for the demo names, made once per run (key generation is slow)."""
+    return make_pki(tmp_path_factory.mktemp("pki"))
+
+
+@pytest.fixture
+async def api() -> AsyncIterator[FakeKubeApi]:
+    """The fake Kubernetes API (EndpointSlice list + watch) on loopback, fresh for each test."""
+    server = FakeKubeApi()
+    await server.start()
+    yield server
+    await server.stop()

@@ -1,0 +1,270 @@
+"""Fuzz targets of the QUIC edge: the Initial frame walker, the Initial sniffer (on protected
+datagrams and on re-encrypted mutated frames) and the ``UdpRouter``'s whole unrouted-datagram
+path without sockets, seeded with real aioquic first flights and their rewritten hard shapes."""
+
+from __future__ import annotations
+
+import functools
+import random
+from collections.abc import Sequence
+from typing import Any
+
+from discovery.targets import Target, TargetSnapshot
+from quic.frames import CryptoReassembler, walk_initial_frames
+from quic.initial_keys import client_initial_keys, encrypt_initial
+from quic.initial_sniffer import InitialSniffer
+from quic.packet import QUIC_V1, QUIC_V2, QuicPacketError, encode_varint
+from router.metrics import RouterMetrics
+from router.udp.edge import UdpRouter
+from router.udp.settings import UdpRouterSettings
+from tests.fuzz.seed_flights import first_flight, quic_hellos
+from tests.fuzz.target import SEPARATOR, TEMPLATE, FuzzTarget, check
+from tests.fuzz.targets_tls import hellos, mutate_hello
+from tests.support.quic_initial_rewriter import CASES, crypto_frame, rewrite_flight
+
+FUZZ_DCID = bytes.fromhex("8394c8f03e515708")
+"""The client DCID of RFC 9001 appendix A: any fixed value works, the keys follow from it."""
+FUZZ_SCID = bytes.fromhex("c0ffee00c0ffee00")
+MAX_DATAGRAMS = 16
+"""Datagrams (or payloads) one input is cut into at most: a first flight is 1-3."""
+
+
+def run_initial_frames(data: bytes) -> str:
+    crypto = CryptoReassembler()
+    count = 0
+    for offset, chunk in walk_initial_frames(data):
+        check(offset >= 0 and len(chunk) <= len(data), "CRYPTO frame out of its payload")
+        crypto.add(offset, chunk)
+        count += 1
+    check(len(crypto.contiguous()) == crypto.contiguous_length, "contiguous length")
+    return f"crypto-frames-{min(count, 3)}"
+
+
+def _sniff(datagrams: Sequence[bytes]) -> str:
+    sniffer = InitialSniffer()
+    for datagram in datagrams[:MAX_DATAGRAMS]:
+        info = sniffer.feed(datagram)
+        if info is not None:
+            check(sniffer.feed(datagram) is info, "a complete sniffer changed its answer")
+            if info.server_name:
+                TEMPLATE.pod_name_for(info.server_name)
+            return "hello"
+    return "incomplete"
+
+
+def run_sniffer_datagrams(data: bytes) -> str:
+    return _sniff(data.split(SEPARATOR))
+
+
+@functools.cache
+def _client_keys(version: int) -> Any:
+    return client_initial_keys(version, FUZZ_DCID)
+
+
+def protect_payloads(data: bytes) -> list[bytes]:
+    """Payload-target input -> client Initial datagrams: byte 0 picks version and PN length,
+    the rest is frames, one Initial per ``SEPARATOR``-separated part, padded to 1200 bytes."""
+    if not data:
+        return []
+    version = QUIC_V2 if data[0] & 1 else QUIC_V1
+    pn_length = 1 + (data[0] >> 1 & 3)
+    out = []
+    for number, frames in enumerate(data[1:].split(SEPARATOR)[:MAX_DATAGRAMS]):
+        padded = frames + bytes(max(0, 1162 - len(frames)))
+        out.append(encrypt_initial(version, FUZZ_DCID, FUZZ_SCID, number, padded, _client_keys(version),
+                                   pn_length=pn_length))
+    return out
+
+
+def run_sniffer_payloads(data: bytes) -> str:
+    return _sniff(protect_payloads(data))
+
+
+class _Clock:
+    """Stands in for the event loop: the router only asks it the time on this path."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def time(self) -> float:
+        return self.now
+
+    def create_task(self, coro: Any, **_: Any) -> Any:
+        coro.close()  # a routable name: the dial never runs, the flow stays pending (decided)
+        return _NoTask()
+
+
+class _NoTask:
+    def add_done_callback(self, _: Any) -> None:
+        pass
+
+
+class _AnswerSink:
+    """The listener transport: every answer must fit in the datagram being handled."""
+
+    def __init__(self) -> None:
+        self.provoking = 0
+
+    def sendto(self, data: bytes, addr: Any = None) -> None:
+        check(0 < len(data) <= self.provoking, f"{len(data)}-byte answer to a {self.provoking}-byte datagram")
+
+    def close(self) -> None:
+        pass
+
+
+@functools.cache
+def _router() -> tuple[UdpRouter, _Clock, _AnswerSink]:
+    snapshot = TargetSnapshot.of([Target("stargate-0", "127.0.0.1", 1, 9)])
+    router = UdpRouter(UdpRouterSettings(max_pending_flows=8), TEMPLATE, lambda: snapshot, RouterMetrics())
+    clock, sink = _Clock(), _AnswerSink()
+    router._loop = clock  # type: ignore[assignment]
+    router._transport = sink  # type: ignore[assignment]
+    return router, clock, sink
+
+
+def run_udp_router(data: bytes) -> str:
+    """Datagrams from client addresses into a socket-less UdpRouter: nothing may raise,
+    no answer may exceed the datagram that provoked it, pending flows stay bounded."""
+    router, clock, sink = _router()
+    router._table = type(router._table)(router.settings.flow_limits())
+    router._dials.clear()
+    port = 40000
+    for datagram in data.split(SEPARATOR)[:MAX_DATAGRAMS]:
+        if not datagram:  # an empty part (two separators in a row): the next client speaks
+            port += 1
+            continue
+        clock.now += 0.25
+        sink.provoking = len(datagram)
+        router._from_client(datagram, ("127.0.0.9", port))
+        router.sweep(clock.now)
+        check(router.pending_flows <= router.settings.max_pending_flows, "pending flows over the bound")
+    return f"pending-{router.pending_flows}"
+
+
+def join(datagrams: Sequence[bytes]) -> bytes:
+    """Datagrams as one input of a multi-datagram target."""
+    return SEPARATOR.join(datagrams)
+
+
+def sniffer_datagram_seeds() -> list[bytes]:
+    seeds = [join(first_flight()), join(first_flight(version=QUIC_V2)), join(first_flight(None)),
+             join(first_flight(big=True))]
+    big = first_flight(big=True)
+    seeds += [join(rewrite_flight(big, case, random.Random(case))) for case in sorted(CASES)]
+    return seeds
+
+
+def payload_seeds() -> list[bytes]:
+    """Decrypted first flights as frames, plus the other frames an Initial may carry."""
+    hello = quic_hellos()[0]
+    big_hello = quic_hellos()[1]
+    rng = random.Random(7)
+    pieces = [crypto_frame(o, big_hello[o : o + 40]) for o in range(0, len(big_hello), 40)]
+    rng.shuffle(pieces)
+    ack = b"\x02" + encode_varint(5) + encode_varint(100) + encode_varint(1) + encode_varint(2) + b"\x01\x01"
+    ack_ecn = b"\x03\x05\x00\x00\x01\x00\x00\x00"
+    close = b"\x1c" + encode_varint(0x0A) + b"\x06" + encode_varint(4) + b"oops"
+    third = len(big_hello) // 3
+    return [
+        b"\x00" + crypto_frame(0, hello),
+        b"\x01" + crypto_frame(0, hello),
+        b"\x06" + b"\x01" + ack + crypto_frame(0, hello[:200]) + b"\x00\x00\x01" + crypto_frame(200, hello[200:]),
+        b"\x00" + SEPARATOR.join(b"".join(pieces[i::3]) for i in range(3)),
+        b"\x00" + SEPARATOR.join(crypto_frame(o, big_hello[o : o + third]) for o in range(0, len(big_hello), third)),
+        b"\x00" + close + ack_ecn + crypto_frame(0, hello),
+        b"\x00" + crypto_frame(0, hello[:300]) + crypto_frame(100, hello[100:]),  # overlapping
+    ]
+
+
+def frames_seeds() -> list[bytes]:
+    return [part for seed in payload_seeds() for part in seed[1:].split(SEPARATOR)]
+
+
+def udp_router_seeds() -> list[bytes]:
+    probe = b"\xc0\x1a\x2a\x3a\x4a\x08" + bytes(8) + b"\x08" + bytes(range(8))
+    unknown = first_flight("nobody.example.com")
+    next_client = SEPARATOR + SEPARATOR
+    return [
+        join(unknown + unknown + unknown),
+        join(first_flight(None)) + next_client + join(first_flight("stargate-0.stargate.external", QUIC_V2)),
+        join([probe.ljust(1200, b"\x00"), b"\x40" + bytes(40), unknown[0][:1100], b"\xff\x00"]),
+        join(rewrite_flight(first_flight("nobody.example.com", big=True), "chaos_spread", random.Random(1))),
+        join(first_flight("x" * 300 + ".stargate.external", big=True)),
+    ]
+
+
+QUIC_DICTIONARY = (
+    SEPARATOR, b"\xc0\x00\x00\x00\x01", b"\xd0\x6b\x33\x43\xcf", b"\x06\x00", b"\x06\x40\x00", b"\x02\x00\x00\x00\x00",
+    b"\x1c\x00\x00\x00", b"\x01", b"\x00" * 8, b"\x80\x00\x00\x00", b"\xc0\x00\x00\x00\x00\x00\x00\x00",
+    b"\x3f\xff\xff\xff", b"\x08" + FUZZ_DCID, b"\x44\xd0",
+)
+
+
+def _crypto_frames(hello: bytes, rng: random.Random) -> list[bytes]:
+    """The hello as CRYPTO frames: whole, in order, shuffled, or overlapping, with PING/PADDING noise."""
+    size = rng.choice((len(hello) or 1, 1, 7, 40, 300))
+    frames = [crypto_frame(o, hello[o : o + size]) for o in range(0, len(hello), size)]
+    if rng.random() < 0.5:
+        rng.shuffle(frames)
+    if rng.random() < 0.2 and hello:
+        start = rng.randrange(len(hello))
+        frames.insert(rng.randrange(len(frames) + 1), crypto_frame(start, hello[start : start + 50]))
+    return [f + rng.choice((b"", b"", b"\x01", b"\x00\x00")) for f in frames]
+
+
+def mutate_payload_input(data: bytes, rng: random.Random) -> bytes | None:
+    """A mutated ClientHello as CRYPTO frames over 1-3 Initials (the sniffer payload format)."""
+    hello = mutate_hello(rng.choice(hellos()), rng)
+    if hello is None:
+        return None
+    frames = _crypto_frames(hello, rng)
+    parts = rng.choice((1, 1, 2, 3))
+    return bytes((rng.randrange(8),)) + SEPARATOR.join(b"".join(frames[i::parts]) for i in range(parts))
+
+
+def protect_flight(hello: bytes, rng: random.Random) -> list[bytes]:
+    """A client first flight carrying ``hello`` under a random DCID: real packet protection."""
+    version = rng.choice((QUIC_V1, QUIC_V2))
+    dcid = rng.randbytes(rng.choice((0, 8, 8, 20)))
+    keys = client_initial_keys(version, dcid)
+    frames = _crypto_frames(hello, rng)
+    parts = rng.choice((1, 1, 2, 3))
+    out = []
+    for number in range(parts):
+        payload = b"".join(frames[number::parts])
+        payload += bytes(max(0, 1162 - len(payload)))
+        out.append(encrypt_initial(version, dcid, FUZZ_SCID, number, payload, keys))
+    return out
+
+
+def mutate_router_input(data: bytes, rng: random.Random) -> bytes | None:
+    """1-3 clients, each a real or rebuilt first flight, duplicated, cut, reordered or padded with junk."""
+    clients = []
+    for _ in range(rng.randint(1, 3)):
+        if rng.random() < 0.4:
+            flight = first_flight(rng.choice(("nobody.example.com", "stargate-0.stargate.external", None)),
+                             rng.choice((QUIC_V1, QUIC_V2)), big=rng.random() < 0.3)
+        else:
+            flight = protect_flight(mutate_hello(rng.choice(hellos()), rng) or b"", rng)
+        for _ in range(rng.randint(0, 3) if flight else 0):
+            roll, at = rng.random(), rng.randrange(len(flight))
+            if roll < 0.3:
+                flight.insert(at, flight[at])
+            elif roll < 0.5:
+                flight[at] = flight[at][: rng.randrange(len(flight[at]) + 1)]
+            elif roll < 0.7:
+                rng.shuffle(flight)
+            else:
+                flight.insert(at, bytes((0x40 | rng.randrange(64),)) + rng.randbytes(rng.randint(0, 60)))
+        clients.append(SEPARATOR.join(d for d in flight if d))
+    return (SEPARATOR * 2).join(clients)
+
+
+QUIC_TARGETS = (
+    FuzzTarget("initial_frames", run_initial_frames, (QuicPacketError,), frames_seeds, 20_000, QUIC_DICTIONARY),
+    FuzzTarget("sniffer_payloads", run_sniffer_payloads, (QuicPacketError,), payload_seeds, 20_000,
+               QUIC_DICTIONARY, mutate_payload_input),
+    FuzzTarget("sniffer_datagrams", run_sniffer_datagrams, (QuicPacketError,), sniffer_datagram_seeds,
+               40_000, QUIC_DICTIONARY),
+    FuzzTarget("udp_router", run_udp_router, (), udp_router_seeds, 40_000, QUIC_DICTIONARY, mutate_router_input),
+)

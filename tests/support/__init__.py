@@ -1,0 +1,9 @@
+"""Code the tests share that is not a fixture: byte builders and harnesses (no tests here).
+
+Builders: ``tls`` (ClientHellos and TLS records), ``h2`` (HTTP/2 frames, an h2c gRPC
+request), ``initial_packets`` (client Initials under the router's own packet protection),
+``quic_initial_rewriter`` (a real client's first flight, rebuilt with aioquic's).
+Harnesses: ``router_process`` (the router as a subprocess), ``udp_router`` (an in-process
+QUIC edge on loopback), ``bulk_tls`` (a TLS pod and client for byte-exact bulk transfers),
+``polling`` (``eventually``). Fixtures live in ``tests/conftest.py``.
+"""

@@ -1,0 +1,27 @@
+"""Waiting for a condition in async tests, bounded: convergence is asserted, never slept on."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+EVENTUALLY_TIMEOUT_S = 5.0
+"""Default bound: far under pytest's timeout, far over any in-process convergence on loopback."""
+EVENTUALLY_INTERVAL_S = 0.02
+"""Poll period: short enough not to slow a test, long enough to leave the loop to the code under test."""
+
+
+async def eventually(
+    check: Callable[[], object],
+    timeout_s: float = EVENTUALLY_TIMEOUT_S,
+    interval_s: float = EVENTUALLY_INTERVAL_S,
+    *,
+    what: str = "the condition",
+) -> None:
+    """Poll ``check`` (cheap, in-process) until it is true; fail naming ``what`` after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+        await asyncio.sleep(interval_s)
