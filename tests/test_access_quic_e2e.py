@@ -18,10 +18,10 @@ import pytest
 from aioquic.asyncio import QuicConnectionProtocol, connect
 
 from router import constants as c
-from router.demo.pki import DemoPki, make_pki
+from router.demo.pki import DemoPki
 from router.demo.quic_pods import WHOAMI, bound_port, client_configuration, request, start_quic_pod
-from tests.access_peers import access_lines, host, wait_access
-from tests.router_process import RouterProcess, router_args, write_endpoints
+from tests.support.access_peers import access_lines, host, wait_access
+from tests.support.router_process import RouterProcess, router_args, write_endpoints
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -61,11 +61,6 @@ class CountingClient(QuicConnectionProtocol):
     def address(self) -> str:
         ip, port = self._transport.get_extra_info("sockname")[:2]  # type: ignore[union-attr]
         return f"{ip}:{port}"
-
-
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory: pytest.TempPathFactory) -> DemoPki:
-    return make_pki(tmp_path_factory.mktemp("pki"))
 
 
 @asynccontextmanager

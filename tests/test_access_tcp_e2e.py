@@ -19,8 +19,8 @@ import grpc
 import pytest
 
 from router.demo.grpc_pods import call_whoami, start_pod
-from router.demo.pki import make_pki
-from tests.access_peers import (
+from router.demo.pki import DemoPki
+from tests.support.access_peers import (
     H2C_SETTINGS_BYTES,
     SETTINGS_ACK,
     CountingClient,
@@ -30,8 +30,8 @@ from tests.access_peers import (
     host,
     wait_access,
 )
-from tests.faults import client_hello, sni_extension
-from tests.router_process import RouterProcess, router_args, write_endpoints
+from tests.support.router_process import RouterProcess, router_args, write_endpoints
+from tests.support.tls import client_hello, sni_extension
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -50,8 +50,8 @@ def _closed_port(address: str) -> int:
 class Peers:
     """The pods of the shared router, by name."""
 
-    def __init__(self) -> None:
-        self.pki = make_pki(Path(__import__("tempfile").mkdtemp(prefix="access-pki-")))
+    def __init__(self, pki: DemoPki) -> None:
+        self.pki = pki
         self.raw = {
             "sg-echo": RawPod("127.0.0.2", "echo"),
             "sg-closer": RawPod("127.0.0.2", "close_first", expect=len(h2c_request(host("sg-closer")))),
@@ -75,8 +75,8 @@ class Peers:
 
 
 @pytest.fixture(scope="module")
-def peers() -> Iterator[Peers]:
-    p = Peers()
+def peers(pki: DemoPki) -> Iterator[Peers]:
+    p = Peers(pki)
     try:
         yield p
     finally:

@@ -16,7 +16,7 @@ import pytest
 from router import constants as c
 from router.cli import SUBCOMMANDS
 from router.demo.grpc_pods import RunningPod, call_whoami, start_pod
-from tests.router_process import RouterProcess
+from tests.support.router_process import RouterProcess
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "deploy" / "examples" / "endpoints.yaml"

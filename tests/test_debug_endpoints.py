@@ -16,9 +16,9 @@ import grpc
 import pytest
 
 from router.demo.grpc_pods import ECHO, RunningPod, start_pod
-from tests.access_peers import host
 from tests.fake_kube_api import FakeKubeApi, make_endpoint, make_slice
-from tests.router_process import RouterProcess, router_args, write_endpoints
+from tests.support.access_peers import host
+from tests.support.router_process import RouterProcess, router_args, write_endpoints
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -148,23 +148,18 @@ def test_the_supervisor_merges_its_workers_answers(tmp_path: Path, pods: list[Ru
         router.stop()
 
 
-async def test_targets_from_the_kubernetes_api(tmp_path: Path) -> None:
-    api = FakeKubeApi()
-    await api.start()
-    try:
-        api.upsert(make_slice("stargate-headless-a", [make_endpoint("sg-0", "127.0.0.2")],
-                              grpc_port=5001, quic_port=5002, namespace="demo"))
-        kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
-        router = RouterProcess([
-            "--listen-addr", "127.0.0.1:0", "--reverse-tunnel-listen-addr", "127.0.0.1:0",
-            "--health-listen-addr", "127.0.0.1:0", "--kubeconfig", str(kubeconfig),
-            "--target-namespace", "demo", "--shutdown-delay-ms", "0", "--debug-endpoints",
-        ])
-        with router:
-            await asyncio.to_thread(router.wait_ready)
-            view = await asyncio.to_thread(get_json, router, "/debug/targets")
-            assert view["source"] == "kubernetes" and view["ready"] is True
-            assert view["targets"] == [{"pod": "sg-0", "address": "127.0.0.2", "grpc_port": 5001, "quic_port": 5002}]
-            assert await asyncio.to_thread(router.stop) == 0
-    finally:
-        await api.stop()
+async def test_targets_from_the_kubernetes_api(tmp_path: Path, api: FakeKubeApi) -> None:
+    api.upsert(make_slice("stargate-headless-a", [make_endpoint("sg-0", "127.0.0.2")],
+                          grpc_port=5001, quic_port=5002, namespace="demo"))
+    kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
+    router = RouterProcess([
+        "--listen-addr", "127.0.0.1:0", "--reverse-tunnel-listen-addr", "127.0.0.1:0",
+        "--health-listen-addr", "127.0.0.1:0", "--kubeconfig", str(kubeconfig),
+        "--target-namespace", "demo", "--shutdown-delay-ms", "0", "--debug-endpoints",
+    ])
+    with router:
+        await asyncio.to_thread(router.wait_ready)
+        view = await asyncio.to_thread(get_json, router, "/debug/targets")
+        assert view["source"] == "kubernetes" and view["ready"] is True
+        assert view["targets"] == [{"pod": "sg-0", "address": "127.0.0.2", "grpc_port": 5001, "quic_port": 5002}]
+        assert await asyncio.to_thread(router.stop) == 0

@@ -5,5 +5,6 @@ request), ``initial_packets`` (client Initials under the router's own packet pro
 ``quic_initial_rewriter`` (a real client's first flight, rebuilt with aioquic's).
 Harnesses: ``router_process`` (the router as a subprocess), ``udp_router`` (an in-process
 QUIC edge on loopback), ``bulk_tls`` (a TLS pod and client for byte-exact bulk transfers),
-``polling`` (``eventually``). Fixtures live in ``tests/conftest.py``.
+``polling`` (``eventually``), ``access_peers`` (raw pods that end connections a chosen way,
+a byte-counting client, the router's access lines). Fixtures live in ``tests/conftest.py``.
 """

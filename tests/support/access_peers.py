@@ -12,10 +12,8 @@ import threading
 import time
 from typing import Any
 
-import h2.config
-import h2.connection
-
-from tests.router_process import RouterProcess
+from tests.support.h2 import h2c_grpc_request
+from tests.support.router_process import RouterProcess
 
 LINGER_RESET = struct.pack("ii", 1, 0)
 """SO_LINGER {on, 0}: close() sends RST instead of FIN."""
@@ -47,11 +45,7 @@ def wait_access(router: RouterProcess, count: int = 1, timeout_s: float = 10.0) 
 
 def h2c_request(authority: str) -> bytes:
     """A client's first bytes: preface, SETTINGS and one gRPC request naming ``authority``."""
-    conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
-    conn.initiate_connection()
-    conn.send_headers(1, [(":method", "POST"), (":scheme", "http"), (":path", "/x.Y/Z"),
-                          (":authority", authority), ("content-type", "application/grpc"), ("te", "trailers")])
-    return conn.data_to_send()
+    return h2c_grpc_request(authority)[1]
 
 
 SETTINGS_ACK = b"\x00\x00\x00\x04\x01\x00\x00\x00\x00"
