@@ -24,14 +24,15 @@ class Target:
     @property
     def grpc_endpoint(self) -> str:
         """``ip:port`` (IPv6 as ``[ip]:port``), as the Rust router renders it."""
-        return _render(self.address, self.grpc_port)
+        return host_port(self.address, self.grpc_port)
 
     @property
     def quic_endpoint(self) -> str:
-        return _render(self.address, self.quic_port)
+        return host_port(self.address, self.quic_port)
 
 
-def _render(address: str, port: int) -> str:
+def host_port(address: str, port: int) -> str:
+    """``ip:port``, IPv6 bracketed (``[ip]:port``): the one formatter of an endpoint."""
     return f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
 
 

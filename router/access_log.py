@@ -30,9 +30,13 @@ from router import constants as c
 from router.live_view import LiveConnections
 from router.log_limiter import RateLimitedLog
 from router.metrics import RouterMetrics
-from router.termination import Termination
+from router.outcomes import GrpcOutcome, ProtocolLabel, QuicOutcome, Termination
 
-ACCEPTED_OUTCOMES: Final = frozenset({"completed", "relay_error"})
+Outcome = GrpcOutcome | QuicOutcome | None
+"""The counter's outcome label of a connection or flow; None for a flow that never got one (a QUIC
+flow whose ClientHello never completed, a TCP connection cut by the drain before its decision)."""
+
+ACCEPTED_OUTCOMES: Final = frozenset({GrpcOutcome.COMPLETED, GrpcOutcome.RELAY_ERROR})
 """Outcomes of a connection that reached its pod: their lines are never rate limited."""
 
 ACCESS_MESSAGE: Final = "access"
@@ -48,7 +52,7 @@ class AccessRecord:
     ``probe`` adds its live counts and last activity, so a long stream shows them growing.
     """
 
-    protocol: str
+    protocol: ProtocolLabel
     """``h2c``, ``tls`` or ``quic`` (a TCP connection counts as h2c until its bytes say TLS)."""
     client: str
     """``ip:port`` or ``[v6]:port``."""
@@ -77,7 +81,7 @@ class AccessRecord:
             up, down, last = up + live_up, down + live_down, max(last, live_last)
         return up, down, max(last, self.started)
 
-    def fields(self, outcome: str, termination: Termination, now: float) -> dict[str, Any]:
+    def fields(self, outcome: Outcome, termination: Termination, now: float) -> dict[str, Any]:
         """The access line's keys, in their documented order."""
         up, down, _last = self.current()
         decided = self.decided_at
@@ -114,17 +118,17 @@ class AccessLog:
         self._rejected = RateLimitedLog(self._log)
         self._ends = {
             (p, t): metrics.terminations.labels(protocol=p, termination=t)
-            for p in c.RELAY_PROTOCOLS for t in Termination
+            for p in ProtocolLabel for t in Termination
         }
-        self._durations = {p: metrics.connection_duration.labels(protocol=p) for p in c.RELAY_PROTOCOLS}
+        self._durations = {p: metrics.connection_duration.labels(protocol=p) for p in ProtocolLabel}
 
-    def open(self, protocol: str, client: str, now: float) -> AccessRecord:
+    def open(self, protocol: ProtocolLabel, client: str, now: float) -> AccessRecord:
         """A new connection or flow: its record, listed in the live view until it ends."""
         record = AccessRecord(protocol, client, now)
         self.live.add(record)
         return record
 
-    def end(self, record: AccessRecord, outcome: str, termination: Termination, now: float) -> None:
+    def end(self, record: AccessRecord, outcome: Outcome, termination: Termination, now: float) -> None:
         """The connection or flow is over: count it, unlist it, write its line (exactly once)."""
         if record.ended:
             return  # a second end would count twice

@@ -27,6 +27,7 @@ from router.hostname import HostnameTemplate, TemplateError
 from router.metrics import RouterMetrics
 from router.tcp.edge import TcpRouter, TcpRouterSettings
 from router.udp.edge import UdpRouter
+from router.udp.flow_table import FlowLimits
 from router.udp.settings import UdpRouterSettings
 
 log = logging.getLogger("router.app")  # pinned: operators filter logs by this name
@@ -82,7 +83,7 @@ class RouterApp:
         )
         self.udp = UdpRouter(
             UdpRouterSettings(
-                relay_idle_timeout_s=config.relay_idle_timeout_s,
+                limits=FlowLimits(idle_timeout_s=config.relay_idle_timeout_s),
                 cid_length=config.quic_cid_length,
             ),
             self.template, self.snapshot, self.metrics,

@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from discovery.targets import host_port
 from router import constants as c
 
 
@@ -27,7 +28,7 @@ class SocketAddress:
     port: int
 
     def __str__(self) -> str:
-        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+        return host_port(self.host, self.port)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,8 +1,9 @@
-"""The router's own pinned values: its tunables, CLI defaults, metric names and outcomes.
+"""The router's own pinned values: its tunables, CLI defaults and metric names.
 
 One source of truth, each value with the reason it has that value. The CLI defaults
 match the Rust ``stargate-k8s-router`` so this router is a drop-in replacement in the
-same Deployment; metric names and outcome labels match it so dashboards keep working.
+same Deployment; metric names match it so dashboards keep working (their label values are
+the enums of ``router/outcomes.py``; TLS alerts and gRPC status codes sit beside their codecs).
 A parser's limits live beside that parser instead (the ClientHello, CRYPTO and Initial
 bounds in ``quic/``), and protocol codes as enums in their codec (``quic.packet.QuicErrorCode``).
 This module imports nothing from the project. The lower layers ``quic/`` and ``discovery/``
@@ -248,55 +249,6 @@ DISCOVERY_LAST_SYNC_AGE_SECONDS: Final = f"{METRIC_PREFIX}_discovery_last_sync_a
 BUILD_INFO: Final = f"{METRIC_PREFIX}_build_info"
 """Constant 1 gauge labelled with the version."""
 
-TCP_PROTOCOLS: Final = ("h2c", "tls")
-"""Label values of ``protocol`` on the gRPC connection counter."""
-
-GRPC_OUTCOMES: Final = (
-    "accepted",
-    "missing_authority",
-    "unknown_authority",
-    "target_unavailable",
-    "connect_error",
-    "protocol_error",
-    "peek_timeout",
-    "completed",
-    "relay_error",
-)
-"""Outcomes of a TCP connection; every one is exported at 0 before traffic."""
-
-QUIC_OUTCOMES: Final = (
-    "accepted",
-    "missing_sni",
-    "unknown_sni",
-    "target_unavailable",
-    "completed",
-    "relay_error",
-)
-"""Outcomes of a QUIC flow (the Rust router's names)."""
-
-QUIC_DROP_REASONS: Final = (
-    "not_initial",
-    "short_initial",
-    "malformed",
-    "pending_full",
-    "flow_table_full",
-    "pending_timeout",
-    "rate_limited",
-)
-"""Why a datagram was dropped without routing."""
-
-RELAY_PROTOCOLS: Final = ("h2c", "tls", "quic")
-"""Label values of ``protocol`` on byte and active-connection metrics."""
-
-RELAY_DIRECTIONS: Final = ("client_to_pod", "pod_to_client")
-"""Label values of ``direction`` on the relayed-bytes counter."""
-
-DISCOVERY_SOURCES: Final = ("kubernetes", "file")
-"""Label values of ``source`` on discovery metrics."""
-
-DISCOVERY_RESULTS: Final = ("published", "unchanged", "error")
-"""Label values of ``result`` on the discovery updates counter."""
-
 LATENCY_BUCKETS_S: Final = (
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
 )
@@ -313,18 +265,6 @@ REASON_UNKNOWN_SNI: Final = "unknown target SNI"
 
 REASON_TARGET_NOT_READY: Final = "target stargate not ready"
 """Reason when the named pod is known by name but not routable (no port / dial failed)."""
-
-GRPC_STATUS_INVALID_ARGUMENT: Final = 3
-"""grpc-status for a missing or non-matching :authority."""
-
-GRPC_STATUS_UNAVAILABLE: Final = 14
-"""grpc-status when the pod is not ready or the dial fails."""
-
-TLS_ALERT_UNRECOGNIZED_NAME: Final = 112
-"""Fatal alert for missing or unknown SNI (RFC 6066 section 3)."""
-
-TLS_ALERT_INTERNAL_ERROR: Final = 80
-"""Fatal alert when the named pod is unavailable (no TLS alert says 'try later')."""
 
 # ---------------------------------------------------------------------------
 # Discovery sources: endpoints file size, Kubernetes API timeouts, watch health
@@ -389,8 +329,6 @@ PER_PROCESS_LIMIT_GAUGES: Final = frozenset({"process_max_fds"})
 ACCEPT_PAUSE_ON_EXHAUSTION_MS: Final = 100
 """accept() failing with EMFILE/ENFILE pauses the listener this long: no spin, resumes within 0.1 s."""
 
-TLS_ALERT_DECODE_ERROR: Final = 50
-"""Fatal alert for a ClientHello the router cannot parse (RFC 8446 section 6.2)."""
 
 ACCEPT_BATCH: Final = 64
 """Connections accepted per readiness callback; bounds one callback's latency under a burst."""

@@ -11,7 +11,17 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Proc
 from prometheus_client.registry import Collector
 
 from router import constants as c
-from router.termination import Termination
+from router.outcomes import (
+    TCP_PROTOCOLS,
+    DiscoveryResult,
+    DiscoverySource,
+    GrpcOutcome,
+    ProtocolLabel,
+    QuicDropReason,
+    QuicOutcome,
+    RelayDirection,
+    Termination,
+)
 
 
 class RouterMetrics:
@@ -77,13 +87,13 @@ class RouterMetrics:
         self._zero_init()
 
     def _zero_init(self) -> None:
-        for protocol in c.TCP_PROTOCOLS:
-            for outcome in c.GRPC_OUTCOMES:
+        for protocol in TCP_PROTOCOLS:
+            for outcome in GrpcOutcome:
                 self.grpc_connections.labels(protocol=protocol, outcome=outcome)
-        for outcome in c.QUIC_OUTCOMES:
-            self.quic_connections.labels(outcome=outcome)
-        for protocol in c.RELAY_PROTOCOLS:
-            for direction in c.RELAY_DIRECTIONS:
+        for quic_outcome in QuicOutcome:
+            self.quic_connections.labels(outcome=quic_outcome)
+        for protocol in ProtocolLabel:
+            for direction in RelayDirection:
                 self.relayed_bytes.labels(protocol=protocol, direction=direction)
             self.active_connections.labels(protocol=protocol)
             self.decision_latency.labels(protocol=protocol)
@@ -91,17 +101,20 @@ class RouterMetrics:
             self.connection_duration.labels(protocol=protocol)
             for termination in Termination:
                 self.terminations.labels(protocol=protocol, termination=termination)
-        for reason in c.QUIC_DROP_REASONS:
+        for reason in QuicDropReason:
             self.quic_dropped.labels(reason=reason)
-        for source in c.DISCOVERY_SOURCES:
-            for result in c.DISCOVERY_RESULTS:
+        for source in DiscoverySource:
+            for result in DiscoveryResult:
                 self.discovery_updates.labels(source=source, result=result)
 
-    def grpc_outcome(self, protocol: str, outcome: str) -> None:
+    def grpc_outcome(self, protocol: ProtocolLabel, outcome: GrpcOutcome) -> None:
         self.grpc_connections.labels(protocol=protocol, outcome=outcome).inc()
 
-    def quic_outcome(self, outcome: str) -> None:
+    def quic_outcome(self, outcome: QuicOutcome) -> None:
         self.quic_connections.labels(outcome=outcome).inc()
+
+    def quic_drop(self, reason: QuicDropReason, count: int = 1) -> None:
+        self.quic_dropped.labels(reason=reason).inc(count)
 
     def add_collector(self, collector: Collector) -> None:
         self.registry.register(collector)
@@ -110,3 +123,15 @@ class RouterMetrics:
         """Prometheus text exposition of every family."""
         return generate_latest(self.registry)
 
+
+class ProtocolSeries:
+    """The children one protocol touches per connection or flow, looked up once (not per event)."""
+
+    __slots__ = ("active", "decision", "dial", "down", "up")
+
+    def __init__(self, metrics: RouterMetrics, protocol: ProtocolLabel) -> None:
+        self.decision = metrics.decision_latency.labels(protocol=protocol)
+        self.dial = metrics.dial_latency.labels(protocol=protocol)
+        self.up = metrics.relayed_bytes.labels(protocol=protocol, direction=RelayDirection.CLIENT_TO_POD)
+        self.down = metrics.relayed_bytes.labels(protocol=protocol, direction=RelayDirection.POD_TO_CLIENT)
+        self.active = metrics.active_connections.labels(protocol=protocol)

@@ -16,7 +16,7 @@ from router.access_log import AccessLog, AccessRecord
 from router.live_view import LiveConnections
 from router.logging_setup import JsonFormatter, TextFormatter
 from router.metrics import RouterMetrics
-from router.termination import Termination
+from router.outcomes import ProtocolLabel, Termination
 
 ACCESS_KEYS = [
     "event", "protocol", "client", "hostname", "pod", "pod_address", "outcome", "termination",
@@ -139,7 +139,7 @@ def test_access_log_off_writes_nothing_but_still_counts() -> None:
 
 def test_every_termination_of_every_protocol_is_exported_at_zero() -> None:
     metrics = RouterMetrics()
-    for protocol in c.RELAY_PROTOCOLS:
+    for protocol in ProtocolLabel:
         assert sample(metrics, "stargate_k8s_router_connection_duration_seconds_count", protocol=protocol) == 0
         for termination in Termination:
             assert sample(metrics, "stargate_k8s_router_terminations_total",

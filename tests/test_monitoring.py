@@ -27,6 +27,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from router import constants as c
 from router.metrics import RouterMetrics
+from router.outcomes import GrpcOutcome, QuicOutcome
 
 MONITORING = Path(__file__).resolve().parent.parent / "deploy" / "monitoring"
 RULES_FILE = MONITORING / "prometheus-rules.yaml"
@@ -296,7 +297,7 @@ def test_rejection_alert_counts_every_rejection_outcome() -> None:
         if label == "outcome" and op == "!~"
     }
     not_decisions = {"completed", "relay_error"}
-    assert not_decisions <= set(c.GRPC_OUTCOMES) and not_decisions <= set(c.QUIC_OUTCOMES)
+    assert not_decisions <= set(GrpcOutcome) and not_decisions <= set(QuicOutcome)
     assert excluded == {tuple(sorted(not_decisions | {"accepted"})), tuple(sorted(not_decisions))}
 
 

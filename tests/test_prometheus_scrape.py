@@ -18,6 +18,7 @@ import pytest
 
 from router import constants as c
 from router.demo.grpc_pods import call_whoami, start_pod
+from router.outcomes import TCP_PROTOCOLS, GrpcOutcome, QuicOutcome
 from tests.support.router_process import RouterProcess, router_args, write_endpoints
 
 pytestmark = pytest.mark.skipif(shutil.which("prometheus") is None, reason="prometheus not installed")
@@ -111,11 +112,11 @@ def test_every_outcome_series_is_scraped_at_zero_then_counts(
     router, prom, _ = scraped_router
     grpc_total = c.GRPC_CONNECTIONS_TOTAL + "_total"
     quic_total = c.QUIC_CONNECTIONS_TOTAL + "_total"
-    expected_grpc = len(c.TCP_PROTOCOLS) * len(c.GRPC_OUTCOMES)
+    expected_grpc = len(TCP_PROTOCOLS) * len(GrpcOutcome)
     before = _values(prom.wait_for(grpc_total, lambda r: len(r) == expected_grpc))
     assert set(before.values()) == {0.0}
-    assert {k for key in before for k in key if k.startswith("outcome=")} == {f"outcome={o}" for o in c.GRPC_OUTCOMES}
-    quic = _values(prom.wait_for(quic_total, lambda r: len(r) == len(c.QUIC_OUTCOMES)))
+    assert {k for key in before for k in key if k.startswith("outcome=")} == {f"outcome={o}" for o in GrpcOutcome}
+    quic = _values(prom.wait_for(quic_total, lambda r: len(r) == len(QuicOutcome)))
     assert set(quic.values()) == {0.0}
     up = prom.query("up")
     assert up and float(up[0]["value"][1]) == 1.0  # type: ignore[index]

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 import uvloop
 
+import router.tcp.pump as pump_module
 import router.tcp.relay as relay_module
 from router.constants import RELAY_CHUNK_BYTES, RELAY_REPORT_BYTES, SPLICE_PIPE_BYTES
 from router.tcp.relay import SPLICE_AVAILABLE, RelayResult, live_relays, relay
@@ -262,7 +263,7 @@ def test_quiet_connection_gives_back_pipes_and_buffers(
     run: Runner, use_splice: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(relay_module, "RELAY_RELEASE_QUIET_S", 0.05)
-    monkeypatch.setattr(relay_module, "SPLICE_AFTER_BYTES", 0)  # pipes from the first byte on
+    monkeypatch.setattr(pump_module, "SPLICE_AFTER_BYTES", 0)  # pipes from the first byte on
 
     async def scenario() -> None:
         link = Link()
@@ -370,7 +371,7 @@ class DropFirstMarker:
 def test_client_filter_sees_peeked_and_later_bytes_then_steps_aside(
     run: Runner, use_splice: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(relay_module, "SPLICE_AFTER_BYTES", 0)  # splice as soon as the filter is done
+    monkeypatch.setattr(pump_module, "SPLICE_AFTER_BYTES", 0)  # splice as soon as the filter is done
 
     async def scenario() -> None:
         link = Link()
@@ -434,7 +435,7 @@ def test_on_bytes_totals_match_small_transfers(run: Runner, use_splice: bool) ->
 
 @pytest.mark.skipif(not SPLICE_AVAILABLE, reason="os.splice not available")
 def test_no_fds_for_pipes_falls_back_to_copying(run: Runner, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(relay_module, "SPLICE_AFTER_BYTES", 0)
+    monkeypatch.setattr(pump_module, "SPLICE_AFTER_BYTES", 0)
 
     def no_pipes(flags: int) -> tuple[int, int]:
         raise OSError(errno.EMFILE, "Too many open files")
@@ -467,7 +468,7 @@ def test_short_exchanges_never_take_a_pipe_and_bulk_switches_to_splice(run: Runn
             state = only_state()
             assert (state.client_to_pod_mode, state.pod_to_client_mode) == ("buffered", "buffered")
             assert state.held_bytes == 0
-        bulk = os.urandom(relay_module.SPLICE_AFTER_BYTES * 4)
+        bulk = os.urandom(pump_module.SPLICE_AFTER_BYTES * 4)
         sending = asyncio.ensure_future(thread(link.client_peer.sendall, bulk))
         assert await thread(recv_exactly, link.pod_peer, len(bulk)) == bulk
         await sending

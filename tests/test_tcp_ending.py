@@ -9,8 +9,8 @@ import time
 
 import pytest
 
+from router.outcomes import Termination
 from router.tcp.ending import TCP_CLOSE, closed_termination, failure_termination, tcp_state
-from router.termination import Termination
 
 ESTABLISHED = 1
 

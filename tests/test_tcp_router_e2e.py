@@ -24,6 +24,8 @@ import pytest
 from router import constants as c
 from router.demo.grpc_pods import ECHO, WATCH, RunningPod, call_whoami, start_pod
 from router.demo.pki import DemoPki, make_pki
+from router.outcomes import TCP_PROTOCOLS, GrpcOutcome, QuicOutcome
+from router.tcp.grpc_rejection import GrpcStatus
 from tests.support.bulk_tls import BulkTlsPod, bulk_tls_client
 from tests.support.router_process import RouterProcess, router_args, write_endpoints
 
@@ -76,12 +78,12 @@ def test_metrics_exist_at_zero_on_first_scrape(tmp_path: Path) -> None:
     write_endpoints(tmp_path / "e.json", [])
     with RouterProcess(router_args(tmp_path / "e.json")) as router:
         router.wait_ready()
-        for protocol in c.TCP_PROTOCOLS:
-            for outcome in c.GRPC_OUTCOMES:
+        for protocol in TCP_PROTOCOLS:
+            for outcome in GrpcOutcome:
                 assert router.metric(
                     c.GRPC_CONNECTIONS_TOTAL + "_total", protocol=protocol, outcome=outcome
                 ) == 0
-        for outcome in c.QUIC_OUTCOMES:
+        for outcome in QuicOutcome:
             assert router.metric(c.QUIC_CONNECTIONS_TOTAL + "_total", outcome=outcome) == 0
         assert router.stop() == 0
 
@@ -213,7 +215,7 @@ def test_h2_client_sending_headers_first_is_routed(cluster: Cluster) -> None:
 
 def test_h2_missing_authority_is_invalid_argument(cluster: Cluster) -> None:
     got = _h2_exchange(cluster.router.grpc_port, None)
-    assert got.get("grpc-status") == str(c.GRPC_STATUS_INVALID_ARGUMENT)
+    assert got.get("grpc-status") == str(GrpcStatus.INVALID_ARGUMENT)
 
 
 def test_tls_client_hello_one_byte_at_a_time(cluster: Cluster) -> None:

@@ -11,9 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from quic.clienthello import ClientHelloError, ClientHelloInfo
-from router.constants import MAX_PEEK_BYTES, TLS_ALERT_UNRECOGNIZED_NAME
+from router.constants import MAX_PEEK_BYTES
 from router.demo.pki import make_pki
-from router.tcp.tls_peek import ClientHelloReader, TlsPeekError, looks_like_tls, tls_alert
+from router.tcp.tls_peek import ClientHelloReader, TlsAlert, TlsPeekError, looks_like_tls, tls_alert
 from tests.support.tls import HOST, build_hello, sni_ext, ssl_client_hello_records, tls_records
 
 RECORDS = ssl_client_hello_records(alpn=("h2", "grpc-exp"))
@@ -120,7 +120,7 @@ def test_memory_bio_client_reads_the_alert_as_unrecognized_name() -> None:
     client = ctx.wrap_bio(incoming, ssl.MemoryBIO(), server_hostname=HOST)
     with pytest.raises(ssl.SSLWantReadError):
         client.do_handshake()
-    incoming.write(tls_alert(TLS_ALERT_UNRECOGNIZED_NAME))
+    incoming.write(tls_alert(TlsAlert.UNRECOGNIZED_NAME))
     with pytest.raises(ssl.SSLError, match="UNRECOGNIZED_NAME"):
         client.do_handshake()
 
@@ -136,7 +136,7 @@ async def test_loopback_client_gets_unrecognized_name(tmp_path: Path) -> None:
         while info is None:
             info = peek.feed(await reader.read(4096))
         seen.append(info)
-        writer.write(tls_alert(TLS_ALERT_UNRECOGNIZED_NAME))
+        writer.write(tls_alert(TlsAlert.UNRECOGNIZED_NAME))
         await writer.drain()
         writer.close()
 

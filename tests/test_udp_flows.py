@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from router.constants import QUIC_DROP_REASONS
+from router.outcomes import QuicDropReason
 from router.udp.flow_table import (
     ByteBudget,
     Contention,
@@ -369,7 +369,7 @@ def test_any_bytes_get_a_verdict_never_an_exception(datagram: bytes, cid_length:
     table = _table()
     _with_pod_cid(table)
     got = classify_unrouted(table, datagram, B, 0.0, cid_length)
-    assert got.verdict is not Verdict.DROP or got.drop_reason in QUIC_DROP_REASONS
+    assert got.verdict is not Verdict.DROP or got.drop_reason in tuple(QuicDropReason)
     table.learn_from_pod(table.flow(A), datagram, cid_length)  # type: ignore[arg-type]
 
 
@@ -452,4 +452,4 @@ def test_any_bytes_from_a_flow_address_get_a_verdict_never_an_exception(datagram
     table = _table()
     flow = _established(table)
     got = classify_on_flow(table, flow, datagram, 0.0)
-    assert got.verdict is not Verdict.DROP or got.drop_reason in QUIC_DROP_REASONS
+    assert got.verdict is not Verdict.DROP or got.drop_reason in tuple(QuicDropReason)

@@ -33,6 +33,7 @@ from router.demo.quic_pods import (
 )
 from router.metrics import RouterMetrics
 from router.udp.edge import UdpRouter
+from router.udp.flow_table import FlowLimits
 from router.udp.settings import UdpRouterSettings
 from tests.support.polling import eventually
 from tests.support.quic_initial_rewriter import BIG_HELLO_ALPN, SERVER_COMPLETABLE, rewrite_flight
@@ -91,8 +92,10 @@ async def running(
     targets = {name: Target(name, POD_HOSTS[name], 1, bound_port(pod)) for name, pod in pods.items()}
     metrics = RouterMetrics()
     snapshot = [TargetSnapshot.of(list(targets.values()))]
+    limits = {name: settings.pop(name) for name in list(settings) if name in FlowLimits.__dataclass_fields__}
+    udp_settings = UdpRouterSettings(FlowLimits(**limits), **settings)
     try:
-        async with running_udp_router(lambda: snapshot[0], UdpRouterSettings(**settings), metrics) as (router, port):
+        async with running_udp_router(lambda: snapshot[0], udp_settings, metrics) as (router, port):
             yield Harness(router, metrics, port, targets, pki.ca_path, snapshot)
     finally:
         for pod in pods.values():
@@ -370,7 +373,7 @@ async def test_a_client_that_rebinds_its_port_keeps_its_connection(
 
 
 async def test_idle_flows_expire_as_completed(pki: DemoPki) -> None:
-    async with running(pki, relay_idle_timeout_s=0.4) as h:
+    async with running(pki, idle_timeout_s=0.4) as h:
         config = client_configuration(sni("stargate-0"), h.cafile)
         async with connect(ROUTER_HOST, h.port, configuration=config) as client:
             assert await request(client, b"hi") == b"stargate-0:hi"
@@ -395,7 +398,7 @@ async def test_clients_reusing_a_local_port_reach_their_own_pods(pki: DemoPki) -
     """Two clients on one local port, one after the other, to two pods: while the first one's flow
     is still established, the second (another pod) is refused until the first client has been quiet
     for the takeover grace, then reaches its pod; a third, to that same pod, shares the flow."""
-    async with running(pki, flow_takeover_quiet_s=0.3) as h:
+    async with running(pki, takeover_quiet_s=0.3) as h:
         probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         probe.bind((ROUTER_HOST, 0))
         local_port = probe.getsockname()[1]

@@ -2,8 +2,9 @@
 
 The first bytes decide, with no configuration: a TLS ClientHello is routed by its SNI,
 an HTTP/2 prior-knowledge (h2c) connection by the ``:authority`` of its first request.
-The parsers are sans-IO (``tls_peek``, ``h2_peek``); this module owns the sockets, the
-timeouts and the answers a client understands when it cannot be routed.
+The parsers are sans-IO (``tls_peek``, ``h2c_peek``) and the choice of pod is
+``router.routing``'s; this module owns the listener, the timeouts and the order of events:
+peek, decide, ``dial``, then ``relay`` (through ``settings_ack`` for h2c), or ``rejection``.
 """
 
 from __future__ import annotations
@@ -11,9 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
-import itertools
 import logging
-import os
 import socket
 import time
 from collections.abc import Callable
@@ -24,18 +23,16 @@ from quic.clienthello import ClientHelloInfo
 from router import constants as c
 from router.hostname import HostnameTemplate
 from router.log_limiter import RateLimitedLog
-from router.metrics import RouterMetrics
-from router.tcp.h2c_peek import (
-    EMPTY_SETTINGS_FRAME,
-    H2PeekError,
-    H2Request,
-    H2RequestReader,
-    SettingsAckStripper,
-    grpc_rejection,
-    looks_like_h2c,
-)
-from router.tcp.relay import relay
-from router.tcp.tls_peek import ClientHelloReader, TlsPeekError, looks_like_tls, tls_alert
+from router.metrics import ProtocolSeries, RouterMetrics
+from router.outcomes import TCP_PROTOCOLS, GrpcOutcome, ProtocolLabel
+from router.routing import REFUSAL_ANSWERS, Refusal, Refused, RoundRobin, route
+from router.tcp.dial import DialError, dial
+from router.tcp.h2_frames import EMPTY_SETTINGS_FRAME, H2PeekError
+from router.tcp.h2c_peek import H2Request, H2RequestReader, looks_like_h2c
+from router.tcp.rejection import answer_and_close, rejection_bytes
+from router.tcp.relay import RelayOutcome, relay
+from router.tcp.settings_ack import SettingsAckStripper
+from router.tcp.tls_peek import ClientHelloReader, TlsPeekError, looks_like_tls
 
 log = logging.getLogger("router.tcp_router")  # pinned: operators filter logs by this name
 
@@ -52,59 +49,47 @@ class TcpRouterSettings:
     use_splice: bool | None = None
 
 
-async def _connect(loop: asyncio.AbstractEventLoop, sock: socket.socket, address: tuple[str, int]) -> None:
-    """Non-blocking connect to a numeric address.
+class _TcpSeries(ProtocolSeries):
+    """One TCP protocol's series, with its outcome counters."""
 
-    ``loop.sock_connect`` on uvloop resolves the address through getaddrinfo in a thread pool
-    even when it is an IP literal: that cost a quarter of the router's CPU per connection.
-    """
-    err = sock.connect_ex(address)
-    if err in (errno.EINPROGRESS, errno.EAGAIN):
-        writable: asyncio.Future[None] = loop.create_future()
-        fd = sock.fileno()
+    __slots__ = ("outcomes",)
 
-        def on_writable() -> None:
-            if not writable.done():
-                writable.set_result(None)
-
-        loop.add_writer(fd, on_writable)
-        try:
-            await writable
-        finally:
-            loop.remove_writer(fd)
-        err = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
-    if err:
-        raise OSError(err, os.strerror(err))
-
-
-class _ProtocolSeries:
-    """The metric children one protocol touches per connection, looked up once (not per event)."""
-
-    __slots__ = ("active", "decision", "dial", "down", "outcomes", "up")
-
-    def __init__(self, metrics: RouterMetrics, protocol: str) -> None:
+    def __init__(self, metrics: RouterMetrics, protocol: ProtocolLabel) -> None:
+        super().__init__(metrics, protocol)
         self.outcomes = {
-            o: metrics.grpc_connections.labels(protocol=protocol, outcome=o) for o in c.GRPC_OUTCOMES
+            o: metrics.grpc_connections.labels(protocol=protocol, outcome=o) for o in GrpcOutcome
         }
-        self.decision = metrics.decision_latency.labels(protocol=protocol)
-        self.dial = metrics.dial_latency.labels(protocol=protocol)
-        self.up = metrics.relayed_bytes.labels(protocol=protocol, direction="client_to_pod")
-        self.down = metrics.relayed_bytes.labels(protocol=protocol, direction="pod_to_client")
-        self.active = metrics.active_connections.labels(protocol=protocol)
 
 
 class _Rejected(Exception):
-    """Internal: the connection is answered and closed with ``outcome``."""
+    """Internal: the connection is answered (per ``REFUSAL_ANSWERS``) and closed."""
 
-    def __init__(self, outcome: str, detail: str, pod: str | None = None) -> None:
+    def __init__(self, refusal: Refusal, detail: str, pod: str | None = None) -> None:
         super().__init__(detail)
-        self.outcome = outcome
+        self.refusal = refusal
         self.pod = pod
+
+    @property
+    def outcome(self) -> GrpcOutcome:
+        outcome = REFUSAL_ANSWERS[self.refusal].grpc_outcome
+        assert outcome is not None, f"{self.refusal} is not a TCP refusal"
+        return outcome
+
+
+def _detail(refused: Refused, hostname: str | None) -> str:
+    """The grpc-message / log text of a routing refusal (the Rust router's wording)."""
+    if refused.refusal is Refusal.NO_READY_TARGET:
+        return "no ready stargate for round-robin"
+    if refused.refusal is Refusal.MISSING_NAME:
+        return "missing authority"
+    if refused.refusal is Refusal.UNKNOWN_NAME:
+        return f"unknown authority {hostname!r}"
+    return f"target stargate not ready for {hostname!r}"
 
 
 @dataclass(slots=True)
 class _Peeked:
-    protocol: str
+    protocol: ProtocolLabel
     buffered: bytes
     hostname: str | None
     h2_request: H2Request | None = None
@@ -125,11 +110,11 @@ class TcpRouter:
         self._template = template
         self._snapshot = snapshot
         self._metrics = metrics
-        self._series = {p: _ProtocolSeries(metrics, p) for p in c.TCP_PROTOCOLS}
+        self._series = {p: _TcpSeries(metrics, p) for p in TCP_PROTOCOLS}
         self._rejections = RateLimitedLog(log)
         self._listener: socket.socket | None = None
         self._tasks: set[asyncio.Task[None]] = set()
-        self._rr = itertools.count()
+        self._round_robin = RoundRobin()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._accept_resume: asyncio.TimerHandle | None = None
         self._accept_exhausted = False
@@ -223,7 +208,7 @@ class TcpRouter:
         if self._listener is not None and self._loop is not None:
             self._loop.add_reader(self._listener.fileno(), self._on_acceptable)
 
-    def _count(self, protocol: str, outcome: str) -> None:
+    def _count(self, protocol: ProtocolLabel, outcome: GrpcOutcome) -> None:
         self._series[protocol].outcomes[outcome].inc()
 
     # -- one connection --------------------------------------------------------------------
@@ -231,7 +216,7 @@ class TcpRouter:
         # Until the first bytes say TLS, an unidentified connection counts as h2c; _peek
         # updates ``progress.protocol`` as soon as they do, so a timeout or a malformed
         # ClientHello is counted (and answered) as TLS.
-        progress = _Peeked("h2c", b"", None)
+        progress = _Peeked(ProtocolLabel.H2C, b"", None)
         protocol = progress.protocol
         try:
             started = time.monotonic()
@@ -239,23 +224,25 @@ class TcpRouter:
                 async with asyncio.timeout(self._settings.peek_timeout_s):  # no extra task, unlike wait_for
                     peeked = await self._peek(conn, progress)
             except TimeoutError:
-                self._count(progress.protocol, "peek_timeout")
-                self._rejections.info("peek timeout", extra={"peer": str(peer), "outcome": "peek_timeout"})
+                self._count(progress.protocol, GrpcOutcome.PEEK_TIMEOUT)
+                self._rejections.info("peek timeout", extra={"peer": str(peer), "outcome": GrpcOutcome.PEEK_TIMEOUT})
                 conn.close()
                 return
             except _Rejected as rej:  # unparsable first bytes
                 self._count(progress.protocol, rej.outcome)
                 self._rejections.info("rejected: %s", rej, extra={"peer": str(peer), "outcome": rej.outcome})
-                if progress.protocol == "tls":  # a TLS client is told why: decode_error alert
-                    await self._answer_rejection(conn, progress, rej)
-                else:
-                    conn.close()
+                await self._answer_rejection(conn, progress, rej)  # TLS: decode_error; h2c: closed
                 return
             protocol = peeked.protocol
             try:
                 target = self._decide(peeked)
                 self._series[protocol].decision.observe(time.monotonic() - started)
-                pod = await self._dial(target, protocol)
+                dial_started = time.monotonic()
+                try:
+                    pod = await dial(target, self._settings.connect_timeout_s)
+                except DialError as exc:
+                    raise _Rejected(Refusal.DIAL_FAILED, str(exc), target.pod_name) from None
+                self._series[protocol].dial.observe(time.monotonic() - dial_started)
             except _Rejected as rej:
                 self._count(protocol, rej.outcome)
                 self._rejections.info(
@@ -265,12 +252,12 @@ class TcpRouter:
                 )
                 await self._answer_rejection(conn, peeked, rej)
                 return
-            self._count(protocol, "accepted")
+            self._count(protocol, GrpcOutcome.ACCEPTED)
             if log.isEnabledFor(logging.DEBUG):
                 log.debug(
                     "routing %s connection to %s", protocol, target.pod_name,
                     extra={"peer": str(peer), "hostname": peeked.hostname, "pod": target.pod_name,
-                           "outcome": "accepted"},
+                           "outcome": GrpcOutcome.ACCEPTED},
                 )
             await self._splice(conn, pod, peeked, protocol)
         except asyncio.CancelledError:
@@ -289,23 +276,23 @@ class TcpRouter:
         while True:
             data = await loop.sock_recv(conn, c.MAX_PEEK_BYTES)
             if not data:
-                raise _Rejected("protocol_error", "connection closed before the hostname")
+                raise _Rejected(Refusal.MALFORMED, "connection closed before the hostname")
             buffered += data
             if tls is None and h2 is None:
                 if looks_like_tls(bytes(buffered)):
                     tls = ClientHelloReader(c.MAX_PEEK_BYTES)
-                    progress.protocol = "tls"
+                    progress.protocol = ProtocolLabel.TLS
                     data = bytes(buffered)
                 elif looks_like_h2c(bytes(buffered)):
                     h2 = H2RequestReader(c.MAX_PEEK_BYTES)
                     data = bytes(buffered)
                 else:
-                    raise _Rejected("protocol_error", "neither TLS nor HTTP/2 prior knowledge")
+                    raise _Rejected(Refusal.MALFORMED, "neither TLS nor HTTP/2 prior knowledge")
             try:
                 if tls is not None:
                     hello = tls.feed(data)
                     if hello is not None:
-                        return _Peeked("tls", bytes(buffered), hello.server_name, tls_hello=hello)
+                        return _Peeked(ProtocolLabel.TLS, bytes(buffered), hello.server_name, tls_hello=hello)
                 elif h2 is not None:
                     request = h2.feed(data)
                     if not settings_sent and h2.saw_preface:
@@ -313,60 +300,23 @@ class TcpRouter:
                         await loop.sock_sendall(conn, EMPTY_SETTINGS_FRAME)
                         settings_sent = True
                     if request is not None:
-                        return _Peeked("h2c", bytes(buffered), request.authority, h2_request=request)
+                        return _Peeked(ProtocolLabel.H2C, bytes(buffered), request.authority, h2_request=request)
             except (TlsPeekError, H2PeekError) as exc:
-                raise _Rejected("protocol_error", str(exc)) from None
+                raise _Rejected(Refusal.MALFORMED, str(exc)) from None
 
     def _decide(self, peeked: _Peeked) -> Target:
-        snapshot = self._snapshot()
-        hostname = peeked.hostname
-        pod_name = self._template.pod_name_for(hostname) if hostname is not None else None
-        target = snapshot.get(pod_name) if pod_name is not None else None
-        if target is not None:
-            return target
         request = peeked.h2_request
-        if request is not None and request.path in self._settings.round_robin_paths:
-            targets = list(snapshot)
-            if targets:
-                return targets[next(self._rr) % len(targets)]
-            raise _Rejected("target_unavailable", "no ready stargate for round-robin")
-        if hostname is None:
-            raise _Rejected("missing_authority", "missing authority")
-        if pod_name is None:
-            raise _Rejected("unknown_authority", f"unknown authority {hostname!r}")
-        raise _Rejected("target_unavailable", f"target stargate not ready for {hostname!r}", pod_name)
-
-    async def _dial(self, target: Target, protocol: str) -> socket.socket:
-        loop = asyncio.get_running_loop()
-        family = socket.AF_INET6 if ":" in target.address else socket.AF_INET
-        try:
-            pod = socket.socket(family, socket.SOCK_STREAM)
-        except OSError as exc:  # EMFILE under a connection flood: the client hears UNAVAILABLE
-            raise _Rejected(
-                "connect_error", f"dial {target.grpc_endpoint}: {exc.strerror}", target.pod_name
-            ) from None
-        pod.setblocking(False)
-        pod.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        started = time.monotonic()
-        try:
-            async with asyncio.timeout(self._settings.connect_timeout_s):
-                await _connect(loop, pod, (target.address, target.grpc_port))
-        except TimeoutError:
-            pod.close()
-            raise _Rejected("connect_error", f"dial {target.grpc_endpoint} timed out", target.pod_name) from None
-        except OSError as exc:
-            pod.close()
-            raise _Rejected(
-                "connect_error", f"dial {target.grpc_endpoint}: {exc.strerror}", target.pod_name
-            ) from None
-        except BaseException:
-            pod.close()
-            raise
-        self._series[protocol].dial.observe(time.monotonic() - started)
-        return pod
+        decision = route(
+            peeked.hostname, request.path if request is not None else None, self._snapshot(),
+            self._template, self._round_robin,
+            round_robin_paths=self._settings.round_robin_paths, port_of=_grpc_port,
+        )
+        if isinstance(decision, Refused):
+            raise _Rejected(decision.refusal, _detail(decision, peeked.hostname), decision.pod_name)
+        return decision
 
     async def _splice(
-        self, conn: socket.socket, pod: socket.socket, peeked: _Peeked, protocol: str
+        self, conn: socket.socket, pod: socket.socket, peeked: _Peeked, protocol: ProtocolLabel
     ) -> None:
         series = self._series[protocol]
         up, down = series.up, series.down
@@ -377,7 +327,7 @@ class TcpRouter:
             if to_client:
                 down.inc(to_client)
 
-        stripper = SettingsAckStripper() if protocol == "h2c" else None
+        stripper = SettingsAckStripper() if protocol is ProtocolLabel.H2C else None
         active = series.active
         active.inc()
         try:
@@ -392,42 +342,19 @@ class TcpRouter:
             )
         finally:
             active.dec()
-        outcome = "relay_error" if result.outcome == "relay_error" else "completed"
+        outcome = (
+            GrpcOutcome.RELAY_ERROR if result.outcome is RelayOutcome.RELAY_ERROR else GrpcOutcome.COMPLETED
+        )
         self._count(protocol, outcome)
         if result.error:
             self._rejections.info("relay ended: %s", result.error, extra={"outcome": outcome})
 
     async def _answer_rejection(self, conn: socket.socket, peeked: _Peeked, rej: _Rejected) -> None:
         """Tell the client why, in its own protocol, then close without a RST."""
-        loop = asyncio.get_running_loop()
-        if peeked.protocol == "tls":
-            if rej.outcome == "protocol_error":
-                description = c.TLS_ALERT_DECODE_ERROR
-            elif rej.outcome in ("target_unavailable", "connect_error"):
-                description = c.TLS_ALERT_INTERNAL_ERROR
-            else:
-                description = c.TLS_ALERT_UNRECOGNIZED_NAME
-            answer = tls_alert(description)
-        else:
-            request = peeked.h2_request
-            stream_id = request.stream_id if request is not None else 1
-            status = (
-                c.GRPC_STATUS_INVALID_ARGUMENT
-                if rej.outcome in ("missing_authority", "unknown_authority")
-                else c.GRPC_STATUS_UNAVAILABLE
-            )
-            answer = grpc_rejection(stream_id, status, str(rej))
-        try:
-            await asyncio.wait_for(loop.sock_sendall(conn, answer), c.REJECT_LINGER_S)
-            conn.shutdown(socket.SHUT_WR)
-            deadline = loop.time() + c.REJECT_LINGER_S
-            while loop.time() < deadline:
-                chunk = await asyncio.wait_for(
-                    loop.sock_recv(conn, 4096), max(0.0, deadline - loop.time())
-                )
-                if not chunk:
-                    break
-        except (OSError, TimeoutError):
-            pass
-        finally:
-            conn.close()
+        request = peeked.h2_request
+        stream_id = request.stream_id if request is not None else 1
+        await answer_and_close(conn, rejection_bytes(peeked.protocol, rej.refusal, stream_id, str(rej)))
+
+
+def _grpc_port(target: Target) -> int:
+    return target.grpc_port

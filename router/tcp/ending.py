@@ -15,7 +15,7 @@ import errno
 import socket
 from typing import Final, Literal
 
-from router.termination import Termination
+from router.outcomes import Termination
 
 Side = Literal["client", "pod"]
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
-import fcntl
 import logging
 import math
 import os
@@ -30,34 +29,32 @@ import socket
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Final, Literal
+from enum import StrEnum
+from typing import Final
 
-from router.constants import (
-    RELAY_CHUNK_BYTES,
-    RELAY_RELEASE_QUIET_S,
-    RELAY_REPORT_BYTES,
-    RELAY_ROUNDS_PER_WAKEUP,
-    SPLICE_AFTER_BYTES,
-    SPLICE_PIPE_BYTES,
-)
+from router.constants import RELAY_RELEASE_QUIET_S
+from router.tcp.pump import READ, Direction, Mode
 
 log = logging.getLogger("router.relay")  # pinned: operators filter logs by this name
 
-Outcome = Literal["completed", "relay_error", "idle_timeout"]
-Mode = Literal["splice", "buffered"]
+
+
+class RelayOutcome(StrEnum):
+    """How a relay ended."""
+
+    COMPLETED = "completed"
+    """Both directions reached end of stream."""
+    RELAY_ERROR = "relay_error"
+    """A socket failed (or the relay was cancelled): both peers were reset."""
+    IDLE_TIMEOUT = "idle_timeout"
+    """Neither side sent anything for the idle timeout."""
+
 
 SPLICE_AVAILABLE: Final = hasattr(os, "splice")
 """``os.splice`` exists (Linux, Python >= 3.10): the auto mode uses it."""
 
-_SPLICE_FLAGS: Final = getattr(os, "SPLICE_F_MOVE", 0) | getattr(os, "SPLICE_F_NONBLOCK", 0)
-_F_SETPIPE_SZ: Final = getattr(fcntl, "F_SETPIPE_SZ", 1031)
-_F_GETPIPE_SZ: Final = getattr(fcntl, "F_GETPIPE_SZ", 1032)
 _LINGER_RESET: Final = struct.pack("ii", 1, 0)
-_EMPTY: Final = memoryview(b"")
-_NONE, _READ, _WRITE = 0, 1, 2
 _TIMER_SLACK_S: Final = 0.001
-_SCRATCH_VIEW: Final = memoryview(bytearray(RELAY_CHUNK_BYTES))
-"""The buffered path's one read buffer, shared by all relays (the event loop is single-threaded)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,7 +63,7 @@ class RelayResult:
 
     client_to_pod_bytes: int
     pod_to_client_bytes: int
-    outcome: Outcome
+    outcome: RelayOutcome
     error: str | None
 
 
@@ -98,212 +95,6 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-class _Direction:
-    """One way of the relay: reads ``src``, writes ``dst``, holds at most one pipe or chunk."""
-
-    __slots__ = (
-        "done", "dst", "dst_fd", "filter", "filter_done", "last", "loop", "out", "pending",
-        "pipe_cap", "pipe_r", "pipe_w", "relay", "reported", "sent", "splice", "src", "src_fd",
-        "to_splice", "want",
-    )
-
-    def __init__(
-        self, relay: _Relay, src: socket.socket, dst: socket.socket, to_splice: bool, now: float
-    ) -> None:
-        self.relay = relay
-        self.loop = relay.loop
-        self.src, self.dst = src, dst
-        self.src_fd, self.dst_fd = src.fileno(), dst.fileno()
-        self.to_splice = to_splice  # splice once past SPLICE_AFTER_BYTES, with no filter, nothing pending
-        self.splice = to_splice and SPLICE_AFTER_BYTES <= 0
-        self.filter: Callable[[bytes], bytes] | None = None
-        self.filter_done: Callable[[], bool] | None = None
-        self.pipe_r = self.pipe_w = -1
-        self.pipe_cap = 0
-        self.out = _EMPTY  # buffered mode: the pending bytes
-        self.pending = 0  # bytes read but not yet written (in the pipe or ``out``)
-        self.sent = 0
-        self.reported = 0
-        self.want = _NONE
-        self.done = False
-        self.last = now
-
-    # -- the pump (readiness callback) ---------------------------------------------------
-    def pump(self) -> None:
-        """Move bytes until the source is empty or the sink is full, then wait for that."""
-        self.last = self.loop.time()
-        try:
-            if self.splice:
-                self._pump_splice()
-            else:
-                self._pump_buffered()
-        except Exception as exc:  # any failure ends this connection, never the event loop
-            self.relay.fail(exc)
-
-    def _pump_splice(self) -> None:
-        splice = os.splice
-        drained = False  # the last read was short: the source is empty for now, skip an EAGAIN read
-        for _ in range(RELAY_ROUNDS_PER_WAKEUP):
-            if self.pending:
-                try:
-                    n = splice(self.pipe_r, self.dst_fd, self.pending, flags=_SPLICE_FLAGS)
-                except BlockingIOError:
-                    self.set_want(_WRITE)
-                    return
-                self.pending -= n
-                self._count(n)
-                if self.pending:
-                    self.set_want(_WRITE)
-                    return
-            if drained:
-                break
-            if self.pipe_w < 0 and not self._open_pipe():
-                self._pump_buffered()  # out of fds or memory for a pipe: copy instead
-                return
-            try:
-                n = splice(self.src_fd, self.pipe_w, self.pipe_cap, flags=_SPLICE_FLAGS)
-            except BlockingIOError:
-                self.set_want(_READ)
-                return
-            if n == 0:
-                self._eof()
-                return
-            self.pending = n
-            drained = n < self.pipe_cap
-        self.set_want(_WRITE if self.pending else _READ)
-
-    def _pump_buffered(self) -> None:
-        scratch = _SCRATCH_VIEW
-        for _ in range(RELAY_ROUNDS_PER_WAKEUP):
-            if self.pending:
-                try:
-                    n = self.dst.send(self.out)
-                except BlockingIOError:
-                    self.set_want(_WRITE)
-                    return
-                self.pending -= n
-                self._count(n)
-                if self.pending:
-                    self.out = self.out[n:]
-                    self.set_want(_WRITE)
-                    return
-                self.out = _EMPTY
-            if self.to_splice and self.filter is None and self.sent >= SPLICE_AFTER_BYTES:
-                self.splice = True
-                self.release()
-                self._pump_splice()
-                return
-            try:
-                if self.filter is not None:
-                    self._read_filtered()
-                    if self.done:
-                        return
-                    continue
-                n = self.src.recv_into(scratch)
-            except BlockingIOError:
-                self.set_want(_READ)
-                return
-            if n == 0:
-                self._eof()
-                return
-            # The scratch buffer is shared by every relay of this process: write it out now and
-            # copy only what the sink could not take (then stop reading until it drains).
-            try:
-                sent = self.dst.send(scratch[:n])
-            except BlockingIOError:
-                sent = 0
-            self._count(sent)
-            if sent < n:
-                self.out = memoryview(bytes(scratch[sent:n]))
-                self.pending = n - sent
-                self.set_want(_WRITE)
-                return
-            if n < len(scratch):  # a short read drained the source: wait for more, skip an EAGAIN read
-                break
-        self.set_want(_WRITE if self.pending else _READ)
-
-    def _read_filtered(self) -> None:
-        """Filter phase (a few frames at most): plain ``recv`` since the filter wants bytes."""
-        assert self.filter is not None
-        data = self.src.recv(RELAY_CHUNK_BYTES)
-        if not data:
-            self._eof()
-            return
-        self.set_pending(self.filter(data))
-
-    def set_pending(self, data: bytes) -> None:
-        """Queue bytes for ``dst``; drop the filter once it says it is done (never without a check)."""
-        self.out = memoryview(data)
-        self.pending = len(data)
-        if self.filter_done is not None and self.filter_done():
-            self.filter = self.filter_done = None
-
-    # -- helpers --------------------------------------------------------------------------
-    def _count(self, n: int) -> None:
-        self.sent += n
-        if self.sent - self.reported >= RELAY_REPORT_BYTES:
-            self.relay.report()
-
-    def set_want(self, want: int) -> None:
-        if want == self.want:
-            return
-        loop = self.loop
-        if self.want == _READ:
-            loop.remove_reader(self.src_fd)
-        elif self.want == _WRITE:
-            loop.remove_writer(self.dst_fd)
-        if want == _READ:
-            loop.add_reader(self.src_fd, self.pump)
-        elif want == _WRITE:
-            loop.add_writer(self.dst_fd, self.pump)
-        self.want = want
-
-    def _eof(self) -> None:
-        """Source finished and nothing is pending: half-close the sink, keep the other way."""
-        self.set_want(_NONE)
-        self.done = True
-        self.release()
-        self.dst.shutdown(socket.SHUT_WR)
-        self.relay.direction_done()
-
-    def _open_pipe(self) -> bool:
-        """Create this direction's pipe; on EMFILE/ENFILE/ENOMEM fall back to buffered for good."""
-        try:
-            self.pipe_r, self.pipe_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-        except OSError as exc:
-            if exc.errno not in (errno.EMFILE, errno.ENFILE, errno.ENOMEM):
-                raise
-            self.splice = self.to_splice = False
-            return False
-        # EPERM: over /proc/sys/fs/pipe-user-pages-soft, so the default size it is.
-        with contextlib.suppress(PermissionError):
-            fcntl.fcntl(self.pipe_w, _F_SETPIPE_SZ, SPLICE_PIPE_BYTES)
-        self.pipe_cap = fcntl.fcntl(self.pipe_w, _F_GETPIPE_SZ)
-        self.relay.acquired()
-        return True
-
-    def held(self) -> int:
-        return self.pipe_cap + (len(self.out) if not self.splice else 0)
-
-    def release(self) -> None:
-        """Give back the pipe / buffer; only called with nothing pending in them."""
-        if self.pipe_r >= 0:
-            os.close(self.pipe_r)
-            os.close(self.pipe_w)
-            self.pipe_r = self.pipe_w = -1
-            self.pipe_cap = 0
-        self.out = _EMPTY
-
-    def close(self) -> None:
-        """Stop watching the fds and drop the pipe even if bytes are stuck in it."""
-        self.set_want(_NONE)
-        self.pending = 0
-        self.release()
-
-    def mode(self) -> Mode:
-        return "splice" if self.splice else "buffered"
-
-
 class _Relay:
     """Both directions, the one timer, and the result future."""
 
@@ -319,8 +110,8 @@ class _Relay:
         self.loop = loop
         self.client, self.pod = client, pod
         now = loop.time()
-        self.c2p = _Direction(self, client, pod, splice, now)
-        self.p2c = _Direction(self, pod, client, splice, now)
+        self.c2p = Direction(self, client, pod, splice, now)
+        self.p2c = Direction(self, pod, client, splice, now)
         self.idle_s = idle_timeout_s if idle_timeout_s > 0 and math.isfinite(idle_timeout_s) else math.inf
         self.on_bytes = on_bytes
         self.future: asyncio.Future[RelayResult] = loop.create_future()
@@ -344,26 +135,26 @@ class _Relay:
         if c2p.pending:
             c2p.pump()  # usually written at once, no poller round
         elif not self.future.done():
-            c2p.set_want(_READ)
+            c2p.set_want(READ)
         if not self.future.done():
-            self.p2c.set_want(_READ)
+            self.p2c.set_want(READ)
 
     # -- endings ---------------------------------------------------------------------------
     def direction_done(self) -> None:
         if self.c2p.done and self.p2c.done:
-            self.finish("completed", None)
+            self.finish(RelayOutcome.COMPLETED, None)
 
     def fail(self, exc: BaseException) -> None:
-        self.finish("relay_error", _describe(exc), reset=True)
+        self.finish(RelayOutcome.RELAY_ERROR, _describe(exc), reset=True)
 
-    def finish(self, outcome: Outcome, error: str | None, *, reset: bool = False) -> None:
+    def finish(self, outcome: RelayOutcome, error: str | None, *, reset: bool = False) -> None:
         if self.future.done():
             return
         self.close(reset=reset)
         self.report()
         self.future.set_result(self.result(outcome, error))
 
-    def result(self, outcome: Outcome, error: str | None) -> RelayResult:
+    def result(self, outcome: RelayOutcome, error: str | None) -> RelayResult:
         return RelayResult(self.c2p.sent, self.p2c.sent, outcome, error)
 
     def close(self, *, reset: bool) -> None:
@@ -417,7 +208,7 @@ class _Relay:
         self.timer = None
         now = self.loop.time() + _TIMER_SLACK_S
         if now - max(self.c2p.last, self.p2c.last) >= self.idle_s:
-            self.finish("idle_timeout", None)
+            self.finish(RelayOutcome.IDLE_TIMEOUT, None)
             return
         for d in (self.c2p, self.p2c):
             if not d.pending and d.held() and now - d.last >= RELAY_RELEASE_QUIET_S:
@@ -464,5 +255,5 @@ async def relay(
         state.close(reset=True)
         state.report()
         if isinstance(exc, Exception):
-            return state.result("relay_error", _describe(exc))
+            return state.result(RelayOutcome.RELAY_ERROR, _describe(exc))
         raise

@@ -35,6 +35,17 @@ class AlertLevel(IntEnum):
     FATAL = 2
 
 
+class TlsAlert(IntEnum):
+    """Alert descriptions the router sends, always fatal (RFC 8446 section 6)."""
+
+    DECODE_ERROR = 50
+    """A ClientHello the router cannot parse (RFC 8446 section 6.2)."""
+    INTERNAL_ERROR = 80
+    """The named pod is unavailable (no TLS alert says 'try later')."""
+    UNRECOGNIZED_NAME = 112
+    """Missing or unknown SNI (RFC 6066 section 3)."""
+
+
 class TlsPeekError(ValueError):
     """Not a well-formed TLS ClientHello; a ClientHelloError is re-raised as this (chained)."""
 
@@ -47,7 +58,7 @@ def looks_like_tls(first_bytes: bytes) -> bool:
 
 
 def tls_alert(description: int) -> bytes:
-    """One fatal alert record, e.g. ``tls_alert(112)`` (unrecognized_name) for an unknown SNI."""
+    """One fatal alert record, e.g. ``tls_alert(TlsAlert.UNRECOGNIZED_NAME)`` for an unknown SNI."""
     if not 0 <= description <= 255:
         raise ValueError(f"alert description {description} is not a uint8")
     return bytes([ContentType.ALERT, *LEGACY_RECORD_VERSION, 0, 2, AlertLevel.FATAL, description])

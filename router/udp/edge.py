@@ -1,25 +1,21 @@
 """The QUIC reverse-tunnel edge: one UDP listener, one connected UDP socket per routed flow.
 
 The router never terminates QUIC. A new client address is buffered (bounded) while its
-Initial datagrams are decrypted for the SNI; then a connected socket to the named pod's
-``quic`` port is opened, the buffered datagrams are sent in arrival order, and from then
-on datagrams are spliced both ways. Pod replies leave through the listener, so workers only
-ever see the router's address, and the pod sees one stable peer (the flow's socket) even
-when the worker's NAT rebinds. Both directions are batched with UDP GSO/GRO where the kernel
-offers them: client datagrams of one loop iteration leave per flow in one send
-(``router/udp_pod_link.py``), pod replies read back to back leave in one send
-(``router/udp_replies.py``). All bookkeeping is in the sans-IO ``UdpFlowTable`` and the
-verdicts of ``router/udp_verdicts.py``; this module adapts sockets, the clock and metrics.
+Initial datagrams are decrypted for the SNI; then ``router.routing`` picks the pod, a connected
+socket to its ``quic`` port is opened, the buffered datagrams are sent in arrival order, and
+from then on datagrams are spliced both ways. Pod replies leave through the listener
+(``listener``), so workers only ever see the router's address, and the pod sees one stable
+peer (the flow's socket) even when the worker's NAT rebinds. Both directions are batched with
+UDP GSO/GRO where the kernel offers them: client datagrams of one loop iteration leave per
+flow in one send (``pod_link``), pod replies read back to back leave in one send
+(``pod_to_client``). All bookkeeping is in the sans-IO ``UdpFlowTable`` and the verdicts of
+``verdicts``; this module adapts sockets, the clock and metrics.
 
 Refusals (missing/unknown SNI, pod not ready, draining) are answered with an Initial
-CONNECTION_CLOSE so the worker fails fast: never larger than what provoked it, under a
-global byte budget, at most a few times per attempt. An unknown version gets a Version
-Negotiation under the same rules (``router/quic_refusals.py``).
-
-A new connection from the address of an established flow (a client Initial with a DCID the
-flow does not know) is sniffed as a contender beside the flow; ``UdpFlowTable.contend``
-decides whether it shares the flow, takes the address over, or is refused
-(``REASON_ADDRESS_IN_USE``, outcome ``target_unavailable``).
+CONNECTION_CLOSE so the worker fails fast, and an unknown version with a Version Negotiation,
+under the rules of ``refusals``. A new connection from the address of an established flow is
+sniffed as a contender beside it; ``UdpFlowTable.contend`` decides whether it shares the flow,
+takes the address over, or is refused (``Refusal.ADDRESS_IN_USE``).
 """
 
 from __future__ import annotations
@@ -27,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import socket
 import time
 from collections.abc import Callable
 
@@ -35,46 +30,24 @@ from discovery.targets import Target, TargetSnapshot
 from quic.clienthello import ClientHelloInfo
 from quic.initial_sniffer import InitialSniffer
 from quic.packet import LongHeader, QuicPacketError
-from router import constants as c
 from router.hostname import HostnameTemplate
-from router.metrics import RouterMetrics
+from router.metrics import ProtocolSeries, RouterMetrics
+from router.outcomes import ProtocolLabel, QuicDropReason, QuicOutcome
+from router.routing import Refusal, Refused, route
 from router.udp.flow_table import Address, Contention, Flow, PendingFlow, UdpFlowTable
-from router.udp.pod_link import PodLink, connect_udp
+from router.udp.listener import open_listener
+from router.udp.pod_link import Outboxes, PodLink, connect_udp
 from router.udp.pod_to_client import ClientReplies
-from router.udp.refusals import QuicRefusals, peer
+from router.udp.refusals import QuicRefusals, peer, quic_answer
 from router.udp.settings import UdpRouterSettings
 from router.udp.verdicts import Verdict, classify_on_flow, classify_unrouted
 
 log = logging.getLogger("router.udp_router")  # pinned: operators filter logs by this name
 
-PROTOCOL = "quic"
+PROTOCOL = ProtocolLabel.QUIC
 
 _Link = PodLink["Flow[_Link]"]
 """A flow's pod link; the flow table keeps it as the flow's handle."""
-
-
-class _Endpoint(asyncio.DatagramProtocol):
-    """A socket of the router; while its send buffer is over the high-water mark, UDP drops."""
-
-    def __init__(self, router: UdpRouter) -> None:
-        self.router = router
-        self.paused = False
-
-    def pause_writing(self) -> None:
-        self.paused = True
-
-    def resume_writing(self) -> None:
-        self.paused = False
-
-
-class _Listener(_Endpoint):
-    """The public socket: client datagrams in, pod replies out."""
-
-    def datagram_received(self, data: bytes, addr: Address) -> None:
-        self.router._from_client(data, addr)
-
-    def error_received(self, exc: Exception) -> None:
-        log.debug("quic listener socket error: %s", exc)
 
 
 class UdpRouter:
@@ -91,12 +64,12 @@ class UdpRouter:
         self._template = template
         self._snapshot = snapshot
         self._metrics = metrics
-        self._table: UdpFlowTable[InitialSniffer, _Link] = UdpFlowTable(settings.flow_limits())
+        self._series = ProtocolSeries(metrics, PROTOCOL)
+        self._table: UdpFlowTable[InitialSniffer, _Link] = UdpFlowTable(settings.limits)
         self._refusals = QuicRefusals(self._table, metrics, settings.reject_budget_bytes_per_s, self._send)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._clock: Callable[[], float] = time.monotonic
         """The loop's clock once started (bound once: the per-datagram path reads it)."""
-        self._listener: _Listener | None = None
         self._transport: asyncio.DatagramTransport | None = None
         self._accepting = True
         self._sweeper: asyncio.Task[None] | None = None
@@ -104,24 +77,15 @@ class UdpRouter:
         self._empty = asyncio.Event()
         self._empty.set()
         self._replies = ClientReplies(self._learn_from_pod, self._flow_failed, self._now)
-        self._outboxes: list[_Link] = []
-        """Links with client datagrams to send once this loop iteration's reads are done."""
-        self._outboxes_scheduled = False
-        self._client_bytes = 0  # batched into relayed_bytes at each sweep
+        self._outboxes: Outboxes[Flow[_Link]] = Outboxes(self._call_soon)
 
     # -- lifecycle ------------------------------------------------------------------------
     async def start(self, host: str, port: int, *, reuse_port: bool = False) -> tuple[str, int]:
         """Bind the listener and start the sweeper; returns the bound (host, port)."""
         self._loop = loop = asyncio.get_running_loop()
         self._clock = loop.time
-        transport, listener = await loop.create_datagram_endpoint(
-            lambda: _Listener(self), local_addr=(host, port), reuse_port=reuse_port or None
-        )
-        self._transport, self._listener = transport, listener
-        sock = transport.get_extra_info("socket")
-        for option in (socket.SO_RCVBUF, socket.SO_SNDBUF):
-            with contextlib.suppress(OSError):  # best effort: the kernel clamps or refuses
-                sock.setsockopt(socket.SOL_SOCKET, option, c.QUIC_SOCKET_BUFFER_BYTES)
+        transport, listener = await open_listener(host, port, reuse_port, self)
+        self._transport = transport
         self._replies.attach(transport, listener)
         self._sweeper = loop.create_task(self._sweep_forever(), name="quic-flow-sweeper")
         sockname = transport.get_extra_info("sockname")
@@ -184,28 +148,15 @@ class UdpRouter:
             self._to_pod(flow, data, now)
 
     def _to_pod(self, flow: Flow[_Link], data: bytes, now: float) -> None:
-        """Into the flow's outbox; every outbox touched in this loop iteration is sent right after
-        its I/O callbacks (``_send_outboxes``), a full one at once."""
+        """Into the flow's outbox, sent with every outbox touched in this loop iteration."""
         flow.last_active = flow.client_seen_at = now
         link = flow.handle
-        if link.sock is None:
-            return
-        outbox = link.outbox
-        outbox.append(data)
-        if len(outbox) == 1:
-            self._outboxes.append(link)
-            if not self._outboxes_scheduled:
-                self._outboxes_scheduled = True
-                assert self._loop is not None
-                self._loop.call_soon(self._send_outboxes)
-        elif len(outbox) >= c.QUIC_OUTBOX_DATAGRAMS:
-            self._client_bytes += link.flush()
+        if link.sock is not None:
+            self._outboxes.add(link, data)
 
-    def _send_outboxes(self) -> None:
-        self._outboxes_scheduled = False
-        links, self._outboxes = self._outboxes, []
-        for link in links:
-            self._client_bytes += link.flush()
+    def _call_soon(self, callback: Callable[[], None]) -> None:
+        assert self._loop is not None
+        self._loop.call_soon(callback)
 
     def _learn_from_pod(self, flow: Flow[_Link], datagram: bytes) -> None:
         self._table.learn_from_pod(flow, datagram, self.settings.cid_length)
@@ -222,12 +173,12 @@ class UdpRouter:
         elif verdict is Verdict.REANSWER and unrouted.rejection is not None:
             self._refusals.reanswer(unrouted.rejection, len(data), addr, now)
         elif verdict is Verdict.NEGOTIATE and header is not None:
-            self._drop("not_initial")
+            self._drop(QuicDropReason.NOT_INITIAL)
             self._refusals.negotiate_version(header.dcid, header.scid, len(data), addr, now)
         elif verdict is Verdict.OPEN and header is not None:
             self._open(header, data, addr, now)
         else:
-            self._drop(unrouted.drop_reason or "malformed")
+            self._drop(unrouted.drop_reason or QuicDropReason.MALFORMED)
 
     def _from_flow_address(self, flow: Flow[_Link], data: bytes, addr: Address, now: float) -> None:
         """A long header from a flow's address: the flow's, or another connection's Initial."""
@@ -242,13 +193,13 @@ class UdpRouter:
         elif verdict is Verdict.OPEN and header is not None:
             self._open(header, data, addr, now, contending=True)
         else:
-            self._drop(unrouted.drop_reason or "malformed")
+            self._drop(unrouted.drop_reason or QuicDropReason.MALFORMED)
 
     def _join(self, flow: Flow[_Link], data: bytes, addr: Address, now: float) -> None:
         """A known pod CID from a new address: NAT rebinding or migration; follow the client."""
         old = flow.address
         if not self._table.migrate(flow, addr):
-            self._drop("not_initial")
+            self._drop(QuicDropReason.NOT_INITIAL)
             return
         log.debug("quic flow to %s moved from %s to %s", flow.pod_name, peer(old), peer(addr))
         self._to_pod(flow, data, now)
@@ -256,14 +207,14 @@ class UdpRouter:
     def _open(self, header: LongHeader, data: bytes, addr: Address, now: float, contending: bool = False) -> None:
         if not self._accepting:
             self._refusals.refuse(addr, header.version, header.dcid, header.scid, len(data), now,
-                                  None, "target_unavailable", c.REASON_TARGET_NOT_READY)
+                                  None, Refusal.TARGET_UNAVAILABLE)
             return
         evicted = self._table.make_room()
         if evicted is not None:
             self._evict(evicted)
         sniffer = InitialSniffer(self.settings.max_crypto_bytes)
         opened = self._table.open_pending(addr, sniffer, now, dcid=header.dcid, contending=contending)
-        if isinstance(opened, str):
+        if isinstance(opened, QuicDropReason):
             self._drop(opened)
             return
         self._metrics.pending_flows.set(self._table.pending_count)
@@ -272,7 +223,7 @@ class UdpRouter:
     def _feed(self, pending: PendingFlow[InitialSniffer], data: bytes, now: float) -> None:
         """One more datagram of a pending flow: buffer it and look for the ClientHello."""
         if not self._table.can_buffer(pending, len(data)):
-            self._drop("pending_full")
+            self._drop(QuicDropReason.PENDING_FULL)
             if not pending.datagrams:  # opened by this very datagram: hold no slot for nothing
                 self._discard(pending)
             return
@@ -283,7 +234,7 @@ class UdpRouter:
             info = pending.sniffer.feed(data)
         except QuicPacketError as exc:
             log.debug("quic Initial from %s unusable: %s", peer(pending.address), exc)
-            self._drop("malformed", 1 + len(pending.datagrams))
+            self._drop(QuicDropReason.MALFORMED, 1 + len(pending.datagrams))
             self._discard(pending)
             return
         self._table.buffer(pending, data)
@@ -292,33 +243,28 @@ class UdpRouter:
 
     # -- decisions ------------------------------------------------------------------------
     def _route(self, pending: PendingFlow[InitialSniffer], info: ClientHelloInfo, now: float) -> None:
-        self._metrics.decision_latency.labels(protocol=PROTOCOL).observe(now - pending.created_at)
-        hostname = info.server_name
-        pod_name = self._template.pod_name_for(hostname) if hostname else None
-        target = self._snapshot().get(pod_name) if pod_name is not None else None
-        routable = target is not None and 0 < target.quic_port < 65536
+        self._series.decision.observe(now - pending.created_at)
+        hostname = info.server_name or None  # an empty SNI is a missing one
+        # QUIC carries no request path, so no round-robin either.
+        decision = route(hostname, None, self._snapshot(), self._template, None, port_of=_quic_port)
         old = self._table.flow(pending.address)
         if old is not None:  # a contender: a new connection from an established flow's address
-            decision = self._table.contend(old, pod_name if routable else None, now)
-            if decision is Contention.SHARE:
+            named = decision.pod_name if isinstance(decision, Target) else None
+            contention = self._table.contend(old, named, now)
+            if contention is Contention.SHARE:
                 self._share(pending, old, now)
                 return
-            if decision is Contention.REFUSE:
-                self._refuse_pending(pending, hostname, "target_unavailable", c.REASON_ADDRESS_IN_USE, now)
+            if contention is Contention.REFUSE:
+                self._refuse_pending(pending, hostname, Refusal.ADDRESS_IN_USE, now)
                 return
             log.debug("quic flow %s -> %s retired: a new connection took its address",
                       peer(old.address), old.pod_name)
             if self._table.remove(old):
-                self._finish(old, "completed")
-        if not hostname:
-            self._refuse_pending(pending, None, "missing_sni", c.REASON_MISSING_SNI, now)
+                self._finish(old, QuicOutcome.COMPLETED)
+        if isinstance(decision, Refused):
+            self._refuse_pending(pending, hostname, decision.refusal, now)
             return
-        if pod_name is None:
-            self._refuse_pending(pending, hostname, "unknown_sni", c.REASON_UNKNOWN_SNI, now)
-            return
-        if target is None or not routable:
-            self._refuse_pending(pending, hostname, "target_unavailable", c.REASON_TARGET_NOT_READY, now)
-            return
+        target = decision
         pending.decided = True
         assert self._loop is not None
         task = self._loop.create_task(self._dial(pending, target, hostname))
@@ -329,12 +275,12 @@ class UdpRouter:
         """A contender naming the flow's own pod: its datagrams go through the flow's socket."""
         self._table.share(pending, flow)
         self._metrics.pending_flows.set(self._table.pending_count)
-        self._metrics.quic_outcome("accepted")
+        self._metrics.quic_outcome(QuicOutcome.ACCEPTED)
         for datagram in pending.datagrams:
             self._to_pod(flow, datagram, now)
         pending.datagrams.clear()
 
-    async def _dial(self, pending: PendingFlow[InitialSniffer], target: Target, hostname: str) -> None:
+    async def _dial(self, pending: PendingFlow[InitialSniffer], target: Target, hostname: str | None) -> None:
         """Open the flow's socket to the pod, then flush the buffered datagrams in order."""
         assert self._loop is not None
         started = self._now()
@@ -344,11 +290,10 @@ class UdpRouter:
         except OSError as exc:
             self._refusals.log.info("quic dial to %s for %s failed: %s", target.quic_endpoint,
                                     peer(pending.address), exc)
-            self._refuse_pending(pending, hostname, "target_unavailable", c.REASON_TARGET_NOT_READY,
-                                 self._now())
+            self._refuse_pending(pending, hostname, Refusal.DIAL_FAILED, self._now())
             return
         now = self._now()
-        self._metrics.dial_latency.labels(protocol=PROTOCOL).observe(now - started)
+        self._series.dial.observe(now - started)
         if self._table.pending(pending.address) is not pending:  # expired or closed meanwhile
             sock.close()
             return
@@ -357,24 +302,23 @@ class UdpRouter:
         link.flow = flow
         self._loop.add_reader(sock.fileno(), self._replies.readable, link)
         self._metrics.pending_flows.set(self._table.pending_count)
-        self._metrics.quic_outcome("accepted")
-        self._metrics.active_connections.labels(protocol=PROTOCOL).inc()
+        self._metrics.quic_outcome(QuicOutcome.ACCEPTED)
+        self._series.active.inc()
         log.debug("quic flow %s -> %s (%s)", peer(flow.address), target.quic_endpoint, hostname)
         for datagram in pending.datagrams:
             self._to_pod(flow, datagram, now)
         pending.datagrams.clear()
 
     def _refuse_pending(
-        self, pending: PendingFlow[InitialSniffer], hostname: str | None, outcome: str, reason: str,
-        now: float,
+        self, pending: PendingFlow[InitialSniffer], hostname: str | None, refusal: Refusal, now: float
     ) -> None:
         sniffer = pending.sniffer
         self._discard(pending)
         if sniffer.version is None or sniffer.original_dcid is None or sniffer.client_scid is None:
-            self._metrics.quic_outcome(outcome)
+            self._metrics.quic_outcome(quic_answer(refusal)[0])
             return
         self._refusals.refuse(pending.address, sniffer.version, sniffer.original_dcid, sniffer.client_scid,
-                              pending.buffered_bytes, now, hostname, outcome, reason)
+                              pending.buffered_bytes, now, hostname, refusal)
 
     def _send(self, answer: bytes, addr: Address) -> bool:
         """Send a refusal answer through the listener (the refusals' only way out)."""
@@ -387,13 +331,13 @@ class UdpRouter:
     def _flow_failed(self, flow: Flow[_Link], exc: Exception) -> None:
         log.info("quic flow %s -> %s failed: %s", peer(flow.address), flow.pod_name, exc)
         if self._table.remove(flow):
-            self._finish(flow, "relay_error")
+            self._finish(flow, QuicOutcome.RELAY_ERROR)
 
-    def _finish(self, flow: Flow[_Link], outcome: str) -> None:
+    def _finish(self, flow: Flow[_Link], outcome: QuicOutcome) -> None:
         """Account for a flow the table no longer holds and close its socket."""
         flow.handle.close()
         self._metrics.quic_outcome(outcome)
-        self._metrics.active_connections.labels(protocol=PROTOCOL).dec()
+        self._series.active.dec()
         self._note_if_empty()
 
     def _discard(self, pending: PendingFlow[InitialSniffer]) -> None:
@@ -403,7 +347,7 @@ class UdpRouter:
 
     def _evict(self, pending: PendingFlow[InitialSniffer]) -> None:
         """The oldest pending flow made room for a new one: its datagrams count as ``pending_full``."""
-        self._drop("pending_full", max(1, len(pending.datagrams)))
+        self._drop(QuicDropReason.PENDING_FULL, max(1, len(pending.datagrams)))
         self._metrics.pending_flows.set(self._table.pending_count)
 
     def _note_if_empty(self) -> None:
@@ -415,39 +359,39 @@ class UdpRouter:
             self._discard(pending)
         for flow in self._table.flows():
             if self._table.remove(flow):
-                self._finish(flow, "completed")
+                self._finish(flow, QuicOutcome.COMPLETED)
 
-    def _drop(self, reason: str, count: int = 1) -> None:
-        self._metrics.quic_dropped.labels(reason=reason).inc(count)
+    def _drop(self, reason: QuicDropReason, count: int = 1) -> None:
+        self._metrics.quic_drop(reason, count)
 
     # -- time -----------------------------------------------------------------------------
     def sweep(self, now: float) -> None:
         """Expire pending and idle flows, flush byte counters (the sweeper calls this)."""
         expired = self._table.expire(now)
         for pending in expired.pending:
-            self._drop("pending_timeout", max(1, len(pending.datagrams)))
+            self._drop(QuicDropReason.PENDING_TIMEOUT, max(1, len(pending.datagrams)))
         if expired.pending:
             self._metrics.pending_flows.set(self._table.pending_count)
         for flow in expired.flows:
-            self._finish(flow, "completed")
+            self._finish(flow, QuicOutcome.COMPLETED)
         self._note_if_empty()
         self._flush_byte_counters()
 
     async def _sweep_forever(self) -> None:
         s = self.settings
-        interval = min(s.sweep_interval_s, s.relay_idle_timeout_s / 4, s.pending_flow_timeout_s / 4)
+        interval = min(s.sweep_interval_s, s.limits.idle_timeout_s / 4, s.limits.pending_flow_timeout_s / 4)
         while True:
             await asyncio.sleep(interval)
             self.sweep(self._now())
 
     def _flush_byte_counters(self) -> None:
-        if self._client_bytes:
-            self._metrics.relayed_bytes.labels(protocol=PROTOCOL, direction="client_to_pod").inc(
-                self._client_bytes
-            )
-            self._client_bytes = 0
+        if self._outboxes.sent_bytes:
+            self._series.up.inc(self._outboxes.sent_bytes)
+            self._outboxes.sent_bytes = 0
         if self._replies.sent_bytes:
-            self._metrics.relayed_bytes.labels(protocol=PROTOCOL, direction="pod_to_client").inc(
-                self._replies.sent_bytes
-            )
+            self._series.down.inc(self._replies.sent_bytes)
             self._replies.sent_bytes = 0
+
+
+def _quic_port(target: Target) -> int:
+    return target.quic_port

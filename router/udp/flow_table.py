@@ -2,7 +2,7 @@
 
 Sans-IO on purpose: no sockets, no clock. Every method that depends on time takes ``now``
 (seconds, any monotonic origin), so bounds and expiry are tested on plain values. The
-asyncio edge (``router/udp_router.py``) owns the sockets and keeps an opaque ``handle`` per
+asyncio edge (``edge``) owns the sockets and keeps an opaque ``handle`` per
 flow (its pod-side transport) and an opaque ``sniffer`` per pending flow.
 
 A flow is keyed by the client address. NAT rebinding and connection migration change that
@@ -34,6 +34,7 @@ from quic.packet import (
     short_header_dcid,
 )
 from router import constants as c
+from router.outcomes import QuicDropReason
 
 Address = tuple[Any, ...]
 """A socket address as asyncio reports it: ``(host, port)`` or ``(host, port, flow, scope)``."""
@@ -171,15 +172,15 @@ class UdpFlowTable(Generic[S, H]):
     # -- pending flows ------------------------------------------------------------------
     def open_pending(
         self, address: Address, sniffer: S, now: float, *, dcid: bytes = b"", contending: bool = False
-    ) -> PendingFlow[S] | str:
+    ) -> PendingFlow[S] | QuicDropReason:
         """Start buffering for a new address (or, ``contending``, a new connection from an
         established flow's address), or say (a drop reason) why not."""
         if address in self._pending or (address in self._flows and not contending):
             raise FlowTableError(f"address {address!r} already has a flow")
         if len(self._flows) + len(self._pending) >= self.limits.max_flows:
-            return "flow_table_full"
+            return QuicDropReason.FLOW_TABLE_FULL
         if len(self._pending) >= self.limits.max_pending_flows:
-            return "pending_full"
+            return QuicDropReason.PENDING_FULL
         pending = PendingFlow(address, now, sniffer, dcid=dcid)
         self._pending[address] = pending
         return pending

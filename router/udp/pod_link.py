@@ -3,9 +3,9 @@
 The listener stays on uvloop's C receive path (``DatagramProtocol``), which hands the router up
 to a few dozen datagrams per readiness event. Instead of one ``send`` per datagram, a flow's
 link collects what arrives in one loop iteration (its *outbox*, at most
-``QUIC_OUTBOX_DATAGRAMS``) and the router flushes every touched link once, right after the
+``QUIC_OUTBOX_DATAGRAMS``) and ``Outboxes`` flushes every touched link once, right after the
 I/O callbacks of that iteration: equal-sized runs go out in one ``UDP_SEGMENT`` ``sendmsg``
-(``router/udp_batching.py``). Every datagram reaches the pod unchanged and in order; the
+(``batching``). Every datagram reaches the pod unchanged and in order; the
 wait is within the same loop iteration, so no timer and no added round trip.
 
 The pod side of the socket (replies, errors) is read by the router, which owns the listener.
@@ -19,6 +19,7 @@ import socket
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
+from router import constants as c
 from router.udp.batching import enable_gro, path_segment_limit, send_datagrams
 
 F = TypeVar("F")
@@ -69,6 +70,41 @@ class PodLink(Generic[F]):
                 self.loop.remove_reader(self.sock.fileno())
             self.sock.close()
             self.sock = None
+
+
+class Outboxes(Generic[F]):
+    """The links with client datagrams to send once this loop iteration's reads are done.
+
+    A link's first datagram of the iteration schedules one send of every touched link right
+    after the I/O callbacks (``schedule`` is the loop's ``call_soon``); a full outbox
+    (``QUIC_OUTBOX_DATAGRAMS``) is sent at once.
+    """
+
+    __slots__ = ("_links", "_schedule", "_scheduled", "sent_bytes")
+
+    def __init__(self, schedule: Callable[[Callable[[], None]], object]) -> None:
+        self._schedule = schedule
+        self._links: list[PodLink[F]] = []
+        self._scheduled = False
+        self.sent_bytes = 0
+        """Bytes sent to pods since the owner last took them (for ``relayed_bytes``)."""
+
+    def add(self, link: PodLink[F], datagram: bytes) -> None:
+        outbox = link.outbox
+        outbox.append(datagram)
+        if len(outbox) == 1:
+            self._links.append(link)
+            if not self._scheduled:
+                self._scheduled = True
+                self._schedule(self._send)
+        elif len(outbox) >= c.QUIC_OUTBOX_DATAGRAMS:
+            self.sent_bytes += link.flush()
+
+    def _send(self) -> None:
+        self._scheduled = False
+        links, self._links = self._links, []
+        for link in links:
+            self.sent_bytes += link.flush()
 
 
 def connect_udp(address: str, port: int) -> socket.socket:

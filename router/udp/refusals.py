@@ -13,20 +13,29 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from discovery.targets import host_port
 from quic.packet import QuicErrorCode, QuicPacketError
 from quic.server_packets import build_initial_close, build_version_negotiation
 from router.log_limiter import RateLimitedLog
 from router.metrics import RouterMetrics
+from router.outcomes import QuicDropReason, QuicOutcome
+from router.routing import REFUSAL_ANSWERS, Refusal
 from router.udp.flow_table import Address, ByteBudget, Rejection, UdpFlowTable
 
 log = logging.getLogger("router.udp_router")
 """The router's logger: refusal lines keep the name operators filter on."""
 
 
+def quic_answer(refusal: Refusal) -> tuple[QuicOutcome, str]:
+    """The outcome a refused QUIC attempt counts as and its CONNECTION_CLOSE reason phrase."""
+    answer = REFUSAL_ANSWERS[refusal]
+    assert answer.quic_outcome is not None and answer.quic_reason is not None, f"{refusal} is not a QUIC refusal"
+    return answer.quic_outcome, answer.quic_reason
+
+
 def peer(addr: Address) -> str:
     """``host:port``, IPv6 hosts bracketed."""
-    host, port = addr[0], addr[1]
-    return f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
+    return host_port(str(addr[0]), int(addr[1]))
 
 
 class QuicRefusals:
@@ -47,26 +56,27 @@ class QuicRefusals:
 
     def refuse(
         self, addr: Address, version: int, dcid: bytes, scid: bytes, received: int, now: float,
-        hostname: str | None, outcome: str, reason: str,
+        hostname: str | None, refusal: Refusal,
     ) -> None:
         """Count, log, remember and answer a refused attempt (``received``: bytes it sent)."""
+        outcome, reason = quic_answer(refusal)
         self._metrics.quic_outcome(outcome)
         self.log.info("quic flow refused: hostname=%r peer=%s outcome=%s", hostname, peer(addr), outcome)
         try:
             answer = build_initial_close(version, dcid, scid, reason, QuicErrorCode.CONNECTION_REFUSED)
         except QuicPacketError:  # CIDs no close can be built for: nothing to answer
-            self._drop("malformed")
+            self._metrics.quic_drop(QuicDropReason.MALFORMED)
             return
         self._table.remember_rejection(addr, dcid, answer, now)
         if not self.answer(answer, received, addr, now):
-            self._drop("rate_limited")
+            self._metrics.quic_drop(QuicDropReason.RATE_LIMITED)
 
     def reanswer(self, rejection: Rejection, received: int, addr: Address, now: float) -> None:
         """A retransmit of a refused attempt: answer again while its answers last, else drop."""
         if rejection.answers_left > 0 and self.answer(rejection.answer, received, addr, now):
             rejection.answers_left -= 1
         else:
-            self._drop("rate_limited")
+            self._metrics.quic_drop(QuicDropReason.RATE_LIMITED)
 
     def negotiate_version(self, dcid: bytes, scid: bytes, received: int, addr: Address, now: float) -> None:
         try:
@@ -80,6 +90,3 @@ class QuicRefusals:
         if len(answer) > received or not self._budget.take(len(answer), now):
             return False
         return self._send(answer, addr)
-
-    def _drop(self, reason: str) -> None:
-        self._metrics.quic_dropped.labels(reason=reason).inc()

@@ -1,6 +1,6 @@
 """What the QUIC edge does with a datagram that no routed flow simply takes.
 
-Pure verdicts over the flow table (``router/udp_flows.py``) and the datagram's bytes:
+Pure verdicts over the flow table (``flow_table``) and the datagram's bytes:
 ``classify_unrouted`` for an address with no flow (open a pending flow, join a migrated flow,
 answer Version Negotiation, re-answer a refusal, or drop, with the reason counted), and
 ``classify_on_flow`` for a long header from an established flow's address (forward it, or
@@ -23,6 +23,7 @@ from quic.packet import (
     QuicPacketError,
     parse_long_header,
 )
+from router.outcomes import QuicDropReason
 from router.udp.flow_table import Address, Flow, Rejection, UdpFlowTable
 
 S = TypeVar("S")
@@ -53,7 +54,7 @@ class Unrouted(Generic[H]):
     """The verdict on one unrouted datagram, with what the edge needs to carry it out."""
 
     verdict: Verdict
-    drop_reason: str = ""
+    drop_reason: QuicDropReason | None = None
     flow: Flow[H] | None = None
     header: LongHeader | None = None
     rejection: Rejection | None = None
@@ -68,14 +69,14 @@ def classify_unrouted(
     a pending flow (RFC 9000 14.1), so short or non-Initial datagrams are never buffered.
     """
     if not datagram:
-        return Unrouted(Verdict.DROP, "malformed")
+        return Unrouted(Verdict.DROP, QuicDropReason.MALFORMED)
     if not datagram[0] & 0x80:
         flow = table.flow_for_short_header(datagram, cid_length)
-        return Unrouted(Verdict.JOIN, flow=flow) if flow else Unrouted(Verdict.DROP, "not_initial")
+        return Unrouted(Verdict.JOIN, flow=flow) if flow else Unrouted(Verdict.DROP, QuicDropReason.NOT_INITIAL)
     try:
         header = parse_long_header(datagram)
     except QuicPacketError:
-        return Unrouted(Verdict.DROP, "malformed")
+        return Unrouted(Verdict.DROP, QuicDropReason.MALFORMED)
     flow = table.flow_for_cid(header.dcid) if header.dcid else None
     if flow is not None:
         return Unrouted(Verdict.JOIN, flow=flow)
@@ -83,15 +84,15 @@ def classify_unrouted(
     if header.version not in SUPPORTED_VERSIONS:
         # RFC 9000 6.1: never answer a VN, nor a datagram too small to start a connection.
         if header.version == QUIC_VERSION_NEGOTIATION or not big_enough:
-            return Unrouted(Verdict.DROP, "not_initial")
+            return Unrouted(Verdict.DROP, QuicDropReason.NOT_INITIAL)
         return Unrouted(Verdict.NEGOTIATE, header=header)
     if header.packet_type is not PacketType.INITIAL:
-        return Unrouted(Verdict.DROP, "not_initial")
+        return Unrouted(Verdict.DROP, QuicDropReason.NOT_INITIAL)
     rejection = table.rejection(address, header.dcid, now)
     if rejection is not None:
         return Unrouted(Verdict.REANSWER, header=header, rejection=rejection)
     if not big_enough:
-        return Unrouted(Verdict.DROP, "short_initial")
+        return Unrouted(Verdict.DROP, QuicDropReason.SHORT_INITIAL)
     return Unrouted(Verdict.OPEN, header=header)
 
 
@@ -123,5 +124,5 @@ def classify_on_flow(
     if rejection is not None:
         return Unrouted(Verdict.REANSWER, header=header, rejection=rejection)
     if contender is not None:
-        return Unrouted(Verdict.DROP, "pending_full")
+        return Unrouted(Verdict.DROP, QuicDropReason.PENDING_FULL)
     return Unrouted(Verdict.OPEN, header=header)

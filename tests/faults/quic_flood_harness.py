@@ -24,6 +24,7 @@ from router import constants as c
 from router.demo.pki import DemoPki
 from router.demo.quic_pods import WHOAMI, bound_port, client_configuration, request, start_quic_pod
 from router.metrics import RouterMetrics
+from router.outcomes import QuicDropReason
 from router.udp.edge import UdpRouter
 from tests.faults.quic_flood_forge import PENDING_KINDS, REFUSED_KINDS, FloodForge
 from tests.faults.router_probes import rss_kib
@@ -248,7 +249,7 @@ class Legit:
 def dropped_counts(metrics: RouterMetrics) -> dict[str, float]:
     """``quic_dropped_datagrams_total`` by reason, 0 for a reason never counted."""
     name = f"{c.QUIC_DROPPED_DATAGRAMS_TOTAL}_total"
-    return {r: metrics.registry.get_sample_value(name, {"reason": r}) or 0.0 for r in c.QUIC_DROP_REASONS}
+    return {r: metrics.registry.get_sample_value(name, {"reason": r}) or 0.0 for r in QuicDropReason}
 
 
 async def send_flood(

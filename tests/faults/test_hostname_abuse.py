@@ -24,7 +24,8 @@ import pytest
 
 from router import constants as c
 from router.demo.grpc_pods import WHOAMI
-from router.tcp.tls_peek import tls_alert
+from router.tcp.grpc_rejection import GrpcStatus
+from router.tcp.tls_peek import TlsAlert, tls_alert
 from tests.faults.router_probes import moved, outcome_counts
 from tests.faults.tcp_peers import CountingPod, read_to_eof
 from tests.support.router_process import RouterProcess, router_args, write_endpoints
@@ -49,12 +50,12 @@ UNAVAILABLE = "target_unavailable"
 MISSING = "missing_authority"
 MALFORMED = "protocol_error"
 
-GRPC_STATUS = {REJECTED: c.GRPC_STATUS_INVALID_ARGUMENT, MISSING: c.GRPC_STATUS_INVALID_ARGUMENT,
-               UNAVAILABLE: c.GRPC_STATUS_UNAVAILABLE}
+GRPC_STATUS = {REJECTED: GrpcStatus.INVALID_ARGUMENT, MISSING: GrpcStatus.INVALID_ARGUMENT,
+               UNAVAILABLE: GrpcStatus.UNAVAILABLE}
 """The gRPC status an h2c client gets per outcome (a malformed stream is closed unanswered)."""
 
-TLS_ALERT = {REJECTED: c.TLS_ALERT_UNRECOGNIZED_NAME, MISSING: c.TLS_ALERT_UNRECOGNIZED_NAME,
-             UNAVAILABLE: c.TLS_ALERT_INTERNAL_ERROR, MALFORMED: c.TLS_ALERT_DECODE_ERROR}
+TLS_ALERT = {REJECTED: TlsAlert.UNRECOGNIZED_NAME, MISSING: TlsAlert.UNRECOGNIZED_NAME,
+             UNAVAILABLE: TlsAlert.INTERNAL_ERROR, MALFORMED: TlsAlert.DECODE_ERROR}
 """The fatal alert a TLS client gets per outcome."""
 
 HOSTILE_NAMES: list[tuple[str, bytes, str]] = [

@@ -42,7 +42,9 @@ from router.demo.pki import DemoPki
 from router.demo.quic_pods import WHOAMI, client_configuration, request
 from router.hostname import HostnameTemplate
 from router.metrics import RouterMetrics
+from router.outcomes import QuicDropReason
 from router.udp.edge import UdpRouter
+from router.udp.flow_table import FlowLimits
 from router.udp.settings import UdpRouterSettings
 from tests.faults.quic_flood_forge import SNI_UNKNOWN, FloodForge, check_replies, first_hello
 from tests.faults.quic_flood_harness import (
@@ -78,7 +80,7 @@ async def _flood_in_process(
     drains quickly; ``overrides`` change more) while real handshakes run; check and print."""
     loop = asyncio.get_running_loop()
     rng = random.Random(datagrams)
-    settings = UdpRouterSettings(**{"pending_flow_timeout_s": 1.0, **overrides})
+    settings = UdpRouterSettings(limits=FlowLimits(**{"pending_flow_timeout_s": 1.0, **overrides}))
     metrics = RouterMetrics()
     async with quic_pods(pki) as targets:
         snapshot = TargetSnapshot.of(list(targets.values()))
@@ -113,7 +115,7 @@ async def _flood_in_process(
     answers_sent = len(audit.answers)
     vn_sent = sum(1 for _, _, vn in audit.answers if vn)
     largest_ratio = max((a / p for a, p, _ in audit.answers), default=0.0)
-    flow_bound = settings.max_pending_bytes_per_flow + MAX_TLS_CLIENT_HELLO_BYTES
+    flow_bound = settings.limits.max_pending_bytes_per_flow + MAX_TLS_CLIENT_HELLO_BYTES
     print(
         f"\nin-process flood: {sent} datagrams sent from {len(flood.sockets)} ports in {flood_seconds:.1f} s "
         f"({sent / flood_seconds:.0f}/s); read by the router {audit.processed}, kernel drops "
@@ -122,15 +124,15 @@ async def _flood_in_process(
         f"answers {answers_sent} "
         f"(VN {replies.vn}, CONNECTION_CLOSE {replies.closes}, at most {replies.most_answers} per attempt), "
         f"largest answer/provoking {largest_ratio:.3f}\n"
-        f"  pending flows max {audit.max_pending} (bound {settings.max_pending_flows}), "
+        f"  pending flows max {audit.max_pending} (bound {settings.limits.max_pending_flows}), "
         f"per flow max {audit.max_flow_bytes} B (bound {flow_bound}), all pending max {audit.max_pending_bytes} B"
     )
     assert legit.total >= min_handshakes
     if legit_floor is not None:
         assert legit.ok >= legit_floor * legit.total, legit.failed[:5]
-    assert audit.max_pending <= settings.max_pending_flows
+    assert audit.max_pending <= settings.limits.max_pending_flows
     assert audit.max_flow_bytes <= flow_bound
-    assert audit.max_pending_bytes <= settings.max_pending_flows * flow_bound
+    assert audit.max_pending_bytes <= settings.limits.max_pending_flows * flow_bound
     assert audit.orphans == 0 and all(a <= p for a, p, _ in audit.answers)
     assert replies.violations == []
     assert replies.vn + replies.closes == len(flood.all_replies())
@@ -201,7 +203,8 @@ async def test_pending_memory_per_address_is_bounded() -> None:
     per-flow budget) whose CRYPTO pieces spread over the whole ClientHello range, never complete."""
     metrics = RouterMetrics()
     template = HostnameTemplate.parse(c.DEFAULT_ADVERTISED_HOSTNAME_TEMPLATE, "default")
-    router = UdpRouter(UdpRouterSettings(pending_flow_timeout_s=60.0), template, TargetSnapshot, metrics)
+    settings = UdpRouterSettings(limits=FlowLimits(pending_flow_timeout_s=60.0))
+    router = UdpRouter(settings, template, TargetSnapshot, metrics)
     _, port = await router.start(ROUTER_HOST, 0)
     loop = asyncio.get_running_loop()
     flood = FloodSockets(loop)
@@ -298,7 +301,7 @@ async def _flood_router_process(
                 await sampler
                 assert await asyncio.to_thread(proc.metric, c.PENDING_FLOWS) == 0
                 drops = {r: await asyncio.to_thread(
-                    proc.metric, f"{c.QUIC_DROPPED_DATAGRAMS_TOTAL}_total", reason=r) for r in c.QUIC_DROP_REASONS}
+                    proc.metric, f"{c.QUIC_DROPPED_DATAGRAMS_TOTAL}_total", reason=r) for r in QuicDropReason}
                 listener_drops = kernel_drops({(ROUTER_HOST, port)})
                 flood_drops = kernel_drops(flood.addresses)
                 replies = check_replies(flood.all_replies(), forge)

@@ -26,7 +26,8 @@ import pytest
 
 from router import constants as c
 from router.demo.grpc_pods import RunningPod, start_pod
-from router.tcp.tls_peek import tls_alert
+from router.tcp.grpc_rejection import GrpcStatus
+from router.tcp.tls_peek import TlsAlert, tls_alert
 from tests.faults.router_probes import (
     WhoAmIProbe,
     cpu_seconds,
@@ -271,7 +272,7 @@ def test_unreachable_pod_is_unavailable_within_the_connect_timeout(tmp_path: Pat
             assert answer == "UNAVAILABLE"
             assert elapsed < CONNECT_TIMEOUT_MS / 1000 + PROMPTLY_S
             alert, tls_elapsed = _tls_status(router, "stargate-0")
-            assert alert == tls_alert(c.TLS_ALERT_INTERNAL_ERROR)
+            assert alert == tls_alert(TlsAlert.INTERNAL_ERROR)
             assert tls_elapsed < CONNECT_TIMEOUT_MS / 1000 + PROMPTLY_S
             print(f"\n{fault}: h2c UNAVAILABLE after {elapsed:.3f}s, TLS internal_error after {tls_elapsed:.3f}s")
             assert outcome_count(router, "h2c", "connect_error") == 1
@@ -440,11 +441,11 @@ async def _churn_one(port: int, kind: str, payload: bytes) -> bool:
             return await reader.read() == hello + payload
         if kind == "unknown-sni":
             writer.write(client_hello([sni_extension(b"nobody.example.org")]))
-            return await reader.read() == tls_alert(c.TLS_ALERT_UNRECOGNIZED_NAME)
+            return await reader.read() == tls_alert(TlsAlert.UNRECOGNIZED_NAME)
         if kind == "h2c-unknown":
             conn, request = h2c_grpc_request("nobody.example.org")
             writer.write(request)
-            return grpc_status_of(conn, await reader.read()) == str(c.GRPC_STATUS_INVALID_ARGUMENT)
+            return grpc_status_of(conn, await reader.read()) == str(GrpcStatus.INVALID_ARGUMENT)
         writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")  # garbage: closed, nothing answered
         return await reader.read() == b""
     finally:

@@ -11,7 +11,9 @@ from typing import Any
 import hpack
 
 from router import constants as c
-from router.tcp.h2c_peek import H2PeekError, H2RequestReader, SettingsAckStripper
+from router.tcp.h2_frames import H2PeekError
+from router.tcp.h2c_peek import H2RequestReader
+from router.tcp.settings_ack import SettingsAckStripper
 from tests.fuzz.target import TEMPLATE, FuzzTarget, check, feed_all, pieces, tweak
 from tests.support.h2 import frame, split_frames
 

@@ -16,6 +16,7 @@ from quic.initial_sniffer import InitialSniffer
 from quic.packet import QUIC_V1, QUIC_V2, QuicPacketError, encode_varint
 from router.metrics import RouterMetrics
 from router.udp.edge import UdpRouter
+from router.udp.flow_table import FlowLimits
 from router.udp.settings import UdpRouterSettings
 from tests.fuzz.seed_flights import first_flight, quic_hellos
 from tests.fuzz.target import SEPARATOR, TEMPLATE, FuzzTarget, check
@@ -115,7 +116,8 @@ class _AnswerSink:
 @functools.cache
 def _router() -> tuple[UdpRouter, _Clock, _AnswerSink]:
     snapshot = TargetSnapshot.of([Target("stargate-0", "127.0.0.1", 1, 9)])
-    router = UdpRouter(UdpRouterSettings(max_pending_flows=8), TEMPLATE, lambda: snapshot, RouterMetrics())
+    settings = UdpRouterSettings(limits=FlowLimits(max_pending_flows=8))
+    router = UdpRouter(settings, TEMPLATE, lambda: snapshot, RouterMetrics())
     clock, sink = _Clock(), _AnswerSink()
     router._loop = clock  # type: ignore[assignment]
     router._transport = sink  # type: ignore[assignment]
@@ -126,7 +128,7 @@ def run_udp_router(data: bytes) -> str:
     """Datagrams from client addresses into a socket-less UdpRouter: nothing may raise,
     no answer may exceed the datagram that provoked it, pending flows stay bounded."""
     router, clock, sink = _router()
-    router._table = type(router._table)(router.settings.flow_limits())
+    router._table = type(router._table)(router.settings.limits)
     router._dials.clear()
     port = 40000
     for datagram in data.split(SEPARATOR)[:MAX_DATAGRAMS]:
@@ -137,7 +139,7 @@ def run_udp_router(data: bytes) -> str:
         sink.provoking = len(datagram)
         router._from_client(datagram, ("127.0.0.9", port))
         router.sweep(clock.now)
-        check(router.pending_flows <= router.settings.max_pending_flows, "pending flows over the bound")
+        check(router.pending_flows <= router.settings.limits.max_pending_flows, "pending flows over the bound")
     return f"pending-{router.pending_flows}"
 
 

@@ -1,8 +1,6 @@
-"""h2c peek against real client bytes from the ``h2`` library; ACK stripping; gRPC rejections."""
+"""h2c peek against real client bytes from the ``h2`` library."""
 
 from __future__ import annotations
-
-import urllib.parse
 
 import h2.config
 import h2.connection
@@ -13,17 +11,9 @@ from hyperframe.frame import HeadersFrame, SettingsFrame
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from router.constants import GRPC_STATUS_INVALID_ARGUMENT, H2_PREFACE, MAX_PEEK_BYTES
-from router.tcp.h2c_peek import (
-    EMPTY_SETTINGS_FRAME,
-    H2PeekError,
-    H2Request,
-    H2RequestReader,
-    SettingsAckStripper,
-    grpc_rejection,
-    looks_like_h2c,
-    percent_encode_grpc_message,
-)
+from router.constants import H2_PREFACE, MAX_PEEK_BYTES
+from router.tcp.h2_frames import H2PeekError
+from router.tcp.h2c_peek import H2Request, H2RequestReader, looks_like_h2c
 from tests.support.h2 import frame as _frame
 
 AUTHORITY = "stargate-0.stargate.external:50071"
@@ -210,118 +200,6 @@ def test_looks_like_h2c(data: bytes, expected: bool) -> None:
     assert looks_like_h2c(data) is expected
 
 
-# --- SettingsAckStripper -------------------------------------------------------
-
-
-def _strip(stripper: SettingsAckStripper, data: bytes, chunk: int) -> bytes:
-    return b"".join(stripper.feed(data[i : i + chunk]) for i in range(0, len(data), chunk))
-
-
-def _acking_client_stream() -> tuple[h2.connection.H2Connection, bytes, bytes]:
-    """A grpcio-like exchange: the client acks the router's SETTINGS, then sends a request.
-
-    Returns the client, the whole client stream, and that stream without the ACK.
-    """
-    conn = client()
-    before = conn.data_to_send()
-    conn.receive_data(EMPTY_SETTINGS_FRAME)
-    ack = conn.data_to_send()
-    assert ack == SETTINGS_ACK
-    conn.send_headers(1, REQUEST)
-    conn.send_data(1, b"\x00\x00\x00\x00\x05hello", end_stream=True)
-    after = conn.data_to_send()
-    return conn, before + ack + after, before + after
-
-
-@pytest.mark.parametrize("chunk", [1, 2, 7, 9, 10, 100, 10_000])
-def test_stripper_removes_the_client_ack_at_any_chunking(chunk: int) -> None:
-    _, stream, expected = _acking_client_stream()
-    stripper = SettingsAckStripper()
-    assert _strip(stripper, stream, chunk) == expected
-    assert stripper.done
-
-
-def test_pod_never_sees_the_routers_ack_but_sees_its_own() -> None:
-    conn, stream, _ = _acking_client_stream()
-    stripper = SettingsAckStripper()
-    pod = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False, header_encoding="utf-8"))
-    pod.initiate_connection()
-    pod_settings = pod.data_to_send()
-    events = pod.receive_data(_strip(stripper, stream, 5))
-    assert not any(isinstance(e, h2.events.SettingsAcknowledged) for e in events)
-    request = next(e for e in events if isinstance(e, h2.events.RequestReceived))
-    assert dict(request.headers)[":authority"] == AUTHORITY
-    conn.receive_data(pod_settings)
-    later = conn.data_to_send()
-    assert stripper.feed(later) is later  # identity once done
-    events = pod.receive_data(later)
-    assert any(isinstance(e, h2.events.SettingsAcknowledged) for e in events)
-
-
-def test_stripper_only_removes_one_ack() -> None:
-    stream = H2_PREFACE + SETTINGS_ACK + SETTINGS_ACK + SETTINGS_ACK
-    assert _strip(SettingsAckStripper(), stream, 3) == H2_PREFACE + SETTINGS_ACK * 2
-
-
-def test_stripper_passes_ack_bytes_inside_payloads() -> None:
-    data_frame = _frame(0, 0, 1, SETTINGS_ACK * 3)
-    stream = H2_PREFACE + data_frame + SETTINGS_ACK
-    assert _strip(SettingsAckStripper(), stream, 4) == H2_PREFACE + data_frame
-
-
-@pytest.mark.parametrize(
-    "stream",
-    [b"GET / HTTP/1.1\r\n", H2_PREFACE + _frame(4, 1, 0, bytes(6)), H2_PREFACE + _frame(4, 1, 1)],
-)
-def test_stripper_refuses_malformed_streams(stream: bytes) -> None:
-    with pytest.raises(H2PeekError):
-        _strip(SettingsAckStripper(), stream, 1)
-
-
-# --- grpc_rejection --------------------------------------------------------------
-
-
-@pytest.mark.parametrize("message", ["unknown target authority", "ü 100% \n bad", "~" * 20_000])
-def test_h2_client_reads_the_rejection(message: str) -> None:
-    conn = client()
-    conn.send_headers(1, REQUEST)
-    conn.data_to_send()
-    rejection = grpc_rejection(1, GRPC_STATUS_INVALID_ARGUMENT, message)
-    events = conn.receive_data(EMPTY_SETTINGS_FRAME + rejection)
-    kinds = [type(e) for e in events]
-    assert h2.events.SettingsAcknowledged in kinds
-    response = next(e for e in events if isinstance(e, h2.events.ResponseReceived))
-    headers = dict(response.headers)
-    assert headers[":status"] == "200"
-    assert headers["content-type"] == "application/grpc"
-    assert headers["grpc-status"] == str(GRPC_STATUS_INVALID_ARGUMENT)
-    assert urllib.parse.unquote(headers["grpc-message"]) == message
-    assert any(isinstance(e, h2.events.StreamEnded) and e.stream_id == 1 for e in events)
-    goaway = next(e for e in events if isinstance(e, h2.events.ConnectionTerminated))
-    assert (goaway.error_code, goaway.last_stream_id) == (0, 1)
-
-
-def test_rejection_uses_continuation_for_huge_messages() -> None:
-    data = grpc_rejection(5, 14, "~" * 20_000)
-    headers_at = len(SETTINGS_ACK)
-    headers = HeadersFrame(5)
-    headers.parse_flags(data[headers_at + 4])
-    assert data[headers_at + 3] == 1 and "END_HEADERS" not in headers.flags
-    length = int.from_bytes(data[headers_at : headers_at + 3], "big")
-    continuation_at = headers_at + 9 + length
-    assert data[continuation_at + 3 : continuation_at + 9] == b"\x09\x04\x00\x00\x00\x05"
-
-
-def test_percent_encoding() -> None:
-    assert percent_encode_grpc_message("a b%c\u00fc\n") == "a b%25c%C3%BC%0A"
-
-
-@pytest.mark.parametrize(("stream_id", "status"), [(0, 3), (2**31, 3), (1, -1), (1, 17)])
-def test_rejection_argument_checks(stream_id: int, status: int) -> None:
-    with pytest.raises(ValueError):
-        grpc_rejection(stream_id, status, "x")
-
-
 # --- fuzz ----------------------------------------------------------------------------
 
 REAL = client_bytes(priority_weight=10, priority_depends_on=0)
@@ -368,21 +246,3 @@ def test_fuzz_mutated_real_client_bytes(mutations: list[tuple[int, int]]) -> Non
     for pos, value in mutations:
         data[pos] = value
     _read_all([bytes(data)])
-
-
-@settings(max_examples=300, deadline=None)
-@given(_frames, st.lists(st.integers(1, 40), min_size=1, max_size=30))
-def test_fuzz_stripper_buffers_at_most_a_partial_header(frames: bytes, cuts: list[int]) -> None:
-    stream = H2_PREFACE + frames
-    stripper = SettingsAckStripper()
-    fed = out = pos = 0
-    try:
-        for size in cuts * (len(stream) // sum(cuts) + 1):
-            chunk = stream[pos : pos + size]
-            pos += len(chunk)
-            fed += len(chunk)
-            out += len(stripper.feed(chunk))
-            held = fed - out - (9 if stripper.done else 0)
-            assert 0 <= held < 9
-    except H2PeekError:
-        pass

@@ -1,0 +1,114 @@
+"""Label values of the router's metrics and log lines, as ``StrEnum``s so mypy catches a typo.
+
+The values are the Rust router's, so dashboards and alerts keep working; ``RouterMetrics``
+creates every combination at 0 from these enums before the first connection. A member is
+its label value (``str(GrpcOutcome.ACCEPTED) == "accepted"``), in metrics and in logs alike.
+``Termination`` (who ended a connection or flow) is this router's own: the access line's key
+and the ``terminations_total`` label.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Final
+
+
+class ProtocolLabel(StrEnum):
+    """Value of the ``protocol`` label: how the client reached the pod."""
+
+    H2C = "h2c"
+    """gRPC over HTTP/2 prior knowledge, routed by ``:authority``."""
+    TLS = "tls"
+    """gRPC over TLS, routed by the ClientHello SNI (never terminated)."""
+    QUIC = "quic"
+    """The QUIC reverse tunnel over UDP, routed by the Initial's ClientHello SNI."""
+
+
+TCP_PROTOCOLS: Final = (ProtocolLabel.H2C, ProtocolLabel.TLS)
+"""The ``protocol`` values of the gRPC connection counter (the TCP edge's two)."""
+
+
+class GrpcOutcome(StrEnum):
+    """Value of ``outcome`` on the gRPC (TCP) connection counter: how one connection ended."""
+
+    ACCEPTED = "accepted"
+    MISSING_AUTHORITY = "missing_authority"
+    UNKNOWN_AUTHORITY = "unknown_authority"
+    TARGET_UNAVAILABLE = "target_unavailable"
+    CONNECT_ERROR = "connect_error"
+    PROTOCOL_ERROR = "protocol_error"
+    PEEK_TIMEOUT = "peek_timeout"
+    COMPLETED = "completed"
+    RELAY_ERROR = "relay_error"
+
+
+class QuicOutcome(StrEnum):
+    """Value of ``outcome`` on the QUIC flow counter (the Rust router's names)."""
+
+    ACCEPTED = "accepted"
+    MISSING_SNI = "missing_sni"
+    UNKNOWN_SNI = "unknown_sni"
+    TARGET_UNAVAILABLE = "target_unavailable"
+    COMPLETED = "completed"
+    RELAY_ERROR = "relay_error"
+
+
+class QuicDropReason(StrEnum):
+    """Value of ``reason`` on the dropped-datagram counter: why a datagram was not routed."""
+
+    NOT_INITIAL = "not_initial"
+    SHORT_INITIAL = "short_initial"
+    MALFORMED = "malformed"
+    PENDING_FULL = "pending_full"
+    FLOW_TABLE_FULL = "flow_table_full"
+    PENDING_TIMEOUT = "pending_timeout"
+    RATE_LIMITED = "rate_limited"
+
+
+class RelayDirection(StrEnum):
+    """Value of ``direction`` on the relayed-bytes counter."""
+
+    CLIENT_TO_POD = "client_to_pod"
+    POD_TO_CLIENT = "pod_to_client"
+
+
+class DiscoverySource(StrEnum):
+    """Value of ``source`` on the discovery metrics."""
+
+    KUBERNETES = "kubernetes"
+    FILE = "file"
+
+
+class DiscoveryResult(StrEnum):
+    """Value of ``result`` on the discovery updates counter."""
+
+    PUBLISHED = "published"
+    UNCHANGED = "unchanged"
+    ERROR = "error"
+
+
+class Termination(StrEnum):
+    """Who ended a connection or flow, and how: the ``termination`` key and metric label."""
+
+    CLIENT_CLOSE = "client_close"
+    """The client finished first (FIN), or closed before naming a host; the pod then finished too."""
+    CLIENT_RESET = "client_reset"
+    """The client's socket failed: RST, or a write to it was refused (EPIPE/ECONNRESET)."""
+    POD_CLOSE = "pod_close"
+    """The pod finished first (FIN); the client then finished too."""
+    POD_RESET = "pod_reset"
+    """The pod's socket failed: RST, or a write to it was refused."""
+    IDLE_TIMEOUT = "idle_timeout"
+    """Nothing moved either way for ``--relay-idle-timeout-ms`` (a QUIC flow's normal end)."""
+    DRAIN = "drain"
+    """Still open when the drain after SIGTERM ran out (``--drain-timeout-ms``): cut."""
+    DIAL_FAILED = "dial_failed"
+    """The pod was chosen but could not be reached (refused, timed out, no socket)."""
+    PEEK_TIMEOUT = "peek_timeout"
+    """The client did not present a hostname within ``--peek-timeout-ms``."""
+    REJECTED = "rejected"
+    """Refused before any pod was dialled: no, unknown or unroutable hostname, or unparsable bytes."""
+    FLOW_TAKEOVER = "flow_takeover"
+    """A QUIC flow whose client address a new connection (to another pod) took over."""
+    ROUTER_ERROR = "router_error"
+    """The router failed on its side (an OS error that is no peer's reset, or a bug)."""

@@ -1,0 +1,137 @@
+"""The one routing decision both edges call: a hostname names a pod, or the attempt is refused.
+
+Pure: (hostname, request path, snapshot, template, round-robin state) -> ``Target`` or
+``Refused``. The TCP edge passes the ``:authority`` or SNI and, for h2c, the first request's
+path; the QUIC edge passes the Initial's SNI and no path. How each refusal is answered in each
+protocol (outcome label, gRPC status, TLS alert, QUIC reason phrase) is the one table
+``REFUSAL_ANSWERS``, so the TCP and QUIC edges cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from types import MappingProxyType
+from typing import Final
+
+from discovery.targets import Target, TargetSnapshot
+from router import constants as c
+from router.hostname import HostnameTemplate
+from router.outcomes import GrpcOutcome, QuicOutcome
+from router.tcp.grpc_rejection import GrpcStatus
+from router.tcp.tls_peek import TlsAlert
+
+MAX_PORT: Final = 65_535
+"""A target port outside 1..65535 cannot be dialled: the pod counts as not ready."""
+
+
+class Refusal(StrEnum):
+    """Why an attempt is not routed; ``REFUSAL_ANSWERS`` says how each is answered."""
+
+    MISSING_NAME = "missing_name"
+    """No ``:authority`` / ``host`` header, or no SNI."""
+    UNKNOWN_NAME = "unknown_name"
+    """The hostname names no pod under the template."""
+    NO_READY_TARGET = "no_ready_target"
+    """A round-robin request found the snapshot empty."""
+    TARGET_UNAVAILABLE = "target_unavailable"
+    """The hostname names a pod that is not in the snapshot (or has no usable port)."""
+    DIAL_FAILED = "dial_failed"
+    """The pod was chosen but could not be reached (TCP connect, UDP socket)."""
+    MALFORMED = "malformed"
+    """The first bytes are neither a ClientHello nor an h2c request the router can read."""
+    ADDRESS_IN_USE = "address_in_use"
+    """(QUIC) a new connection from the address of a live flow to another pod."""
+
+
+@dataclass(frozen=True, slots=True)
+class RefusalAnswer:
+    """What one refusal is counted as and answered with in each protocol (None: not applicable)."""
+
+    grpc_outcome: GrpcOutcome | None
+    quic_outcome: QuicOutcome | None
+    grpc_status: GrpcStatus | None
+    """None: an h2c client is not answered (a malformed start is just closed)."""
+    tls_alert: TlsAlert | None
+    quic_reason: str | None
+
+
+_UNAVAILABLE: Final = RefusalAnswer(
+    GrpcOutcome.TARGET_UNAVAILABLE, QuicOutcome.TARGET_UNAVAILABLE,
+    GrpcStatus.UNAVAILABLE, TlsAlert.INTERNAL_ERROR, c.REASON_TARGET_NOT_READY,
+)
+
+REFUSAL_ANSWERS: Final[Mapping[Refusal, RefusalAnswer]] = MappingProxyType({
+    Refusal.MISSING_NAME: RefusalAnswer(
+        GrpcOutcome.MISSING_AUTHORITY, QuicOutcome.MISSING_SNI,
+        GrpcStatus.INVALID_ARGUMENT, TlsAlert.UNRECOGNIZED_NAME, c.REASON_MISSING_SNI,
+    ),
+    Refusal.UNKNOWN_NAME: RefusalAnswer(
+        GrpcOutcome.UNKNOWN_AUTHORITY, QuicOutcome.UNKNOWN_SNI,
+        GrpcStatus.INVALID_ARGUMENT, TlsAlert.UNRECOGNIZED_NAME, c.REASON_UNKNOWN_SNI,
+    ),
+    Refusal.NO_READY_TARGET: _UNAVAILABLE,
+    Refusal.TARGET_UNAVAILABLE: _UNAVAILABLE,
+    Refusal.DIAL_FAILED: RefusalAnswer(
+        GrpcOutcome.CONNECT_ERROR, QuicOutcome.TARGET_UNAVAILABLE,
+        GrpcStatus.UNAVAILABLE, TlsAlert.INTERNAL_ERROR, c.REASON_TARGET_NOT_READY,
+    ),
+    Refusal.MALFORMED: RefusalAnswer(GrpcOutcome.PROTOCOL_ERROR, None, None, TlsAlert.DECODE_ERROR, None),
+    Refusal.ADDRESS_IN_USE: RefusalAnswer(
+        None, QuicOutcome.TARGET_UNAVAILABLE, None, None, c.REASON_ADDRESS_IN_USE,
+    ),
+})
+"""The refusal -> outcome / gRPC status / TLS alert / QUIC reason phrase table, for both edges."""
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """A routing decision that names no target: why, and the pod if the hostname named one."""
+
+    refusal: Refusal
+    pod_name: str | None = None
+
+
+class RoundRobin:
+    """Which ready pod the next round-robin request goes to: a counter over the sorted snapshot."""
+
+    __slots__ = ("_counter",)
+
+    def __init__(self) -> None:
+        self._counter = itertools.count()
+
+    def pick(self, targets: list[Target]) -> Target:
+        """The next of ``targets`` (non-empty) in turn."""
+        return targets[next(self._counter) % len(targets)]
+
+
+def route(
+    hostname: str | None,
+    path: str | None,
+    snapshot: TargetSnapshot,
+    template: HostnameTemplate,
+    round_robin: RoundRobin | None,
+    *,
+    round_robin_paths: frozenset[str] = frozenset(),
+    port_of: Callable[[Target], int],
+) -> Target | Refused:
+    """The target ``hostname`` names, or why there is none.
+
+    A request whose ``path`` is a round-robin path and whose hostname names no routable pod
+    goes to any ready pod in turn (``round_robin`` None: never). ``port_of`` picks the port
+    the edge dials (gRPC or QUIC).
+    """
+    pod_name = template.pod_name_for(hostname) if hostname is not None else None
+    target = snapshot.get(pod_name) if pod_name is not None else None
+    if target is not None and 0 < port_of(target) <= MAX_PORT:
+        return target
+    if round_robin is not None and path is not None and path in round_robin_paths:
+        targets = list(snapshot)
+        return round_robin.pick(targets) if targets else Refused(Refusal.NO_READY_TARGET)
+    if hostname is None:
+        return Refused(Refusal.MISSING_NAME)
+    if pod_name is None:
+        return Refused(Refusal.UNKNOWN_NAME)
+    return Refused(Refusal.TARGET_UNAVAILABLE, pod_name)

@@ -1,0 +1,47 @@
+"""The TCP edge's rejection writer: tell a refused client why, in its own protocol, then close.
+
+A TLS client gets one fatal alert, an h2c client a trailers-only gRPC response (after the
+router's SETTINGS, already sent by the peek), each chosen by ``REFUSAL_ANSWERS``. The socket
+is then half-closed and read for ``REJECT_LINGER_S`` so the client reads the answer, not a RST.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+from router import constants as c
+from router.outcomes import ProtocolLabel
+from router.routing import REFUSAL_ANSWERS, Refusal
+from router.tcp.grpc_rejection import grpc_rejection
+from router.tcp.tls_peek import tls_alert
+
+
+def rejection_bytes(protocol: ProtocolLabel, refusal: Refusal, stream_id: int, message: str) -> bytes | None:
+    """The answer to a refused client, or None when it is only closed (a malformed h2c start)."""
+    answer = REFUSAL_ANSWERS[refusal]
+    if protocol is ProtocolLabel.TLS:
+        return tls_alert(answer.tls_alert) if answer.tls_alert is not None else None
+    if answer.grpc_status is None:
+        return None
+    return grpc_rejection(stream_id, answer.grpc_status, message)
+
+
+async def answer_and_close(conn: socket.socket, answer: bytes | None) -> None:
+    """Send ``answer`` (if any), half-close, drain the client for a moment, close; never raises OSError."""
+    if answer is None:
+        conn.close()
+        return
+    loop = asyncio.get_running_loop()
+    try:
+        await asyncio.wait_for(loop.sock_sendall(conn, answer), c.REJECT_LINGER_S)
+        conn.shutdown(socket.SHUT_WR)
+        deadline = loop.time() + c.REJECT_LINGER_S
+        while loop.time() < deadline:
+            chunk = await asyncio.wait_for(loop.sock_recv(conn, 4096), max(0.0, deadline - loop.time()))
+            if not chunk:
+                break
+    except (OSError, TimeoutError):
+        pass
+    finally:
+        conn.close()
