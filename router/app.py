@@ -79,14 +79,14 @@ class RouterApp:
                 peek_timeout_s=config.peek_timeout_s,
                 round_robin_paths=config.round_robin_paths,
             ),
-            self.template, self.snapshot, self.metrics,
+            self.template, self.snapshot, self.metrics, self.access,
         )
         self.udp = UdpRouter(
             UdpRouterSettings(
                 limits=FlowLimits(idle_timeout_s=config.relay_idle_timeout_s),
                 cid_length=config.quic_cid_length,
             ),
-            self.template, self.snapshot, self.metrics,
+            self.template, self.snapshot, self.metrics, self.access,
         )
         self.health = HealthServer(self.metrics, self.is_ready)
         if config.debug_endpoints:

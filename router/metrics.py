@@ -135,3 +135,10 @@ class ProtocolSeries:
         self.up = metrics.relayed_bytes.labels(protocol=protocol, direction=RelayDirection.CLIENT_TO_POD)
         self.down = metrics.relayed_bytes.labels(protocol=protocol, direction=RelayDirection.POD_TO_CLIENT)
         self.active = metrics.active_connections.labels(protocol=protocol)
+
+    def count_bytes(self, client_to_pod: int, pod_to_client: int) -> None:
+        """Add relayed bytes (batched by the caller: a counter update per chunk would cost too much)."""
+        if client_to_pod:
+            self.up.inc(client_to_pod)
+        if pod_to_client:
+            self.down.inc(pod_to_client)

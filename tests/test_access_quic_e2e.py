@@ -8,6 +8,7 @@ client address a new connection to another pod took over (``flow_takeover``).
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -21,6 +22,7 @@ from router import constants as c
 from router.demo.pki import DemoPki
 from router.demo.quic_pods import WHOAMI, bound_port, client_configuration, request, start_quic_pod
 from tests.support.access_peers import access_lines, host, wait_access
+from tests.support.quic_initial_rewriter import client_first_flight
 from tests.support.router_process import RouterProcess, router_args, write_endpoints
 
 pytestmark = pytest.mark.timeout(60)
@@ -59,8 +61,9 @@ class CountingClient(QuicConnectionProtocol):
 
     @property
     def address(self) -> str:
-        ip, port = self._transport.get_extra_info("sockname")[:2]  # type: ignore[union-attr]
-        return f"{ip}:{port}"
+        """As the router sees it (aioquic binds the dual-stack ``::``; the client dials 127.0.0.1)."""
+        port = self._transport.get_extra_info("sockname")[1]  # type: ignore[union-attr]
+        return f"127.0.0.1:{port}"
 
 
 @asynccontextmanager
@@ -120,6 +123,29 @@ async def test_a_refused_flow_is_one_rejected_line(pki: DemoPki, tmp_path: Path)
         assert line["bytes_client_to_pod"] >= 1200 and line["bytes_pod_to_client"] > 0
 
 
+async def test_a_pending_flow_is_listed_without_a_pod_then_ends_at_the_pending_timeout(
+    pki: DemoPki, tmp_path: Path,
+) -> None:
+    async with quic_router(pki, tmp_path, IDLE_TIMEOUT_MS) as router:
+        _client, flight = client_first_flight(big_hello=True, addr=("127.0.0.1", router.quic_port))
+        assert len(flight) > 1
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+            sock.bind(("127.0.0.1", 0))
+            sock.sendto(flight[0], ("127.0.0.1", router.quic_port))  # the rest of the ClientHello never comes
+            address = f"127.0.0.1:{sock.getsockname()[1]}"
+            for _ in range(100):
+                view = json.loads((await asyncio.to_thread(router.http_get, "/debug/connections"))[1])
+                pending = [e for e in view["connections"] if e["client"] == address]
+                if pending:
+                    break
+                await asyncio.sleep(0.02)
+            assert [(e["protocol"], e["pod"]) for e in pending] == [("quic", None)]
+            assert pending[0]["bytes_client_to_pod"] == len(flight[0])  # held, waiting for the rest
+            line = await line_of(router, address, timeout_s=c.QUIC_PENDING_FLOW_TIMEOUT_MS / 1000 + 10)
+        assert (line["pod"], line["outcome"], line["termination"]) == (None, None, "peek_timeout")
+        assert line["bytes_client_to_pod"] == len(flight[0]) and line["bytes_pod_to_client"] == 0
+
+
 async def test_a_flow_taken_over_by_a_new_connection_ends_as_flow_takeover(pki: DemoPki, tmp_path: Path) -> None:
     async with quic_router(pki, tmp_path, 30_000) as router:
         probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -133,6 +159,10 @@ async def test_a_flow_taken_over_by_a_new_connection_ends_as_flow_takeover(pki: 
                 return (await request(cl, WHOAMI)).partition(b":")[0].decode()
 
         assert await whoami_from_port("sg-0") == "sg-0"
+        view = json.loads((await asyncio.to_thread(router.http_get, "/debug/connections"))[1])
+        [live] = [e for e in view["connections"] if e["client"] == f"127.0.0.1:{local_port}"]
+        assert (live["protocol"], live["pod"], live["hostname"]) == ("quic", "sg-0", host("sg-0"))
+        assert live["bytes_client_to_pod"] > 0 and live["bytes_pod_to_client"] > 0
         await asyncio.sleep(c.QUIC_FLOW_TAKEOVER_QUIET_MS / 1000 + 0.3)
         assert await whoami_from_port("sg-1") == "sg-1"
         line = await line_of(router, f"127.0.0.1:{local_port}")

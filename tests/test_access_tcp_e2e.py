@@ -240,10 +240,10 @@ def test_grpcio_h2c_and_tls_calls_write_one_line_each(router: RouterProcess, pee
     with grpc.secure_channel(target, creds, options=options) as ch:
         assert call_whoami(ch) == "sg-tls"
     lines = wait_access(router, before + 2)[before:]
-    assert [(x["protocol"], x["pod"], x["outcome"]) for x in lines] == [
-        ("h2c", "sg-grpc", "completed"), ("tls", "sg-tls", "completed")]
-    for line in lines:
-        assert line["termination"] in ("client_close", "client_reset")
+    assert [(x["protocol"], x["pod"]) for x in lines] == [("h2c", "sg-grpc"), ("tls", "sg-tls")]
+    for line in lines:  # grpcio closes a channel with a FIN, or a RST when replies were left unread
+        assert (line["outcome"], line["termination"]) in (
+            ("completed", "client_close"), ("relay_error", "client_reset"))
         assert line["bytes_client_to_pod"] > 0 and line["bytes_pod_to_client"] > 0
 
 

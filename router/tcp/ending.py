@@ -24,9 +24,10 @@ TCP_CLOSE: Final = 7
 
 PEER_FAILURE_ERRNOS: Final = frozenset({
     errno.ECONNRESET, errno.EPIPE, errno.ECONNABORTED, errno.ETIMEDOUT, errno.EHOSTUNREACH,
-    errno.ENETUNREACH, errno.ECONNREFUSED,
+    errno.ENETUNREACH, errno.ECONNREFUSED, errno.ENOTCONN,
 })
-"""Errors a peer (or the path to it) causes; anything else is the router's own failure."""
+"""Errors a peer (or the path to it) causes; anything else is the router's own failure (``ENOTCONN``:
+a half-close of a socket whose peer already reset it)."""
 
 _RESET: Final = {"client": Termination.CLIENT_RESET, "pod": Termination.POD_RESET}
 _CLOSE: Final = {"client": Termination.CLIENT_CLOSE, "pod": Termination.POD_CLOSE}

@@ -41,7 +41,7 @@ class RelayOwner(Protocol):
 
     loop: asyncio.AbstractEventLoop
 
-    def fail(self, exc: BaseException) -> None: ...
+    def fail(self, exc: BaseException, direction: Direction | None = None) -> None: ...
     def report(self) -> None: ...
     def direction_done(self) -> None: ...
     def acquired(self) -> None: ...
@@ -87,7 +87,7 @@ class Direction:
             else:
                 self._pump_buffered()
         except Exception as exc:  # any failure ends this connection, never the event loop
-            self.relay.fail(exc)
+            self.relay.fail(exc, self)
 
     def _pump_splice(self) -> None:
         drained = False  # the last read was short: the source is empty for now, skip an EAGAIN read

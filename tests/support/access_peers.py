@@ -120,13 +120,11 @@ class CountingClient:
 
     def __init__(self, router: RouterProcess, timeout_s: float = 10.0) -> None:
         self.sock = socket.create_connection(("127.0.0.1", router.grpc_port), timeout=timeout_s)
+        ip, port = self.sock.getsockname()[:2]
+        self.address = f"{ip}:{port}"
+        """The client's address as the router's access line names it."""
         self.sent = 0
         self.received = bytearray()
-
-    @property
-    def address(self) -> str:
-        ip, port = self.sock.getsockname()[:2]
-        return f"{ip}:{port}"
 
     def send(self, data: bytes) -> None:
         self.sock.sendall(data)
