@@ -64,8 +64,16 @@ def parse_log_level(level: str) -> int:
     return number
 
 
+_SECOND_CACHE: list[tuple[int, str]] = [(-1, "")]
+"""The last whole second rendered: an access line per connection must not pay for strftime each."""
+
+
 def _timestamp(record: logging.LogRecord) -> str:
-    whole = datetime.fromtimestamp(record.created, tz=UTC).strftime("%Y-%m-%dT%H:%M:%S")
+    second = int(record.created)
+    cached_second, whole = _SECOND_CACHE[0]
+    if second != cached_second:
+        whole = datetime.fromtimestamp(second, tz=UTC).strftime("%Y-%m-%dT%H:%M:%S")
+        _SECOND_CACHE[0] = (second, whole)
     return f"{whole}.{int(record.msecs):03d}Z"
 
 
@@ -100,11 +108,15 @@ class _EventFormatter(logging.Formatter):
         return out
 
 
+_JSON: Final = json.JSONEncoder(ensure_ascii=False, default=str, separators=(",", ":"))
+"""One encoder for every line (``json.dumps`` with options builds a new one per call)."""
+
+
 class JsonFormatter(_EventFormatter):
     """One JSON object per line; values that JSON cannot hold are written with ``str()``."""
 
     def format(self, record: logging.LogRecord) -> str:
-        return json.dumps(self.fields(record), ensure_ascii=False, default=str, separators=(",", ":"))
+        return _JSON.encode(self.fields(record))
 
 
 class TextFormatter(_EventFormatter):
@@ -141,6 +153,10 @@ def configure_logging(
         formatter = TextFormatter()
     else:
         raise ValueError(f"--log-format: expected text or json, got {fmt!r}")
+    # Neither format shows the caller, thread or process: do not make every record look them up
+    # (the logging docs' "Optimization" knobs; a traceback is still formatted from exc_info).
+    logging._srcfile = None
+    logging.logThreads = logging.logProcesses = logging.logMultiprocessing = False
     root = logging.getLogger()
     for old in [h for h in root.handlers if isinstance(h, _RouterLogHandler)]:
         root.removeHandler(old)
