@@ -29,6 +29,7 @@ from typing import Any, Final
 from router import constants as c
 from router.live_view import LiveConnections
 from router.log_limiter import RateLimitedLog
+from router.logging_setup import EVENT_FIELDS
 from router.metrics import RouterMetrics
 from router.outcomes import GrpcOutcome, ProtocolLabel, QuicOutcome, Termination
 
@@ -138,11 +139,11 @@ class AccessLog:
         self._durations[record.protocol].observe(max(0.0, now - record.started))
         if not self.enabled or not self._log.isEnabledFor(logging.INFO):
             return
-        fields = record.fields(outcome, termination, now)
+        extra = {EVENT_FIELDS: record.fields(outcome, termination, now)}
         if outcome in ACCEPTED_OUTCOMES:
-            self._log.info(ACCESS_MESSAGE, extra=fields)
+            self._log.info(ACCESS_MESSAGE, extra=extra)
         else:
-            self._rejected.info(ACCESS_MESSAGE, extra=fields)
+            self._rejected.info(ACCESS_MESSAGE, extra=extra)
 
     @property
     def suppressed(self) -> int:

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from router import constants as c
+from router.logging_setup import EVENT_FIELDS
 
 
 class RateLimitedLog:
@@ -44,7 +45,11 @@ class RateLimitedLog:
             return False
         self._tokens -= 1.0
         if self.suppressed:
-            extra = {**(extra or {}), "suppressed": self.suppressed}
+            event = (extra or {}).get(EVENT_FIELDS)
+            if isinstance(event, dict):  # a line passed as one dict: the count joins its fields
+                event["suppressed"] = self.suppressed
+            else:
+                extra = {**(extra or {}), "suppressed": self.suppressed}
             self.suppressed = 0
         self._logger.log(level, msg, *args, extra=extra)
         return True

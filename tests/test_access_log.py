@@ -7,6 +7,7 @@ import io
 import itertools
 import json
 import logging
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -125,6 +126,9 @@ def test_rejected_lines_are_rate_limited_and_accepted_lines_never_are() -> None:
     assert access.suppressed == flood - len(rejected)
     # the metrics count every one, written or not
     assert sample(metrics, "stargate_k8s_router_terminations_total", protocol="h2c", termination="rejected") == flood
+    time.sleep(2 / c.REJECTION_LOG_LINES_PER_S)  # a token again: the next line says how many were held back
+    access.end(access.open("h2c", "127.0.0.1:1", 0.0), "unknown_authority", Termination.REJECTED, 0.0)
+    assert lines(stream)[-1]["suppressed"] == flood - len(rejected)
 
 
 def test_access_log_off_writes_nothing_but_still_counts() -> None:
