@@ -201,7 +201,7 @@ class TcpRouter:
                     extra={"peer": str(peer), "hostname": peeked.hostname, "pod": rej.pod,
                            "outcome": rej.outcome},
                 )
-                record.pod = rej.pod
+                record.pod, record.decided_at = rej.pod, record.decided_at or time.monotonic()
                 answered = await self._answer_rejection(conn, peeked, rej)
                 dial_failed = rej.refusal is Refusal.DIAL_FAILED
                 self._end(record, progress, rej.outcome,
