@@ -33,6 +33,7 @@ def _scenarios() -> dict[str, Scenario]:
         "quic_handshake": quic_scenarios.quic_handshake,
         "udp_relay": quic_scenarios.udp_relay,
         "udp_download": quic_scenarios.udp_download,
+        "udp_echo": quic_scenarios.udp_echo,
         "memory_tcp": memory_scenarios.memory_tcp,
         "memory_udp": memory_scenarios.memory_udp,
         "workers": tcp_scenarios.workers_speedup,

@@ -16,9 +16,15 @@ from typing import Any
 from bench.context import BenchContext
 from bench.procs import BenchError
 from bench.results import Row, median
+from discovery.constants import SERVICE_NAME_LABEL
 from discovery.endpoint_slices import parse_endpoints_document, targets_from_slices
 from discovery.settings import DiscoverySettings
-from router.constants import DEFAULT_ADVERTISED_HOSTNAME_TEMPLATE, SERVICE_NAME_LABEL
+from router.constants import (
+    DEFAULT_ADVERTISED_HOSTNAME_TEMPLATE,
+    DEFAULT_GRPC_PORT_NAME,
+    DEFAULT_QUIC_PORT_NAME,
+    DEFAULT_TARGET_SERVICE_NAME,
+)
 from router.hostname import HostnameTemplate
 
 NAMESPACE = "bench"
@@ -62,7 +68,9 @@ def _timed(fn: Any, reps: int) -> list[float]:
 
 
 def discovery(ctx: BenchContext) -> list[Row]:
-    settings = DiscoverySettings(namespace=NAMESPACE)
+    settings = DiscoverySettings(
+        NAMESPACE, DEFAULT_TARGET_SERVICE_NAME, DEFAULT_GRPC_PORT_NAME, DEFAULT_QUIC_PORT_NAME,
+    )
     slices = endpoint_slices()
     total = SLICES * PER_SLICE
     snapshot = targets_from_slices(slices, settings)

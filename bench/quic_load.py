@@ -10,6 +10,7 @@ distinct source addresses, which tells when each flow has reached it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import random
 import selectors
@@ -55,14 +56,35 @@ def _sink_loop(sock: socket.socket, counts: list[int], sources: set[Any]) -> Non
         add(addr)
 
 
-def start_udp_sink(host: str) -> int:
-    """A UDP pod that counts what it receives; ``udp_sink_stats()`` reads the counts."""
+def _echo_loop(sock: socket.socket, counts: list[int], sources: set[Any]) -> None:
+    buf = bytearray(65536)
+    view = memoryview(buf)
+    recv, send = sock.recvfrom_into, sock.sendto
+    add = sources.add
+    while True:
+        try:
+            n, addr = recv(buf)
+            send(view[:n], addr)
+        except BlockingIOError:  # ENOBUFS-like: the echo is lost, as UDP loses
+            continue
+        except OSError:
+            return
+        counts[0] += 1
+        counts[1] += n
+        add(addr)
+
+
+def start_udp_sink(host: str, echo: bool = False) -> int:
+    """A UDP pod that counts what it receives (and, ``echo``, sends each datagram back to its
+    source); ``udp_sink_stats()`` reads the counts."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SOCKET_BUFFER_BYTES)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKET_BUFFER_BYTES)
     sock.bind((host, 0))
     counts, sources = [0, 0], set[Any]()
     _STATE["sink"] = (sock, counts, sources)
-    threading.Thread(target=_sink_loop, args=(sock, counts, sources), daemon=True).start()
+    loop = _echo_loop if echo else _sink_loop
+    threading.Thread(target=loop, args=(sock, counts, sources), daemon=True).start()
     return int(sock.getsockname()[1])
 
 
@@ -187,6 +209,66 @@ def udp_blast(seconds: float, size: int) -> tuple[int, float]:
                     errors += 1
             sent += len(sends)
     return sent - errors, clock() - started
+
+
+def udp_echo_window(seconds: float, size: int, window: int, stall_s: float = 0.05) -> tuple[int, int, float]:
+    """A windowed echo on every open flow: ``window`` datagrams of ``size`` bytes in flight per
+    flow, one more sent for each echo received, for ``seconds``. A flow that got no echo for
+    ``stall_s`` (its window lost to a full buffer somewhere) is refilled to ``window``, as a
+    sender's loss recovery would. Returns (echoes received, refills, elapsed seconds)."""
+    payload = bytearray(os.urandom(size))
+    payload[0] = 0x40 | (payload[0] & 0x3F)  # short header, fixed bit set
+    data = bytes(payload)
+    socks = [sock for sock, _flight in _STATE.get("flows", [])]
+    buf = bytearray(65536)
+    selector = selectors.DefaultSelector()
+    for i, sock in enumerate(socks):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SOCKET_BUFFER_BYTES)
+        sock.setblocking(False)
+        with contextlib.suppress(BlockingIOError):
+            while True:  # echoed Initials and anything older: not part of the window
+                sock.recv_into(buf)
+        selector.register(sock, selectors.EVENT_READ, i)
+    clock = time.perf_counter
+    progress = [0.0] * len(socks)
+
+    def fill(sock: socket.socket, count: int) -> None:
+        with contextlib.suppress(OSError):  # ENOBUFS / ECONNREFUSED: counted as lost
+            for _ in range(count):
+                sock.send(data)
+
+    received = refills = 0
+    started = clock()
+    deadline = started + seconds
+    for i, sock in enumerate(socks):
+        fill(sock, window)
+        progress[i] = started
+    try:
+        while (now := clock()) < deadline:
+            for key, _events in selector.select(min(deadline - now, stall_s)):
+                sock = socks[key.data]
+                recv, send = sock.recv_into, sock.send
+                got = 0
+                with contextlib.suppress(BlockingIOError):
+                    while True:
+                        recv(buf)
+                        got += 1
+                        with contextlib.suppress(OSError):
+                            send(data)
+                received += got
+                progress[key.data] = clock()
+            now = clock()
+            for i, last in enumerate(progress):
+                if now - last > stall_s:
+                    refills += 1
+                    fill(socks[i], window)
+                    progress[i] = now
+    finally:
+        elapsed = clock() - started
+        selector.close()
+        for sock in socks:
+            sock.setblocking(True)
+    return received, refills, elapsed
 
 
 def retire_udp_flows() -> None:

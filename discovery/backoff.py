@@ -8,7 +8,7 @@ from __future__ import annotations
 import random as _random
 from collections.abc import Callable
 
-from router.constants import BACKOFF_INITIAL_S, BACKOFF_MAX_S
+from discovery.constants import BACKOFF_INITIAL_S, BACKOFF_MAX_S, RETRY_AFTER_JITTER, RETRY_AFTER_MIN_S
 
 
 class Backoff:
@@ -54,3 +54,17 @@ class Backoff:
         """After progress: the next failure starts again from initial_s."""
         self._attempts = 0
         self._ceiling_s = self._initial_s
+
+
+def retry_after_delay(
+    retry_after_s: float, max_s: float = BACKOFF_MAX_S, random: Callable[[], float] = _random.random,
+) -> float:
+    """What a server's ``Retry-After`` asks for, capped at ``max_s`` and stretched by up to
+    RETRY_AFTER_JITTER: never earlier than asked (below the cap), never in lockstep."""
+    r = float(random())
+    if not 0.0 <= r <= 1.0:
+        r = 1.0
+    if not retry_after_s >= 0:  # NaN
+        retry_after_s = 0.0
+    base = min(max(retry_after_s, RETRY_AFTER_MIN_S), max_s)
+    return base * (1.0 + RETRY_AFTER_JITTER * r)

@@ -30,9 +30,9 @@ from typing import Any
 
 import yaml
 
+from discovery.constants import SERVICE_NAME_LABEL
 from discovery.settings import DiscoverySettings
 from discovery.targets import Target, TargetSnapshot
-from router.constants import SERVICE_NAME_LABEL
 
 SLICE_KIND = "EndpointSlice"
 LIST_KINDS = ("EndpointSliceList", "List")

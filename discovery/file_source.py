@@ -16,11 +16,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from discovery.constants import ENDPOINTS_FILE_MAX_BYTES, ENDPOINTS_FILE_POLL_INTERVAL_S
 from discovery.endpoint_slices import EndpointSliceError, parse_endpoints_document, targets_from_slices
+from discovery.observer import DiscoveryObserver
 from discovery.settings import DiscoverySettings
 from discovery.targets import TargetSnapshot
-from router.constants import ENDPOINTS_FILE_MAX_BYTES, ENDPOINTS_FILE_POLL_INTERVAL_S
-from router.metrics import RouterMetrics
 
 logger = logging.getLogger("discovery.file_source")  # pinned: operators filter logs by this name
 
@@ -90,7 +90,7 @@ class EndpointsFileSource:
         self,
         settings: DiscoverySettings,
         publish: Callable[[TargetSnapshot], None],
-        metrics: RouterMetrics | None = None,
+        observer: DiscoveryObserver | None = None,
         *,
         path: Path,
         poll_interval_s: float = ENDPOINTS_FILE_POLL_INTERVAL_S,
@@ -100,7 +100,7 @@ class EndpointsFileSource:
             raise ValueError(f"poll_interval_s must be > 0, got {poll_interval_s!r}")
         self._settings = settings
         self._publish = publish
-        self._metrics = metrics
+        self._observer = observer
         self._path = Path(path)
         self._poll_interval_s = poll_interval_s
         self._clock = clock
@@ -110,8 +110,8 @@ class EndpointsFileSource:
         self._attempted = False
         self._attempted_identity: FileIdentity | None = None
         self._last_ok = False
-        if metrics is not None:
-            metrics.discovery_last_sync_age.set_function(self.sync_age_s)
+        if observer is not None:
+            observer.synced(SOURCE_LABEL, self.sync_age_s)
 
     def sync_age_s(self) -> float:
         """Seconds since the last confirmed sync, -1 before the first."""
@@ -140,7 +140,8 @@ class EndpointsFileSource:
         self._attempted_identity = load.identity
         if load.snapshot is None:
             self._last_ok = False
-            self._count("error")
+            if self._observer is not None:
+                self._observer.error(SOURCE_LABEL)
             # One line per unusable version of the file (a version is retried only when it changes).
             logger.warning(
                 "endpoints file %s unusable (%s); keeping the last good snapshot (%s targets)",
@@ -155,15 +156,10 @@ class EndpointsFileSource:
         if load.snapshot != self._published:
             self._published = load.snapshot
             self._publish(load.snapshot)
-            self._count("published")
-            if self._metrics is not None:
-                self._metrics.ready_targets.set(len(load.snapshot))
+            if self._observer is not None:
+                self._observer.published(SOURCE_LABEL, len(load.snapshot))
             logger.info("endpoints file %s: %d targets", self._path, len(load.snapshot))
-        else:
-            self._count("unchanged")
+        elif self._observer is not None:
+            self._observer.unchanged(SOURCE_LABEL)
         self.synced.set()
         return True
-
-    def _count(self, result: str) -> None:
-        if self._metrics is not None:
-            self._metrics.discovery_updates.labels(source=SOURCE_LABEL, result=result).inc()

@@ -8,17 +8,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from router.constants import DEFAULT_GRPC_PORT_NAME, DEFAULT_QUIC_PORT_NAME, DEFAULT_TARGET_SERVICE_NAME
-
 
 @dataclass(frozen=True, slots=True)
 class DiscoverySettings:
-    """Namespace and Service to watch; port names as in the Stargate pod spec."""
+    """Namespace and Service to watch; port names as in the Stargate pod spec.
+
+    No defaults here: the CLI's (``router/constants.py``) are passed by ``router/app.py``.
+    """
 
     namespace: str
-    service_name: str = DEFAULT_TARGET_SERVICE_NAME
-    grpc_port_name: str = DEFAULT_GRPC_PORT_NAME
-    quic_port_name: str = DEFAULT_QUIC_PORT_NAME
+    service_name: str
+    grpc_port_name: str
+    quic_port_name: str
 
     def __post_init__(self) -> None:
         # An empty name would silently match nothing (or, for the selector, everything).

@@ -63,23 +63,31 @@ class _Reader:
         return self._end - self._pos
 
     def take(self, n: int, what: str) -> bytes:
-        if n < 0 or n > self.remaining:
+        pos = self._pos
+        if n < 0 or n > self._end - pos:
             raise ClientHelloError(f"truncated {what}")
-        out = self._data[self._pos : self._pos + n]
-        self._pos += n
-        return out
+        self._pos = pos + n
+        return self._data[pos : pos + n]
 
     def uint(self, n: int, what: str) -> int:
-        return int.from_bytes(self.take(n, what), "big")
+        pos = self._pos
+        if n > self._end - pos:
+            raise ClientHelloError(f"truncated {what}")
+        self._pos = pos + n
+        return int.from_bytes(self._data[pos : pos + n], "big")
 
     def vector(self, length_bytes: int, what: str) -> _Reader:
-        """A sub-reader over a length-prefixed vector; this reader skips past it."""
-        n = self.uint(length_bytes, f"{what} length")
-        if n > self.remaining:
+        """A sub-reader over a length-prefixed vector; this reader skips past it.
+        (Inlined reads: a hello has a dozen extensions, and this runs for every one.)"""
+        data, pos, end = self._data, self._pos, self._end
+        if length_bytes > end - pos:
+            raise ClientHelloError(f"truncated {what} length")
+        start = pos + length_bytes
+        n = int.from_bytes(data[pos:start], "big")
+        if n > end - start:
             raise ClientHelloError(f"truncated {what}")
-        sub = _Reader(self._data, self._pos, self._pos + n)
-        self._pos += n
-        return sub
+        self._pos = start + n
+        return _Reader(data, start, start + n)
 
     def take_rest(self) -> bytes:
         return self.take(self.remaining, "rest")
@@ -131,17 +139,24 @@ def parse_client_hello(handshake: bytes) -> ClientHelloInfo:
     if r.remaining:  # extensions are optional in a TLS 1.2 hello
         extensions = r.vector(2, "extensions")
         r.expect_end("extensions")
+        # Walked inline (a hello carries a dozen or more extensions): type, uint16 length, body.
+        data, pos, end = extensions._data, extensions._pos, extensions._end
         seen: set[int] = set()
-        while extensions.remaining:
-            ext_type = extensions.uint(2, "extension type")
-            body = extensions.vector(2, "extension body")
+        while pos < end:
+            if end - pos < 4:
+                raise ClientHelloError("truncated extension header")
+            ext_type = (data[pos] << 8) | data[pos + 1]
+            start = pos + 4
+            pos = start + ((data[pos + 2] << 8) | data[pos + 3])
+            if pos > end:
+                raise ClientHelloError("truncated extension body")
             if ext_type in seen:
                 raise ClientHelloError(f"duplicate extension {ext_type}")
             seen.add(ext_type)
             if ext_type == ExtensionType.SERVER_NAME:
-                server_name = _parse_server_name(body)
+                server_name = _parse_server_name(_Reader(data, start, pos))
             elif ext_type == ExtensionType.ALPN:
-                alpn = _parse_alpn(body)
+                alpn = _parse_alpn(_Reader(data, start, pos))
     return ClientHelloInfo(server_name=server_name, alpn=alpn)
 
 

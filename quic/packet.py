@@ -71,6 +71,8 @@ class QuicErrorCode(IntEnum):
 
 _V2_TYPES = (PacketType.RETRY, PacketType.INITIAL, PacketType.ZERO_RTT, PacketType.HANDSHAKE)
 """RFC 9369 section 3.2: v2 wire type bits 0b00..0b11 -> normalised type."""
+_V1_TYPES = tuple(PacketType)
+"""v1 wire type bits -> type: a tuple index, not an enum call, on every long header."""
 
 
 def packet_type_bits(version: int, packet_type: PacketType) -> int:
@@ -152,7 +154,7 @@ def parse_long_header(datagram: bytes, offset: int = 0) -> LongHeader:
     scid, pos = _cid(datagram, pos, known, "SCID")
     if not known:
         return LongHeader(version, None, dcid, scid, b"", pos, n - offset, offset)
-    packet_type = _V2_TYPES[(first >> 4) & 3] if version == QUIC_V2 else PacketType((first >> 4) & 3)
+    packet_type = (_V2_TYPES if version == QUIC_V2 else _V1_TYPES)[(first >> 4) & 3]
     if packet_type is PacketType.RETRY:
         return LongHeader(version, packet_type, dcid, scid, b"", pos, n - offset, offset)
     token = b""

@@ -82,6 +82,11 @@ class AccessRecord:
             up, down, last = up + live_up, down + live_down, max(last, live_last)
         return up, down, max(last, self.started)
 
+    def settle(self) -> None:
+        """Fold the probe's live counts into the record for good (its relay is gone)."""
+        self.bytes_client_to_pod, self.bytes_pod_to_client, self.last_active = self.current()
+        self.probe = None
+
     def fields(self, outcome: Outcome, termination: Termination, now: float) -> dict[str, Any]:
         """The access line's keys, in their documented order."""
         up, down, _last = self.current()

@@ -14,9 +14,11 @@ import logging
 import resource
 import signal
 import time
+from collections.abc import Callable
 from importlib import metadata
 from typing import Protocol
 
+from discovery.observer import RewatchCause
 from discovery.settings import DiscoverySettings
 from discovery.targets import EMPTY_SNAPSHOT, TargetSnapshot
 from router.access_log import AccessLog
@@ -38,6 +40,29 @@ class DiscoverySource(Protocol):
     last_sync_monotonic: float | None
 
     async def run(self) -> None: ...
+
+
+class MetricsDiscoveryObserver:
+    """``DiscoveryObserver`` -> the router's Prometheus families (discovery knows no metrics)."""
+
+    def __init__(self, metrics: RouterMetrics) -> None:
+        self._metrics = metrics
+
+    def published(self, source: str, ready_targets: int) -> None:
+        self._metrics.discovery_updates.labels(source=source, result="published").inc()
+        self._metrics.ready_targets.set(ready_targets)
+
+    def unchanged(self, source: str) -> None:
+        self._metrics.discovery_updates.labels(source=source, result="unchanged").inc()
+
+    def error(self, source: str) -> None:
+        self._metrics.discovery_updates.labels(source=source, result="error").inc()
+
+    def rewatched(self, source: str, cause: RewatchCause) -> None:
+        self._metrics.discovery_rewatches.labels(cause=cause).inc()
+
+    def synced(self, source: str, sync_age_s: Callable[[], float]) -> None:
+        self._metrics.discovery_last_sync_age.set_function(sync_age_s)
 
 
 def version() -> str:
@@ -78,6 +103,9 @@ class RouterApp:
                 relay_idle_timeout_s=config.relay_idle_timeout_s,
                 peek_timeout_s=config.peek_timeout_s,
                 round_robin_paths=config.round_robin_paths,
+                accept_proxy_protocol=config.accept_proxy_protocol,
+                proxy_protocol_trusted_cidrs=config.proxy_protocol_trusted_cidrs,
+                max_connections_per_client=config.max_connections_per_client,
             ),
             self.template, self.snapshot, self.metrics, self.access,
         )
@@ -85,6 +113,7 @@ class RouterApp:
             UdpRouterSettings(
                 limits=FlowLimits(idle_timeout_s=config.relay_idle_timeout_s),
                 cid_length=config.quic_cid_length,
+                max_flows_per_client=config.max_quic_flows_per_client,
             ),
             self.template, self.snapshot, self.metrics, self.access,
         )
@@ -104,15 +133,17 @@ class RouterApp:
             grpc_port_name=self.config.grpc_port_name,
             quic_port_name=self.config.quic_port_name,
         )
+        observer = MetricsDiscoveryObserver(self.metrics)
         if self.config.endpoints_file is not None:
             from discovery.file_source import EndpointsFileSource
 
-            return EndpointsFileSource(
-                settings, self.publish, self.metrics, path=self.config.endpoints_file
-            )
+            return EndpointsFileSource(settings, self.publish, observer, path=self.config.endpoints_file)
         from discovery.kubernetes_source import KubernetesSource
 
-        return KubernetesSource(settings, self.publish, self.metrics, kubeconfig=self.config.kubeconfig)
+        return KubernetesSource(
+            settings, self.publish, observer, kubeconfig=self.config.kubeconfig,
+            watch_idle_timeout_s=self.config.kube_watch_idle_timeout_s,
+        )
 
     def _sync_age_s(self) -> float:
         """Seconds since discovery last synced, -1 before the first sync."""

@@ -14,15 +14,14 @@ import argparse
 import asyncio
 import json
 import logging
-import os
 import sys
 from typing import Any
 
+from discovery.constants import SERVICE_NAME_LABEL
 from discovery.endpoint_slices import targets_from_slices
 from discovery.settings import DiscoverySettings
 from discovery.targets import Target, TargetSnapshot
 from router.config import ConfigError, RouterConfig, build_parser, config_from_args
-from router.constants import SERVICE_NAME_LABEL
 from router.hostname import HostnameTemplate, TemplateError
 
 PROG = "stargate-router check"
@@ -65,29 +64,14 @@ async def _api_client(config: RouterConfig) -> Any:
     """An ApiClient resolved as the router's discovery does: --kubeconfig, else in-cluster (when
     ``KUBERNETES_SERVICE_HOST`` is set), else ``KUBECONFIG`` / ``~/.kube/config``."""
     from kubernetes_asyncio import client
-    from kubernetes_asyncio import config as kube_config
-    from kubernetes_asyncio.config.kube_config import KUBE_CONFIG_DEFAULT_LOCATION
 
-    from discovery.kubernetes_source import IN_CLUSTER_ENV
+    from discovery.kube_config import config_source, default_kubeconfig_missing, load_configuration
 
-    cfg = client.Configuration()
+    where = config_source(config.kubeconfig)
+    if default_kubeconfig_missing(config.kubeconfig):
+        raise CheckError(f"{where}: not found; pass --kubeconfig, or --endpoints-file")
     try:
-        if config.kubeconfig is not None:
-            where = f"--kubeconfig {config.kubeconfig}"
-            await kube_config.load_kube_config(
-                config_file=str(config.kubeconfig), client_configuration=cfg, persist_config=False,
-            )
-        elif os.environ.get(IN_CLUSTER_ENV):
-            where = "in-cluster config"
-            kube_config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
-        else:
-            where = f"kubeconfig {KUBE_CONFIG_DEFAULT_LOCATION} (KUBECONFIG or ~/.kube/config)"
-            paths = KUBE_CONFIG_DEFAULT_LOCATION.split(os.pathsep)  # as the client splits it
-            if not any(path and os.path.exists(os.path.expanduser(path)) for path in paths):
-                raise CheckError(f"{where}: not found; pass --kubeconfig, or --endpoints-file")
-            await kube_config.load_kube_config(client_configuration=cfg, persist_config=False)
-    except CheckError:
-        raise
+        cfg = await load_configuration(config.kubeconfig)
     except Exception as exc:  # missing/invalid kubeconfig, no service-account files, exec plugin errors
         raise CheckError(f"{where}: {_one_line(exc)}") from None
     return client.ApiClient(cfg)

@@ -17,6 +17,9 @@ from pathlib import Path
 from discovery.targets import host_port
 from router import constants as c
 
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+"""A trusted source network of ``--proxy-protocol-trusted-cidrs``."""
+
 
 class ConfigError(ValueError):
     """A bad flag value; the message starts with the flag's name."""
@@ -46,6 +49,7 @@ class RouterConfig:
     peek_timeout_s: float
     endpoints_file: Path | None
     kubeconfig: Path | None
+    kube_watch_idle_timeout_s: float
     round_robin_paths: frozenset[str]
     shutdown_delay_s: float
     drain_timeout_s: float
@@ -53,9 +57,14 @@ class RouterConfig:
     log_level: str
     workers: int
     quic_cid_length: int | None
-    access_log: bool
+    accept_proxy_protocol: bool = c.DEFAULT_ACCEPT_PROXY_PROTOCOL
+    proxy_protocol_trusted_cidrs: tuple[IPNetwork, ...] = ()
+    """Empty means every source (the default); see ``parse_cidrs``."""
+    max_connections_per_client: int = c.DEFAULT_MAX_CONNECTIONS_PER_CLIENT
+    max_quic_flows_per_client: int = c.DEFAULT_MAX_QUIC_FLOWS_PER_CLIENT
+    access_log: bool = True
     """One access line per connection and flow (``--access-log on|off``)."""
-    debug_endpoints: bool
+    debug_endpoints: bool = False
     """``/debug/targets`` and ``/debug/connections`` on the health listener (they show client addresses)."""
 
 
@@ -94,6 +103,10 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     add("--endpoints-file", default=None, help="static EndpointSlice file (else Kubernetes discovery)")
     add("--kubeconfig", default=None, help="kubeconfig for Kubernetes discovery (else in-cluster / KUBECONFIG)")
     add(
+        "--kube-watch-idle-timeout-ms", default=str(c.DEFAULT_KUBE_WATCH_IDLE_TIMEOUT_MS),
+        help="replace a Kubernetes watch on which nothing (event or bookmark) arrived this long",
+    )
+    add(
         "--round-robin-paths", default=",".join(c.DEFAULT_ROUND_ROBIN_PATHS),
         help="comma-separated h2c paths routed round-robin when the authority names no pod",
     )
@@ -103,6 +116,22 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     add("--log-level", default=None, help=f"debug, info, warning, error (env {c.LOG_LEVEL_ENV})")
     add("--workers", default=str(c.DEFAULT_WORKERS), help="processes sharing the listeners (SO_REUSEPORT)")
     add("--quic-cid-length", default=None, help="pod connection ID length (default: learned from long headers)")
+    add(
+        "--accept-proxy-protocol", nargs="?", const="true", default=str(c.DEFAULT_ACCEPT_PROXY_PROTOCOL).lower(),
+        help="every TCP connection starts with a PROXY v1/v2 header naming the client (true/false)",
+    )
+    add(
+        "--proxy-protocol-trusted-cidrs", default=",".join(c.DEFAULT_PROXY_PROTOCOL_TRUSTED_CIDRS),
+        help="comma-separated CIDRs allowed to send PROXY headers; other sources are closed unread",
+    )
+    add(
+        "--max-connections-per-client", default=str(c.DEFAULT_MAX_CONNECTIONS_PER_CLIENT),
+        help="TCP connections one client IP (IPv6: /64) may hold open; 0 = no limit",
+    )
+    add(
+        "--max-quic-flows-per-client", default=str(c.DEFAULT_MAX_QUIC_FLOWS_PER_CLIENT),
+        help="routed plus pending QUIC flows one client IP (IPv6: /64) may hold; 0 = no limit",
+    )
     add(
         "--access-log", default=c.DEFAULT_ACCESS_LOG,
         help="on or off: one info line per connection and QUIC flow when it ends",
@@ -153,6 +182,42 @@ def _port_name(flag: str, value: str) -> str:
     return value
 
 
+def _boolean(flag: str, value: str) -> bool:
+    text = value.strip().lower()
+    if text in ("true", "1", "yes", "on"):
+        return True
+    if text in ("false", "0", "no", "off"):
+        return False
+    raise ConfigError(f"{flag}: expected true or false, got {value!r}")
+
+
+def _per_client_limit(flag: str, value: str) -> int:
+    text = value.strip()
+    if not text.isdigit() or int(text) > c.MAX_PER_CLIENT_LIMIT:
+        raise ConfigError(f"{flag}: expected 0 (no limit) to {c.MAX_PER_CLIENT_LIMIT}, got {value!r}")
+    return int(text)
+
+
+def parse_cidrs(flag: str, value: str) -> tuple[IPNetwork, ...]:
+    """Comma-separated IPv4/IPv6 networks (a bare address is a /32 or /128); () when they cover
+    every address, so the edge skips the check."""
+    networks: list[IPNetwork] = []
+    for item in (part.strip() for part in value.split(",")):
+        if not item:
+            continue
+        try:
+            networks.append(ipaddress.ip_network(item, strict=True))
+        except ValueError as exc:
+            raise ConfigError(f"{flag}: {item!r} is not a CIDR ({exc})") from None
+    if not networks:
+        raise ConfigError(f"{flag}: expected at least one CIDR, got {value!r}")
+    if any(n.prefixlen == 0 for n in networks if n.version == 4) and any(
+        n.prefixlen == 0 for n in networks if n.version == 6
+    ):
+        return ()
+    return tuple(networks)
+
+
 def _log_level(value: str) -> str:
     """A level name (Python's or the Rust router's ``trace``/``warn``). A Rust env-filter such as
     ``info,kube=warn`` is accepted for drop-in compatibility: its bare default level is used."""
@@ -194,6 +259,12 @@ def config_from_args(
     kubeconfig = Path(ns.kubeconfig) if ns.kubeconfig else None
     if kubeconfig is not None and not os.access(kubeconfig, os.R_OK):
         raise ConfigError(f"--kubeconfig: cannot read {str(kubeconfig)!r}")
+    watch_idle_s = _positive_ms("--kube-watch-idle-timeout-ms", ns.kube_watch_idle_timeout_ms)
+    if watch_idle_s * 1000 < c.MIN_KUBE_WATCH_IDLE_TIMEOUT_MS:
+        raise ConfigError(
+            f"--kube-watch-idle-timeout-ms: must be at least {c.MIN_KUBE_WATCH_IDLE_TIMEOUT_MS}, "
+            f"got {ns.kube_watch_idle_timeout_ms}"
+        )
     if ns.log_format not in ("text", "json"):
         raise ConfigError(f"--log-format: expected text or json, got {ns.log_format!r}")
     log_level = _log_level(ns.log_level or env.get(c.LOG_LEVEL_ENV) or c.DEFAULT_LOG_LEVEL)
@@ -226,6 +297,7 @@ def config_from_args(
         peek_timeout_s=_positive_ms("--peek-timeout-ms", ns.peek_timeout_ms),
         endpoints_file=endpoints_file,
         kubeconfig=kubeconfig,
+        kube_watch_idle_timeout_s=watch_idle_s,
         round_robin_paths=paths,
         shutdown_delay_s=_non_negative_ms("--shutdown-delay-ms", ns.shutdown_delay_ms),
         drain_timeout_s=_non_negative_ms("--drain-timeout-ms", ns.drain_timeout_ms),
@@ -233,6 +305,10 @@ def config_from_args(
         log_level=log_level,
         workers=int(ns.workers),
         quic_cid_length=cid_length,
+        accept_proxy_protocol=_boolean("--accept-proxy-protocol", ns.accept_proxy_protocol),
+        proxy_protocol_trusted_cidrs=parse_cidrs("--proxy-protocol-trusted-cidrs", ns.proxy_protocol_trusted_cidrs),
+        max_connections_per_client=_per_client_limit("--max-connections-per-client", ns.max_connections_per_client),
+        max_quic_flows_per_client=_per_client_limit("--max-quic-flows-per-client", ns.max_quic_flows_per_client),
         access_log=ns.access_log == "on",
         debug_endpoints=bool(ns.debug_endpoints),
     )

@@ -71,8 +71,27 @@ LOG_LEVEL_ENV: Final = "LOG_LEVEL"
 DEFAULT_WORKERS: Final = 1
 """Processes sharing the listeners with SO_REUSEPORT; one is enough for most Gateways."""
 
-ENDPOINTS_FILE_POLL_INTERVAL_S: Final = 0.5
-"""The endpoints file is re-checked twice a second (the contract is at least once a second)."""
+DEFAULT_KUBE_WATCH_IDLE_TIMEOUT_MS: Final = 180_000
+"""Three bookmark periods (the API server bookmarks a watch about once a minute): two lost
+bookmarks are tolerated, and a silent stream is replaced within 3 min, not 5.5 (the read timeout)."""
+
+MIN_KUBE_WATCH_IDLE_TIMEOUT_MS: Final = 100
+"""Below this the watchdog would re-open a quiet watch in a near-hot loop."""
+
+DEFAULT_ACCEPT_PROXY_PROTOCOL: Final = False
+"""PROXY protocol off: a router reached without a balancer in front would otherwise refuse every worker."""
+
+DEFAULT_PROXY_PROTOCOL_TRUSTED_CIDRS: Final = ("0.0.0.0/0", "::/0")
+"""Every source may send a PROXY header: inside a cluster the Gateway's pod IPs are not stable."""
+
+DEFAULT_MAX_CONNECTIONS_PER_CLIENT: Final = 0
+"""No per-client TCP limit (the Rust router has none): one NAT egress may carry many real workers."""
+
+DEFAULT_MAX_QUIC_FLOWS_PER_CLIENT: Final = 0
+"""No per-client QUIC limit, as for TCP connections."""
+
+MAX_PER_CLIENT_LIMIT: Final = 1_000_000
+"""Largest per-client limit accepted: more than any fd limit, so a larger value is a typo."""
 
 # ---------------------------------------------------------------------------
 # Peek limits (TCP)
@@ -189,20 +208,9 @@ QUIC_OUTBOX_DATAGRAMS: Final = QUIC_GSO_MAX_SEGMENTS
 """Client datagrams a flow collects within one loop iteration before it sends them at once: one
 full GSO run, so a flood holds at most this many per flow between two sends."""
 
-# ---------------------------------------------------------------------------
-# Kubernetes discovery
-# ---------------------------------------------------------------------------
-SERVICE_NAME_LABEL: Final = "kubernetes.io/service-name"
-"""Label the EndpointSlice controller puts on every slice of a Service."""
-
-WATCH_TIMEOUT_S: Final = 300
-"""Server-side watch timeout; the API server ends the stream and we re-watch from the last RV."""
-
-BACKOFF_INITIAL_S: Final = 0.5
-"""First retry delay after an API error."""
-
-BACKOFF_MAX_S: Final = 30.0
-"""Retry delay cap: an API outage is retried at least twice a minute."""
+QUIC_POD_SOCKADDR_CACHE: Final = 4_096
+"""Pod endpoints whose resolved socket address is kept, so a new flow skips ``getaddrinfo``: far
+more than one router's pods, and bounded (least recently used first out) when endpoints churn."""
 
 # ---------------------------------------------------------------------------
 # Metrics (names and label values match the Rust router)
@@ -246,6 +254,9 @@ DISCOVERY_UPDATES_TOTAL: Final = f"{METRIC_PREFIX}_discovery_updates"
 DISCOVERY_LAST_SYNC_AGE_SECONDS: Final = f"{METRIC_PREFIX}_discovery_last_sync_age_seconds"
 """Gauge of seconds since the discovery source last synced successfully."""
 
+DISCOVERY_REWATCHES_TOTAL: Final = f"{METRIC_PREFIX}_discovery_rewatches"
+"""Counter of Kubernetes watches re-opened, by cause (idle, ended, dropped, expired)."""
+
 BUILD_INFO: Final = f"{METRIC_PREFIX}_build_info"
 """Constant 1 gauge labelled with the version."""
 
@@ -266,23 +277,8 @@ REASON_UNKNOWN_SNI: Final = "unknown target SNI"
 REASON_TARGET_NOT_READY: Final = "target stargate not ready"
 """Reason when the named pod is known by name but not routable (no port / dial failed)."""
 
-# ---------------------------------------------------------------------------
-# Discovery sources: endpoints file size, Kubernetes API timeouts, watch health
-# ---------------------------------------------------------------------------
-ENDPOINTS_FILE_MAX_BYTES: Final = 32 * 1024 * 1024
-"""Larger endpoints files are refused unread; a 10,000-pod EndpointSlice dump is about 10 MiB."""
-
-KUBE_API_CONNECT_TIMEOUT_S: Final = 10.0
-"""Connect timeout to the API server; a blackholed server fails here and is retried with backoff."""
-
-KUBE_LIST_TIMEOUT_S: Final = 60.0
-"""Whole-request cap on one EndpointSlice list; a loaded API server answers big lists in seconds."""
-
-WATCH_READ_SLACK_S: Final = 30.0
-"""A watch stream silent for WATCH_TIMEOUT_S plus this is dead (the server's own timeout fires first)."""
-
-WATCH_HEALTHY_AFTER_S: Final = 5.0
-"""An event-less watch open this long resets the backoff; shorter ones back off, so never a hot loop."""
+REASON_TOO_MANY_CONNECTIONS: Final = "too many connections from client"
+"""Reason (QUIC CONNECTION_CLOSE phrase, gRPC message) when a client is over its per-client limit."""
 
 # ---------------------------------------------------------------------------
 # Worker processes (--workers N) and the merge of their metrics

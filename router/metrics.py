@@ -10,6 +10,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
 from prometheus_client.registry import Collector
 
+from discovery.observer import RewatchCause
 from router import constants as c
 from router.outcomes import (
     TCP_PROTOCOLS,
@@ -81,6 +82,9 @@ class RouterMetrics:
             c.CONNECTION_DURATION_SECONDS, "Accept (or first datagram) to end of a connection or flow.",
             ["protocol"], buckets=c.DURATION_BUCKETS_S, registry=r,
         )
+        self.discovery_rewatches = Counter(
+            c.DISCOVERY_REWATCHES_TOTAL, "Kubernetes watches re-opened, by cause.", ["cause"], registry=r,
+        )
         self.build_info = Gauge(c.BUILD_INFO, "Build information.", ["version"], registry=r)
         self.build_info.labels(version=version).set(1)
         ProcessCollector(registry=r)  # process_cpu_seconds_total, process_resident_memory_bytes, fds
@@ -106,6 +110,8 @@ class RouterMetrics:
         for source in DiscoverySource:
             for result in DiscoveryResult:
                 self.discovery_updates.labels(source=source, result=result)
+        for cause in RewatchCause:
+            self.discovery_rewatches.labels(cause=cause)
 
     def grpc_outcome(self, protocol: ProtocolLabel, outcome: GrpcOutcome) -> None:
         self.grpc_connections.labels(protocol=protocol, outcome=outcome).inc()

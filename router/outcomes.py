@@ -38,6 +38,8 @@ class GrpcOutcome(StrEnum):
     CONNECT_ERROR = "connect_error"
     PROTOCOL_ERROR = "protocol_error"
     PEEK_TIMEOUT = "peek_timeout"
+    CLIENT_LIMIT = "client_limit"
+    """The client IP already held ``--max-connections-per-client`` connections (not the Rust router's)."""
     COMPLETED = "completed"
     RELAY_ERROR = "relay_error"
 
@@ -49,6 +51,8 @@ class QuicOutcome(StrEnum):
     MISSING_SNI = "missing_sni"
     UNKNOWN_SNI = "unknown_sni"
     TARGET_UNAVAILABLE = "target_unavailable"
+    CLIENT_LIMIT = "client_limit"
+    """The client IP already held ``--max-quic-flows-per-client`` flows (not the Rust router's)."""
     COMPLETED = "completed"
     RELAY_ERROR = "relay_error"
 

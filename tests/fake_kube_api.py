@@ -2,9 +2,11 @@
 
 Real aiohttp server on 127.0.0.1, driven by the real kubernetes-asyncio client. It keeps
 a global resourceVersion (RV) bumped by every write, an event history for watches to
-replay from any RV, and the test controls the faults: compaction (old RVs -> 410),
-HTTP errors for the next N requests, streams cut mid-event, an outage on the same port,
-latency. Every request is recorded so a test can check what the client asked for.
+replay from any RV, and the test controls the faults: compaction (old RVs -> 410, also
+while the server is down), HTTP errors for the next N requests (429/503 with Retry-After:
+a throttle), streams cut mid-event, frozen streams (open, silent: a half-open connection),
+periodic bookmarks, an outage on the same port, latency. Every request is recorded so a
+test can check what the client asked for.
 
 Also here: ``make_slice`` / ``make_endpoint``, the EndpointSlice builders the tests share.
 """
@@ -21,7 +23,7 @@ from typing import Any
 
 from aiohttp import web
 
-from router.constants import SERVICE_NAME_LABEL
+from discovery.constants import SERVICE_NAME_LABEL
 
 API_PREFIX = "/apis/discovery.k8s.io/v1/namespaces/{namespace}/endpointslices"
 
@@ -96,6 +98,8 @@ class _Watch:
     bookmarks: bool
     queue: asyncio.Queue[tuple[str, Any]] = field(default_factory=asyncio.Queue)
     transport: asyncio.Transport | None = None
+    hung: bool = False
+    """Open but silent from now on: nothing more is written, not even at the server timeout."""
 
 
 def _parse_selector(text: str) -> dict[str, str]:
@@ -131,8 +135,12 @@ class FakeKubeApi:
         self.latency_s = 0.0
         self.gone_as_http_status = False
         """Answer a too-old watch with HTTP 410 instead of a 200 stream carrying an ERROR event."""
+        self.bookmark_interval_s: float | None = None
+        """Send a BOOKMARK to every bookmark watch this often (the API server does about once a minute)."""
+        self.hang_new_watches = False
+        """New watches are accepted (200, headers) and then stay silent: a frozen stream."""
         self.port = 0
-        self._failures: list[int] = []
+        self._failures: list[tuple[int, str | None]] = []
         self._watches: list[_Watch] = []
         self._frozen = False
         self._cut_next_event = False
@@ -209,9 +217,19 @@ class FakeKubeApi:
                 watch.queue.put_nowait(("event", {"type": event, "object": obj}))
 
     # -- fault controls ----------------------------------------------------
-    def fail_next(self, status: int, count: int = 1) -> None:
-        """The next ``count`` requests (list or watch) are answered with ``status``."""
-        self._failures.extend([status] * count)
+    def fail_next(self, status: int, count: int = 1, retry_after: str | None = None) -> None:
+        """The next ``count`` requests (list or watch) are answered with ``status`` (and ``Retry-After``)."""
+        self._failures.extend([(status, retry_after)] * count)
+
+    def throttle(self, count: int, retry_after_s: int = 1) -> None:
+        """API Priority and Fairness: the next ``count`` requests get 429 with ``Retry-After``."""
+        self.fail_next(429, count, str(retry_after_s))
+
+    def hang_watches(self) -> None:
+        """Every open watch goes silent with its connection left open (events are still recorded,
+        so a re-watch from the last RV gets them)."""
+        for watch in self._watches:
+            watch.hung = True
 
     def freeze_watches(self) -> None:
         """Open watches stop receiving events (a lagging watch cache); follow with ``compact``."""
@@ -243,10 +261,12 @@ class FakeKubeApi:
         self.rv += unrelated_writes
         for watch in self._watches:
             if watch.bookmarks:
-                bookmark = {"kind": "EndpointSlice", "apiVersion": "discovery.k8s.io/v1",
-                            "metadata": {"resourceVersion": str(self.rv)}}
-                watch.queue.put_nowait(("event", {"type": "BOOKMARK", "object": bookmark}))
+                watch.queue.put_nowait(("event", self._bookmark()))
         return self.rv
+
+    def _bookmark(self) -> dict[str, Any]:
+        return {"type": "BOOKMARK", "object": {"kind": "EndpointSlice", "apiVersion": "discovery.k8s.io/v1",
+                                               "metadata": {"resourceVersion": str(self.rv)}}}
 
     def send_raw(self, data: bytes) -> None:
         """Write ``data`` as-is to every open watch (garbage a broken proxy might send)."""
@@ -272,9 +292,11 @@ class FakeKubeApi:
         if self.latency_s:
             await asyncio.sleep(self.latency_s)
         if self._failures:
-            status = self._failures.pop(0)
+            status, retry_after = self._failures.pop(0)
             self.requests.append(RecordedRequest(time.monotonic(), kind, query, status))
-            return web.json_response(_status(status, "Injected", f"injected {status}"), status=status)
+            headers = {"Retry-After": retry_after} if retry_after is not None else None
+            return web.json_response(_status(status, "Injected", f"injected {status}"), status=status,
+                                     headers=headers)
         namespace = request.match_info["namespace"]
         selector = _parse_selector(query.get("labelSelector", ""))
         if not is_watch:
@@ -306,7 +328,7 @@ class FakeKubeApi:
             await response.write(json.dumps({"type": "ERROR", "object": error}).encode() + b"\n")
             return response
         watch = _Watch(namespace, selector, query.get("allowWatchBookmarks", "").lower() in ("true", "1"),
-                       transport=request.transport)
+                       transport=request.transport, hung=self.hang_new_watches)
         if since in ("", "0"):  # no RV: synthetic ADDED for everything that exists
             for obj in self.objects.values():
                 if _matches(obj, namespace, selector):
@@ -316,17 +338,34 @@ class FakeKubeApi:
                 if rv > int(since) and _matches(obj, namespace, selector):
                     watch.queue.put_nowait(("event", {"type": event, "object": obj}))
         timeout = float(query.get("timeoutSeconds", "1800"))
-        deadline = asyncio.get_running_loop().time() + timeout
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        next_bookmark = loop.time() + (self.bookmark_interval_s or timeout)
         self._watches.append(watch)
         try:
             while True:
-                remaining = deadline - asyncio.get_running_loop().time()
+                if watch.hung:  # silent until dropped: the server timeout does not end it either
+                    what, payload = await watch.queue.get()
+                    if what == "drop":
+                        self._abort(watch)
+                        return response
+                    continue
+                remaining = deadline - loop.time()
                 if remaining <= 0:
                     return response  # server-side timeout: a clean end of stream
                 try:
-                    what, payload = await asyncio.wait_for(watch.queue.get(), remaining)
+                    what, payload = await asyncio.wait_for(
+                        watch.queue.get(), min(remaining, max(0.0, next_bookmark - loop.time())),
+                    )
                 except TimeoutError:
-                    return response
+                    if loop.time() < next_bookmark:
+                        continue  # the server timeout: the loop ends the stream
+                    next_bookmark = loop.time() + (self.bookmark_interval_s or timeout)
+                    if not (self.bookmark_interval_s and watch.bookmarks):
+                        continue
+                    what, payload = "event", self._bookmark()
+                if watch.hung and what != "drop":
+                    continue  # frozen while this wait was pending
                 if what == "drop":
                     self._abort(watch)
                     return response
@@ -353,12 +392,3 @@ class FakeKubeApi:
     def _abort(watch: _Watch) -> None:
         if watch.transport is not None:
             watch.transport.abort()
-
-
-async def eventually(predicate: Any, timeout_s: float = 5.0, interval_s: float = 0.02) -> None:
-    """Wait until ``predicate()`` is true; fail the test after ``timeout_s`` (a convergence bound)."""
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not reached within {timeout_s} s")
-        await asyncio.sleep(interval_s)

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from discovery.backoff import Backoff
-from router.constants import BACKOFF_INITIAL_S, BACKOFF_MAX_S
+from discovery.constants import BACKOFF_INITIAL_S, BACKOFF_MAX_S
 
 
 def test_delay_doubles_up_to_the_cap_with_no_jitter_at_the_top_of_the_range() -> None:

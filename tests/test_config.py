@@ -29,6 +29,31 @@ def test_defaults_match_the_rust_router() -> None:
     assert cfg.log_level == "info"
 
 
+def test_trust_at_the_edge_is_off_and_unlimited_by_default() -> None:
+    cfg = config_from_args([], environ={"POD_NAMESPACE": "x"})
+    assert cfg.accept_proxy_protocol is c.DEFAULT_ACCEPT_PROXY_PROTOCOL is False
+    assert cfg.proxy_protocol_trusted_cidrs == ()  # () = every source, from the default 0.0.0.0/0,::/0
+    assert cfg.max_connections_per_client == c.DEFAULT_MAX_CONNECTIONS_PER_CLIENT == 0
+    assert cfg.max_quic_flows_per_client == c.DEFAULT_MAX_QUIC_FLOWS_PER_CLIENT == 0
+
+
+@pytest.mark.parametrize(("args", "on"), [(["--accept-proxy-protocol"], True),
+                                          (["--accept-proxy-protocol=true"], True),
+                                          (["--accept-proxy-protocol", "false"], False)])
+def test_accept_proxy_protocol_is_a_flag_or_a_boolean(args: list[str], on: bool) -> None:
+    assert config_from_args(args, environ={"POD_NAMESPACE": "x"}).accept_proxy_protocol is on
+
+
+def test_trusted_cidrs_and_limits_are_parsed() -> None:
+    cfg = config_from_args(
+        ["--accept-proxy-protocol", "--proxy-protocol-trusted-cidrs", "10.0.0.0/8, 127.0.0.9,fd00::/8",
+         "--max-connections-per-client", "50", "--max-quic-flows-per-client", "20"],
+        environ={"POD_NAMESPACE": "x"},
+    )
+    assert [str(n) for n in cfg.proxy_protocol_trusted_cidrs] == ["10.0.0.0/8", "127.0.0.9/32", "fd00::/8"]
+    assert (cfg.max_connections_per_client, cfg.max_quic_flows_per_client) == (50, 20)
+
+
 def test_access_log_is_on_and_debug_endpoints_off_by_default() -> None:
     cfg = config_from_args([], environ={"POD_NAMESPACE": "x"})
     assert (cfg.access_log, cfg.debug_endpoints) == (True, False)
@@ -72,6 +97,15 @@ def test_ipv6_listen_address() -> None:
         (["--workers", "0"], "--workers"),
         (["--round-robin-paths", "relative/path"], "--round-robin-paths"),
         (["--quic-cid-length", "21"], "--quic-cid-length"),
+        (["--accept-proxy-protocol=maybe"], "--accept-proxy-protocol"),
+        (["--proxy-protocol-trusted-cidrs", "10.0.0.0/33"], "--proxy-protocol-trusted-cidrs"),
+        (["--proxy-protocol-trusted-cidrs", "10.0.0.1/8"], "--proxy-protocol-trusted-cidrs"),
+        (["--proxy-protocol-trusted-cidrs", "gateway.local"], "--proxy-protocol-trusted-cidrs"),
+        (["--proxy-protocol-trusted-cidrs", " , "], "--proxy-protocol-trusted-cidrs"),
+        (["--max-connections-per-client", "-1"], "--max-connections-per-client"),
+        (["--max-connections-per-client", "ten"], "--max-connections-per-client"),
+        (["--max-quic-flows-per-client", "1000001"], "--max-quic-flows-per-client"),
+        (["--max-quic-flows-per-client", "1.5"], "--max-quic-flows-per-client"),
         (["--access-log", "yes"], "--access-log"),
     ],
 )
@@ -98,9 +132,33 @@ def test_process_exits_2_with_one_line(tmp_path: Path) -> None:
     assert "--connect-timeout-ms" in lines[0]
 
 
+@pytest.mark.parametrize(
+    ("flag", "value"),
+    [("--proxy-protocol-trusted-cidrs", "10.0.0.0/99"), ("--max-quic-flows-per-client", "-3"),
+     ("--accept-proxy-protocol", "perhaps")],
+)
+def test_bad_trust_flag_exits_2_with_one_line_naming_it(flag: str, value: str) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "router", f"{flag}={value}"],
+        capture_output=True, text=True, timeout=30, env={"POD_NAMESPACE": "x", "PATH": "/usr/bin:/bin"},
+    )
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and flag in lines[0]
+
+
 def test_unknown_flag_exits_2() -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "router", "--no-such-flag"],
         capture_output=True, text=True, timeout=30,
     )
     assert proc.returncode == 2
+
+
+def test_kube_watch_idle_timeout_defaults_to_three_bookmark_periods_and_is_validated() -> None:
+    env = {"POD_NAMESPACE": "x"}
+    assert config_from_args([], environ=env).kube_watch_idle_timeout_s == 180.0
+    assert config_from_args(["--kube-watch-idle-timeout-ms", "1500"], environ=env).kube_watch_idle_timeout_s == 1.5
+    for bad in ("0", "-5", "soon", str(c.MIN_KUBE_WATCH_IDLE_TIMEOUT_MS - 1)):
+        with pytest.raises(ConfigError, match=r"^--kube-watch-idle-timeout-ms: "):
+            config_from_args(["--kube-watch-idle-timeout-ms", bad], environ=env)

@@ -30,6 +30,8 @@ KUSTOMIZATION = DEPLOY / "kustomization.yaml"
 RBAC = DEPLOY / "rbac.yaml"
 EXAMPLES = DEPLOY / "examples"
 """Files for users to copy (an endpoints file), deliberately outside the kustomization."""
+COMPONENTS = DEPLOY / "components"
+"""Opt-in kustomize components (not in the base); tests/test_deploy_components.py renders each."""
 GATEWAY_GROUP = "gateway.networking.k8s.io"
 
 ROUTER_PORTS = {
@@ -147,7 +149,10 @@ def pod_labels() -> dict[str, str]:
 def test_kustomization_lists_every_manifest_and_each_exists() -> None:
     listed = listed_resources() + generated_files()
     assert len(listed) == len(set(listed)), "a file is listed twice"
-    on_disk = {p for p in DEPLOY.rglob("*") if p.is_file() and p != KUSTOMIZATION and EXAMPLES not in p.parents}
+    on_disk = {
+        p for p in DEPLOY.rglob("*")
+        if p.is_file() and p != KUSTOMIZATION and EXAMPLES not in p.parents and COMPONENTS not in p.parents
+    }
     assert on_disk - set(listed) == set(), "files under deploy/ that the kustomization omits"
     missing = [p for p in listed if not p.exists()]
     assert [p for p in missing if p != RBAC] == []

@@ -21,7 +21,7 @@ from discovery.settings import DiscoverySettings
 from discovery.targets import Target
 from tests.fake_kube_api import make_endpoint, make_slice
 
-SETTINGS = DiscoverySettings(namespace="stargate", service_name="stargate-headless")
+SETTINGS = DiscoverySettings("stargate", "stargate-headless", "grpc", "quic")
 
 
 def pods(slices: list[dict[str, Any]], s: DiscoverySettings = SETTINGS) -> list[str]:

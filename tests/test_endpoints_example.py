@@ -17,6 +17,7 @@ import yaml
 from discovery.file_source import load_endpoints_file
 from discovery.settings import DiscoverySettings
 from discovery.targets import Target
+from router import constants as c
 from router.config import config_from_args
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -35,7 +36,9 @@ def readme_command() -> list[str]:
 
 
 def test_example_yields_two_pods_with_grpc_and_quic_ports() -> None:
-    load = load_endpoints_file(EXAMPLE, DiscoverySettings(NAMESPACE))
+    load = load_endpoints_file(EXAMPLE, DiscoverySettings(
+        NAMESPACE, c.DEFAULT_TARGET_SERVICE_NAME, c.DEFAULT_GRPC_PORT_NAME, c.DEFAULT_QUIC_PORT_NAME,
+    ))
     assert load.error is None and load.snapshot is not None
     assert sorted(load.snapshot, key=lambda t: t.pod_name) == [
         Target("stargate-0", "127.0.0.2", 50051, 50052),

@@ -6,21 +6,24 @@ import asyncio
 import json
 import logging
 import os
+import shutil
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
 import yaml
 
+from discovery import constants as dc
 from discovery.file_source import EndpointsFileSource, load_endpoints_file
 from discovery.settings import DiscoverySettings
 from discovery.targets import TargetSnapshot
 from router import constants as c
+from router.app import MetricsDiscoveryObserver
 from router.metrics import RouterMetrics
 from tests.fake_kube_api import make_endpoint, make_slice
 from tests.support.polling import eventually
 
-SETTINGS = DiscoverySettings(namespace="stargate", service_name="stargate-headless")
+SETTINGS = DiscoverySettings("stargate", "stargate-headless", "grpc", "quic")
 POLL_S = 0.05
 Start = Callable[[EndpointsFileSource], None]
 
@@ -90,7 +93,7 @@ def test_load_once_publishes_the_files_targets_and_marks_synced(
 ) -> None:
     path = tmp_path / "endpoints.yaml"
     write(path, {"stargate-0": "10.0.0.1", "stargate-1": "fd00::2"})
-    source = EndpointsFileSource(SETTINGS, recorder, metrics, path=path)
+    source = EndpointsFileSource(SETTINGS, recorder, MetricsDiscoveryObserver(metrics), path=path)
     assert gauge(metrics, c.DISCOVERY_LAST_SYNC_AGE_SECONDS) == -1
     assert source.load_once() is True
     assert recorder.pods == ["stargate-0", "stargate-1"]
@@ -111,7 +114,7 @@ def test_load_once_on_a_missing_or_unusable_file_fails_without_publishing(
         path.write_text(content)
     elif isinstance(content, bytes):
         path.write_bytes(content)
-    source = EndpointsFileSource(SETTINGS, recorder, metrics, path=path)
+    source = EndpointsFileSource(SETTINGS, recorder, MetricsDiscoveryObserver(metrics), path=path)
     assert source.load_once() is False
     assert recorder.published == []
     assert not source.synced.is_set()
@@ -122,7 +125,7 @@ def test_a_directory_or_oversized_file_is_refused(tmp_path: Path) -> None:
     assert load_endpoints_file(tmp_path, SETTINGS).snapshot is None
     big = tmp_path / "big.yaml"
     with open(big, "wb") as f:
-        f.truncate(c.ENDPOINTS_FILE_MAX_BYTES + 1)  # sparse: costs no disk
+        f.truncate(dc.ENDPOINTS_FILE_MAX_BYTES + 1)  # sparse: costs no disk
     load = load_endpoints_file(big, SETTINGS)
     assert load.snapshot is None and load.error is not None and "larger than" in load.error
 
@@ -133,7 +136,9 @@ async def synced_source(
     """A running source over an endpoints file naming stargate-0, once it has synced."""
     path = tmp_path / "endpoints.yaml"
     write(path, {"stargate-0": "10.0.0.1"})
-    source = EndpointsFileSource(SETTINGS, recorder, metrics, path=path, poll_interval_s=POLL_S)
+    source = EndpointsFileSource(
+        SETTINGS, recorder, MetricsDiscoveryObserver(metrics) if metrics else None, path=path, poll_interval_s=POLL_S,
+    )
     running(source)
     await asyncio.wait_for(source.synced.wait(), 3)
     return path, source
@@ -237,3 +242,51 @@ async def test_file_appearing_after_start_is_picked_up_and_marks_synced(
 def test_poll_interval_must_be_positive(tmp_path: Path) -> None:
     with pytest.raises(ValueError):
         EndpointsFileSource(SETTINGS, lambda s: None, path=tmp_path / "x", poll_interval_s=0)
+
+
+async def test_file_that_vanishes_and_comes_back_unchanged_is_confirmed_again_within_a_poll(
+    tmp_path: Path, recorder: Recorder, metrics: RouterMetrics, running: Start,
+) -> None:
+    """A writer that removes then re-creates the file (not an atomic rename): same content back."""
+    path, source = await synced_source(tmp_path, recorder, metrics, running)
+    aside = tmp_path / "aside.yaml"
+    os.rename(path, aside)
+    await eventually(lambda: updates(metrics, "error") == 1, 3)
+    synced_at = source.last_sync_monotonic
+    os.rename(aside, path)  # the very same file (inode, size, mtime) is back
+    await eventually(lambda: source.last_sync_monotonic != synced_at, 3)
+    assert updates(metrics, "unchanged") >= 1
+    assert len(recorder.published) == 1 and recorder.pods == ["stargate-0"]
+
+
+def configmap_volume(root: Path, version: str, pods: dict[str, str]) -> None:
+    """Write ``pods`` as the kubelet updates a ConfigMap volume: a new timestamped directory, then
+    an atomic swap of the ``..data`` symlink; ``endpoints.yaml`` -> ``..data/endpoints.yaml`` stays."""
+    target = root / f"..{version}"
+    target.mkdir()
+    write(target / "endpoints.yaml", pods)
+    tmp_link = root / "..data_tmp"
+    tmp_link.symlink_to(target.name)
+    old = os.readlink(root / "..data") if (root / "..data").is_symlink() else None
+    os.replace(tmp_link, root / "..data")
+    if old is not None:
+        shutil.rmtree(root / old)
+    if not (root / "endpoints.yaml").is_symlink():
+        (root / "endpoints.yaml").symlink_to("..data/endpoints.yaml")
+
+
+async def test_configmap_style_symlink_swap_is_picked_up_within_a_poll(
+    tmp_path: Path, recorder: Recorder, metrics: RouterMetrics, running: Start,
+) -> None:
+    configmap_volume(tmp_path, "2026_11_30_01", {"stargate-0": "10.0.0.1"})
+    path = tmp_path / "endpoints.yaml"
+    source = EndpointsFileSource(
+        SETTINGS, recorder, MetricsDiscoveryObserver(metrics), path=path, poll_interval_s=POLL_S,
+    )
+    running(source)
+    await asyncio.wait_for(source.synced.wait(), 3)
+    for n, pods in enumerate(({"stargate-1": "10.0.0.2"}, {"stargate-1": "10.0.0.3"}, {"stargate-0": "10.0.0.1"})):
+        configmap_volume(tmp_path, f"2026_11_30_0{n + 2}", pods)
+        await eventually(lambda pods=pods: {p: recorder.address_of(p) for p in recorder.pods} == pods, 3)
+    assert updates(metrics, "error") == 0
+    assert len(recorder.published) == 4

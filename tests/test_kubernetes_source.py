@@ -6,6 +6,9 @@ import asyncio
 import contextlib
 import itertools
 import json
+import math
+import shutil
+import subprocess
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -14,22 +17,27 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from discovery.backoff import Backoff
+from discovery import constants as dc
+from discovery.backoff import Backoff, retry_after_delay
+from discovery.kube_wire import parse_retry_after
 from discovery.kubernetes_source import (
     KubeApiResponseError,
     KubernetesSource,
+    keepalive_socket,
     parse_slice_list,
     parse_watch_event,
 )
+from discovery.observer import RewatchCause
 from discovery.settings import DiscoverySettings
 from discovery.targets import TargetSnapshot
 from router import constants as c
+from router.app import MetricsDiscoveryObserver
 from router.metrics import RouterMetrics
 from tests.fake_kube_api import FakeKubeApi, make_endpoint, make_slice
 from tests.support.polling import eventually
 
 NS = "stargate"
-SETTINGS = DiscoverySettings(namespace=NS, service_name="stargate-headless")
+SETTINGS = DiscoverySettings(NS, "stargate-headless", "grpc", "quic")
 CONVERGE_S = 5.0
 FAST_BACKOFF = (0.1, 1.0)
 """Outage tests retry at least once a second, so "back within 5 s" does not wait on a 30 s cap."""
@@ -69,8 +77,9 @@ async def start(
 
     def _start(backoff: tuple[float, float] | None = None, kubeconfig: Path | None = None,
                **kwargs: Any) -> KubernetesSource:
+        kwargs.setdefault("watch_idle_timeout_s", c.DEFAULT_KUBE_WATCH_IDLE_TIMEOUT_MS / 1000)
         source = KubernetesSource(
-            SETTINGS, recorder, metrics,
+            SETTINGS, recorder, MetricsDiscoveryObserver(metrics),
             kubeconfig=kubeconfig or api.write_kubeconfig(tmp_path / "kubeconfig"),
             backoff=Backoff(*backoff) if backoff else None, **kwargs,
         )
@@ -114,7 +123,7 @@ async def test_initial_list_publishes_the_services_ready_pods_and_watches_from_i
     await synced(source)
     assert recorder.pods == {"stargate-0": "10.0.0.1", "stargate-1": "fd00::2"}
     listed = api.requests_of("list")[0]
-    assert listed.query["labelSelector"] == f"{c.SERVICE_NAME_LABEL}=stargate-headless"
+    assert listed.query["labelSelector"] == f"{dc.SERVICE_NAME_LABEL}=stargate-headless"
     await eventually(lambda: api.open_watches == 1, CONVERGE_S)
     watch = api.requests_of("watch")[0]
     assert watch.query["resourceVersion"] == str(api.rv)
@@ -293,7 +302,7 @@ async def test_403_is_retried_with_backoff_never_an_immediate_repoll(
     lists = api.requests_of("list")
     assert [r.status for r in lists] == [403, 403, 403, 200]
     gaps = [b.at - a.at for a, b in itertools.pairwise(lists)]
-    assert all(gap >= 0.8 * c.BACKOFF_INITIAL_S for gap in gaps), gaps
+    assert all(gap >= 0.8 * dc.BACKOFF_INITIAL_S for gap in gaps), gaps
     assert updates(metrics, "error") == 3
     assert recorder.pods == {"stargate-0": "10.0.0.1"}
 
@@ -421,3 +430,198 @@ def test_fuzz_response_parsers_raise_only_kube_api_response_error(data: bytes) -
     for parse in (parse_watch_event, parse_slice_list):
         with contextlib.suppress(KubeApiResponseError):
             parse(data)
+
+
+# ---------------------------------------------------------------------------
+# Never stale (issue 15): 410 is progress, a silent watch is replaced, Retry-After honoured.
+# Where a test shows something did *not* wait, the wait it must not take is long (30 s) and
+# the convergence bound (CONVERGE_S) well below it, so timing noise cannot blur the two.
+# ---------------------------------------------------------------------------
+SLOW_BACKOFF = (30.0, 30.0)
+"""A backoff the tests must never see: any sleep on it would blow the CONVERGE_S bound."""
+
+
+def rewatches(metrics: RouterMetrics, cause: RewatchCause) -> float:
+    value = metrics.registry.get_sample_value(f"{c.DISCOVERY_REWATCHES_TOTAL}_total", {"cause": str(cause)})
+    assert value is not None, "the re-watch counter is zero-initialised for every cause"
+    return value
+
+
+# ---------------------------------------------------------------------------
+# 410 is progress, not failure
+# ---------------------------------------------------------------------------
+@pytest.mark.parametrize("as_http_status", [False, True], ids=["error-event", "http-410"])
+async def test_410_relists_at_once_without_a_backoff(
+    api: FakeKubeApi, start: Start, recorder: Recorder, metrics: RouterMetrics, as_http_status: bool,
+) -> None:
+    api.gone_as_http_status = as_http_status
+    api.upsert(pods_slice("s-a", {"stargate-0": "10.0.0.1"}))
+    source = start(backoff=SLOW_BACKOFF, watch_idle_timeout_s=0.5)
+    await synced(source)
+    await eventually(lambda: api.open_watches == 1, CONVERGE_S)
+    api.freeze_watches()
+    api.upsert(pods_slice("s-a", {"stargate-1": "10.0.0.2"}))
+    api.compact(expire_open_watches=not as_http_status)
+    if as_http_status:
+        api.hang_watches()  # replaced when idle; the re-watch from the compacted RV meets HTTP 410
+    await eventually(lambda: recorder.pods == {"stargate-1": "10.0.0.2"}, CONVERGE_S)
+    assert len(api.requests_of("list")) == 2
+    assert rewatches(metrics, RewatchCause.EXPIRED) == 1
+
+
+async def test_outage_with_compaction_converges_at_once_when_the_api_returns(
+    api: FakeKubeApi, start: Start, recorder: Recorder, metrics: RouterMetrics,
+) -> None:
+    """Refused dials are retried at least every RECONNECT_BACKOFF_MAX_S; the 410 on return is answered
+    by an immediate re-list: the 30 s backoff is never slept."""
+    api.upsert(pods_slice("s-a", {"stargate-0": "10.0.0.1"}))
+    source = start(backoff=SLOW_BACKOFF)
+    await synced(source)
+    await eventually(lambda: api.open_watches == 1, CONVERGE_S)
+    await api.stop()
+    api.upsert(pods_slice("s-a", {"stargate-9": "10.0.0.9"}))
+    api.compact()  # the history the router would resume from is gone while it cannot see
+    await asyncio.sleep(3.0)
+    assert recorder.pods == {"stargate-0": "10.0.0.1"}
+    await api.start()
+    await eventually(lambda: recorder.pods == {"stargate-9": "10.0.0.9"}, CONVERGE_S)
+    assert rewatches(metrics, RewatchCause.EXPIRED) == 1
+    assert updates(metrics, "error") >= 2  # the watch drop and the refused dials
+
+
+async def test_a_410_loop_without_progress_backs_off_never_a_hot_loop(
+    api: FakeKubeApi, start: Start, recorder: Recorder,
+) -> None:
+    api.gone_as_http_status = True
+    api.upsert(pods_slice("s-a", {"stargate-0": "10.0.0.1"}))
+    api.compacted_rv = 10**9  # every watch meets 410, even from a fresh list
+    source = start(backoff=(0.2, 0.2))
+    await synced(source)
+    await asyncio.sleep(2.0)
+    lists = len(api.requests_of("list"))
+    assert 2 <= lists <= 2.0 / 0.1 + 2, lists  # after the first 410, each further one waits >= 0.1 s
+
+
+# ---------------------------------------------------------------------------
+# A silent watch is replaced; a quiet healthy one is kept
+# ---------------------------------------------------------------------------
+async def test_a_frozen_watch_is_replaced_by_a_rewatch_from_its_resource_version(
+    api: FakeKubeApi, start: Start, recorder: Recorder, metrics: RouterMetrics,
+) -> None:
+    api.upsert(pods_slice("s-a", {"stargate-0": "10.0.0.1"}))
+    source = start(backoff=SLOW_BACKOFF, watch_idle_timeout_s=0.5)
+    await synced(source)
+    await eventually(lambda: api.open_watches == 1, CONVERGE_S)
+    held_rv = source.resource_version
+    api.hang_watches()  # open, silent: what a half-open connection looks like from here
+    api.upsert(pods_slice("s-a", {"stargate-1": "10.0.0.2"}))
+    await eventually(lambda: recorder.pods == {"stargate-1": "10.0.0.2"}, CONVERGE_S)
+    assert rewatches(metrics, RewatchCause.IDLE) == 1
+    assert len(api.requests_of("list")) == 1  # a re-watch, not a re-list
+    assert api.requests_of("watch")[1].query["resourceVersion"] == held_rv
+    assert updates(metrics, "error") == 0
+
+
+async def test_a_quiet_watch_with_bookmarks_is_never_replaced(
+    api: FakeKubeApi, start: Start, metrics: RouterMetrics,
+) -> None:
+    api.bookmark_interval_s = 0.1
+    api.upsert(pods_slice("s-a", {"stargate-0": "10.0.0.1"}))
+    source = start(watch_idle_timeout_s=1.0)  # ten bookmark periods: a loaded CI machine stalls for less
+    await synced(source)
+    await eventually(lambda: api.open_watches == 1, CONVERGE_S)
+    first = api.requests_of("watch")[0]
+    assert first.query["allowWatchBookmarks"].lower() == "true"
+    api.rv += 5  # unrelated cluster activity: the bookmarks carry it
+    await asyncio.sleep(3.5)  # three and a half idle periods, no event: only bookmarks
+    assert len(api.requests) == 2  # the list and the one watch
+    assert rewatches(metrics, RewatchCause.IDLE) == 0
+    assert int(source.resource_version or 0) > int(first.query["resourceVersion"])
+
+
+async def test_the_server_ending_a_watch_counts_as_ended(
+    api: FakeKubeApi, start: Start, metrics: RouterMetrics,
+) -> None:
+    api.upsert(pods_slice("s-a", {"stargate-0": "10.0.0.1"}))
+    source = start(watch_timeout_s=1)
+    await synced(source)
+    await eventually(lambda: rewatches(metrics, RewatchCause.ENDED) >= 1, CONVERGE_S)
+    assert rewatches(metrics, RewatchCause.IDLE) == 0
+
+
+async def test_a_dropped_watch_counts_as_dropped(api: FakeKubeApi, start: Start, metrics: RouterMetrics) -> None:
+    api.upsert(pods_slice("s-a", {"stargate-0": "10.0.0.1"}))
+    source = start()
+    await synced(source)
+    await eventually(lambda: api.open_watches == 1, CONVERGE_S)
+    api.drop_watches()
+    await eventually(lambda: rewatches(metrics, RewatchCause.DROPPED) == 1, CONVERGE_S)
+
+
+@pytest.mark.skipif(shutil.which("ss") is None, reason="needs ss (iproute2)")
+async def test_api_connections_carry_tcp_keepalive(api: FakeKubeApi, start: Start) -> None:
+    api.upsert(pods_slice("s-a", {"stargate-0": "10.0.0.1"}))
+    source = start()
+    await synced(source)
+    await eventually(lambda: api.open_watches == 1, CONVERGE_S)
+    out = (await asyncio.to_thread(
+        subprocess.run, ["ss", "-tnoH", "state", "established", "dst", f"127.0.0.1:{api.port}"],
+        capture_output=True, text=True, timeout=10,
+    )).stdout
+    assert out.strip(), "no client connection to the API"
+    assert all("keepalive" in line for line in out.splitlines()), out
+
+
+def test_keepalive_socket_sets_client_go_options() -> None:
+    import socket
+
+    sock = keepalive_socket((socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP, "", ("127.0.0.1", 1)))
+    with sock:
+        assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE) == dc.TCP_KEEPALIVE_IDLE_S
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL) == dc.TCP_KEEPALIVE_INTERVAL_S
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT) == dc.TCP_KEEPALIVE_PROBES
+
+
+# ---------------------------------------------------------------------------
+# Retry-After
+# ---------------------------------------------------------------------------
+@pytest.mark.parametrize("status", [429, 503])
+async def test_throttled_requests_wait_what_retry_after_says(
+    api: FakeKubeApi, start: Start, recorder: Recorder, metrics: RouterMetrics, status: int,
+) -> None:
+    api.fail_next(status, 3, retry_after="1")
+    api.upsert(pods_slice("s-a", {"stargate-0": "10.0.0.1"}))
+    source = start(backoff=(0.05, 0.05))  # the backoff alone would retry 20 times a second
+    await asyncio.wait_for(source.synced.wait(), CONVERGE_S + 3)
+    lists = api.requests_of("list")
+    assert [r.status for r in lists] == [status] * 3 + [200]
+    gaps = [b.at - a.at for a, b in itertools.pairwise(lists)]
+    assert all(gap >= 1.0 for gap in gaps), gaps
+    assert updates(metrics, "error") == 3
+
+
+def test_parse_retry_after() -> None:
+    assert parse_retry_after("1") == 1.0
+    assert parse_retry_after(" 120 ") == 120.0
+    assert parse_retry_after(None) is None
+    assert parse_retry_after("soon") is None
+    assert parse_retry_after("-1") is None
+    assert parse_retry_after("9" * 5000) == 1e9
+    assert parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT", now=1445412470.0) == 10.0
+    assert parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT", now=1445412490.0) == 0.0
+    assert parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT") is None  # a date needs the wall clock
+
+
+@given(st.text(max_size=64))
+def test_parse_retry_after_never_raises(value: str) -> None:
+    result = parse_retry_after(value, now=0.0)
+    assert result is None or (math.isfinite(result) and result >= 0)
+
+
+@given(st.floats(allow_nan=True), st.floats(min_value=-1, max_value=2) | st.just(math.nan))
+def test_retry_after_delay_is_never_early_and_capped(retry_after: float, r: float) -> None:
+    delay = retry_after_delay(retry_after, dc.BACKOFF_MAX_S, lambda: r)
+    asked = min(retry_after, dc.BACKOFF_MAX_S) if retry_after >= 0 else 0.0
+    assert delay >= asked
+    assert dc.RETRY_AFTER_MIN_S <= delay <= dc.BACKOFF_MAX_S * (1 + dc.RETRY_AFTER_JITTER)

@@ -25,6 +25,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from discovery import constants as dc
 from router import constants as c
 from router.metrics import RouterMetrics
 from router.outcomes import GrpcOutcome, QuicOutcome
@@ -284,7 +285,7 @@ def test_alerts_are_the_four_expected_with_for_severity_summary_description() ->
 def test_discovery_stale_threshold_outlasts_a_quiet_watch() -> None:
     [rule] = [r for r in alert_rules() if r["alert"] == "StargateRouterDiscoveryStale"]
     [threshold] = [float(x) for x in re.findall(r">\s*([\d.]+)", rule["expr"])]
-    assert threshold > c.WATCH_TIMEOUT_S
+    assert threshold > dc.WATCH_TIMEOUT_S
 
 
 def test_rejection_alert_counts_every_rejection_outcome() -> None:

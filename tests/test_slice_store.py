@@ -10,7 +10,7 @@ from discovery.slice_store import SliceStore
 from discovery.targets import EMPTY_SNAPSHOT, Target
 from tests.fake_kube_api import make_endpoint, make_slice
 
-SETTINGS = DiscoverySettings(namespace="stargate", service_name="stargate-headless")
+SETTINGS = DiscoverySettings("stargate", "stargate-headless", "grpc", "quic")
 
 
 def test_empty_store_has_empty_snapshot() -> None:

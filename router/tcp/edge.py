@@ -4,7 +4,8 @@ The first bytes decide, with no configuration: a TLS ClientHello is routed by it
 an HTTP/2 prior-knowledge (h2c) connection by the ``:authority`` of its first request.
 The parsers are sans-IO (``tls_peek``, ``h2c_peek``) and the choice of pod is
 ``router.routing``'s; this module owns the listener, the timeouts and the order of events:
-peek, decide, ``dial``, then ``relay`` (through ``settings_ack`` for h2c), or ``rejection``.
+``client_intake`` (the PROXY header, the per-client slot), peek, decide, ``dial``, then
+``relay`` (through ``settings_ack`` for h2c), or ``rejection``.
 """
 
 from __future__ import annotations
@@ -15,20 +16,24 @@ import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from discovery.targets import Target, TargetSnapshot, host_port
 from quic.clienthello import ClientHelloInfo
 from router import constants as c
 from router.access_log import AccessLog, AccessRecord, Outcome
+from router.config import IPNetwork
 from router.hostname import HostnameTemplate
 from router.log_limiter import RateLimitedLog
 from router.metrics import ProtocolSeries, RouterMetrics
 from router.outcomes import TCP_PROTOCOLS, GrpcOutcome, ProtocolLabel, Termination
 from router.routing import REFUSAL_ANSWERS, Refusal, Refused, RoundRobin, route
 from router.tcp.acceptor import Acceptor
+from router.tcp.client_intake import ClientIntake, Intake
 from router.tcp.dial import DialError, dial
 from router.tcp.h2_frames import EMPTY_SETTINGS_FRAME, H2PeekError
 from router.tcp.h2c_peek import H2Request, H2RequestReader, looks_like_h2c
+from router.tcp.proxy_protocol import ProxyHeaderError
 from router.tcp.rejection import answer_and_close, rejection_bytes
 from router.tcp.relay import RelayOutcome, RelayProbe, relay
 from router.tcp.settings_ack import SettingsAckStripper
@@ -43,6 +48,10 @@ class TcpRouterSettings:
     peek_timeout_s: float = c.DEFAULT_PEEK_TIMEOUT_MS / 1000
     round_robin_paths: frozenset[str] = frozenset(c.DEFAULT_ROUND_ROBIN_PATHS)
     use_splice: bool | None = None
+    accept_proxy_protocol: bool = c.DEFAULT_ACCEPT_PROXY_PROTOCOL
+    proxy_protocol_trusted_cidrs: tuple[IPNetwork, ...] = ()
+    """Empty: every source may send a PROXY header."""
+    max_connections_per_client: int = c.DEFAULT_MAX_CONNECTIONS_PER_CLIENT
 
 
 class _TcpSeries(ProtocolSeries):
@@ -116,6 +125,9 @@ class TcpRouter:
         self._metrics = metrics
         self._series = {p: _TcpSeries(metrics, p) for p in TCP_PROTOCOLS}
         self._rejections = RateLimitedLog(log)
+        self._clients = ClientIntake(
+            settings.accept_proxy_protocol, settings.proxy_protocol_trusted_cidrs, settings.max_connections_per_client
+        )
         self._acceptor = Acceptor(self._on_connection)
         self._tasks: set[asyncio.Task[None]] = set()
         self._round_robin = RoundRobin()
@@ -146,7 +158,7 @@ class TcpRouter:
         if tasks:
             await asyncio.wait(tasks, timeout=5.0)
 
-    def _on_connection(self, conn: socket.socket, peer: object) -> None:
+    def _on_connection(self, conn: socket.socket, peer: Any) -> None:
         assert self._loop is not None
         task = self._loop.create_task(self._serve(conn, peer))
         self._tasks.add(task)
@@ -156,28 +168,40 @@ class TcpRouter:
         self._series[protocol].outcomes[outcome].inc()
 
     # -- one connection --------------------------------------------------------------------
-    async def _serve(self, conn: socket.socket, peer: object) -> None:
+    async def _serve(self, conn: socket.socket, peer: tuple[Any, ...]) -> None:
         # Until the first bytes say TLS, an unidentified connection counts as h2c; _peek
         # updates ``progress.protocol`` as soon as they do, so a timeout or a malformed
         # ClientHello is counted (and answered) as TLS.
         progress = _Peeked(ProtocolLabel.H2C, b"", None)
         protocol = progress.protocol
+        intake: Intake | None = None  # who the client is, once known (after the PROXY header)
+        who = {"peer": host_port(peer[0], peer[1])}
         started = time.monotonic()
-        record = self._access.open(protocol, _client(peer), started)
+        record = self._access.open(protocol, who["peer"], started)
         accepted = False
         try:
             try:
                 async with asyncio.timeout(self._settings.peek_timeout_s):  # no extra task, unlike wait_for
-                    peeked = await self._peek(conn, progress)
-            except TimeoutError:
-                self._count(progress.protocol, GrpcOutcome.PEEK_TIMEOUT)
-                self._rejections.info("peek timeout", extra={"peer": str(peer), "outcome": GrpcOutcome.PEEK_TIMEOUT})
+                    intake = await self._clients.identify(conn, (peer[0], peer[1]))
+                    who = intake.log_fields()
+                    record.client = who["peer"]
+                    peeked = await self._peek(conn, progress, intake.first_bytes)
+            except TimeoutError:  # before the PROXY header's end the bytes are not the client's
+                outcome = GrpcOutcome.PEEK_TIMEOUT if intake is not None else GrpcOutcome.PROTOCOL_ERROR
+                self._count(progress.protocol, outcome)
+                self._rejections.info("peek timeout", extra={**who, "outcome": outcome})
                 conn.close()
-                self._end(record, progress, GrpcOutcome.PEEK_TIMEOUT, Termination.PEEK_TIMEOUT)
+                self._end(record, progress, outcome, Termination.PEEK_TIMEOUT)
+                return
+            except ProxyHeaderError as exc:  # untrusted source, missing or malformed header: unanswered
+                self._count(progress.protocol, GrpcOutcome.PROTOCOL_ERROR)
+                self._rejections.info("rejected: %s", exc, extra={**who, "outcome": GrpcOutcome.PROTOCOL_ERROR})
+                conn.close()
+                self._end(record, progress, GrpcOutcome.PROTOCOL_ERROR, Termination.REJECTED)
                 return
             except _Rejected as rej:  # unparsable first bytes
                 self._count(progress.protocol, rej.outcome)
-                self._rejections.info("rejected: %s", rej, extra={"peer": str(peer), "outcome": rej.outcome})
+                self._rejections.info("rejected: %s", rej, extra={**who, "outcome": rej.outcome})
                 answered = await self._answer_rejection(conn, progress, rej)  # TLS: decode_error; h2c: closed
                 ending = Termination.CLIENT_CLOSE if progress.closed_early else Termination.REJECTED
                 self._end(record, progress, rej.outcome, ending, answered)
@@ -185,6 +209,8 @@ class TcpRouter:
             protocol = record.protocol = peeked.protocol
             record.hostname = peeked.hostname
             try:
+                if not intake.within_limit:
+                    raise _Rejected(Refusal.CLIENT_LIMIT, c.REASON_TOO_MANY_CONNECTIONS)
                 target = self._decide(peeked)
                 record.decided_at = decided = time.monotonic()
                 self._series[protocol].decision.observe(decided - started)
@@ -198,8 +224,7 @@ class TcpRouter:
                 self._count(protocol, rej.outcome)
                 self._rejections.info(
                     "rejected %s connection: %s", protocol, rej,
-                    extra={"peer": str(peer), "hostname": peeked.hostname, "pod": rej.pod,
-                           "outcome": rej.outcome},
+                    extra={**who, "hostname": peeked.hostname, "pod": rej.pod, "outcome": rej.outcome},
                 )
                 record.pod, record.decided_at = rej.pod, record.decided_at or time.monotonic()
                 answered = await self._answer_rejection(conn, peeked, rej)
@@ -212,22 +237,20 @@ class TcpRouter:
             if log.isEnabledFor(logging.DEBUG):
                 log.debug(
                     "routing %s connection to %s", protocol, target.pod_name,
-                    extra={"peer": str(peer), "hostname": peeked.hostname, "pod": target.pod_name,
+                    extra={**who, "hostname": peeked.hostname, "pod": target.pod_name,
                            "outcome": GrpcOutcome.ACCEPTED},
                 )
             await self._splice(conn, pod, peeked, protocol, record, progress.answered)
         except asyncio.CancelledError:  # the drain ran out (or the router is closing): cut
             conn.close()
-            outcome: Outcome = None
-            if accepted and not record.ended:
-                outcome = GrpcOutcome.COMPLETED
-                self._count(protocol, outcome)
-            self._end(record, progress, outcome, Termination.DRAIN)
+            self._end(record, progress, None, Termination.DRAIN)  # a spliced one was ended by _splice
             raise
         except Exception:  # a bug must cost one connection, never the listener
             log.exception("unexpected error serving %s", peer)
             conn.close()
             self._end(record, progress, GrpcOutcome.RELAY_ERROR if accepted else None, Termination.ROUTER_ERROR)
+        finally:
+            self._clients.slots.release(conn)  # the connection's slot, if it took one
 
     def _end(
         self, record: AccessRecord, progress: _Peeked, outcome: Outcome, termination: Termination,
@@ -241,14 +264,18 @@ class TcpRouter:
         record.bytes_pod_to_client += progress.answered + answered[0]
         self._access.end(record, outcome, termination, time.monotonic())
 
-    async def _peek(self, conn: socket.socket, progress: _Peeked) -> _Peeked:
+    async def _peek(self, conn: socket.socket, progress: _Peeked, first_bytes: bytes = b"") -> _Peeked:
+        """The hostname from the first bytes: ``first_bytes`` (read with the PROXY header), then the socket's."""
         loop = asyncio.get_running_loop()
         buffered = bytearray()
         tls: ClientHelloReader | None = None
         h2: H2RequestReader | None = None
         settings_sent = False
         while True:
-            data = await loop.sock_recv(conn, c.MAX_PEEK_BYTES)
+            if first_bytes:
+                data, first_bytes = first_bytes, b""
+            else:
+                data = await loop.sock_recv(conn, c.MAX_PEEK_BYTES)
             if not data:
                 progress.closed_early = True
                 raise _Rejected(Refusal.MALFORMED, "connection closed before the hostname")
@@ -325,8 +352,9 @@ class TcpRouter:
                 on_start=on_start,
             )
         except asyncio.CancelledError:  # cut by the drain: what was relayed so far counts
-            self._end_spliced(record, GrpcOutcome.COMPLETED, Termination.DRAIN)
             self._count(protocol, GrpcOutcome.COMPLETED)
+            record.settle()
+            self._access.end(record, GrpcOutcome.COMPLETED, Termination.DRAIN, time.monotonic())
             raise
         finally:
             active.dec()
@@ -341,13 +369,6 @@ class TcpRouter:
         if result.error:
             self._rejections.info("relay ended: %s", result.error, extra={"outcome": outcome})
 
-    def _end_spliced(self, record: AccessRecord, outcome: GrpcOutcome, termination: Termination) -> None:
-        """End a record whose relay did not return: its probe's last counts become final."""
-        up, down, last = record.current()
-        record.probe = None
-        record.bytes_client_to_pod, record.bytes_pod_to_client, record.last_active = up, down, last
-        self._access.end(record, outcome, termination, time.monotonic())
-
     async def _answer_rejection(self, conn: socket.socket, peeked: _Peeked, rej: _Rejected) -> tuple[int, int]:
         """Tell the client why, in its own protocol, then close without a RST; ``(sent, read)``."""
         request = peeked.h2_request
@@ -357,10 +378,3 @@ class TcpRouter:
 
 def _grpc_port(target: Target) -> int:
     return target.grpc_port
-
-
-def _client(peer: object) -> str:
-    """``ip:port`` (``[v6]:port``) of an accepted client's address tuple."""
-    if isinstance(peer, tuple) and len(peer) >= 2:
-        return host_port(str(peer[0]), int(peer[1]))
-    return str(peer)

@@ -15,7 +15,8 @@ Refusals (missing/unknown SNI, pod not ready, draining) are answered with an Ini
 CONNECTION_CLOSE so the worker fails fast, and an unknown version with a Version Negotiation,
 under the rules of ``refusals``. A new connection from the address of an established flow is
 sniffed as a contender beside it; ``UdpFlowTable.contend`` decides whether it shares the flow,
-takes the address over, or is refused (``Refusal.ADDRESS_IN_USE``).
+takes the address over, or is refused (``Refusal.ADDRESS_IN_USE``). A client IP holding
+``--max-quic-flows-per-client`` pending and routed flows is refused (``Refusal.CLIENT_LIMIT``).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from quic.clienthello import ClientHelloInfo
 from quic.initial_sniffer import InitialSniffer
 from quic.packet import LongHeader, QuicPacketError
 from router.access_log import AccessLog
+from router.client_limits import ClientSlots
 from router.hostname import HostnameTemplate
 from router.metrics import ProtocolSeries, RouterMetrics
 from router.outcomes import ProtocolLabel, QuicDropReason, QuicOutcome, Termination
@@ -70,6 +72,7 @@ class UdpRouter:
         self._metrics = metrics
         self._series = ProtocolSeries(metrics, PROTOCOL)
         self._table: UdpFlowTable[InitialSniffer, _Link] = UdpFlowTable(settings.limits)
+        self._slots = ClientSlots(settings.max_flows_per_client)  # per pending flow, then its flow
         self._refusals = QuicRefusals(self._table, metrics, settings.reject_budget_bytes_per_s, self._send)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._clock: Callable[[], float] = time.monotonic
@@ -77,7 +80,8 @@ class UdpRouter:
         self._transport: asyncio.DatagramTransport | None = None
         self._accepting = True
         self._sweeper: asyncio.Task[None] | None = None
-        self._dials: set[asyncio.Task[None]] = set()
+        self._accepted = metrics.quic_connections.labels(outcome=QuicOutcome.ACCEPTED)
+        """Looked up once: every flow counts one."""
         self._empty = asyncio.Event()
         self._empty.set()
         self._replies = ClientReplies(self._learn_from_pod, self._flow_failed, self._now)
@@ -111,12 +115,10 @@ class UdpRouter:
     async def close(self) -> None:
         """Close every flow and the listener; idempotent."""
         self._accepting = False
-        tasks = [t for t in (self._sweeper, *self._dials) if t is not None]
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
+        if self._sweeper is not None:  # a dial still scheduled finds its pending flow gone
+            self._sweeper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await task
+                await self._sweeper
         self._sweeper = None
         self._close_flows()
         if self._transport is not None:
@@ -210,18 +212,23 @@ class UdpRouter:
         self._to_pod(flow, data, now)
 
     def _open(self, header: LongHeader, data: bytes, addr: Address, now: float, contending: bool = False) -> None:
-        if not self._accepting:
-            answered = self._refusals.refuse(addr, header.version, header.dcid, header.scid, len(data), now,
-                                             None, Refusal.TARGET_UNAVAILABLE)
-            return self._access.refused_unopened(addr, len(data), answered, now)
+        refusal = None if self._accepting else Refusal.TARGET_UNAVAILABLE
+        if refusal is None and not self._slots.take(header, addr[0]):  # before it costs a pending flow
+            refusal = Refusal.CLIENT_LIMIT
+        if refusal is not None:
+            answered = self._refusals.refuse(addr, header.version, header.dcid, header.scid, len(data), now, None,
+                                             refusal)
+            return self._access.refused_unopened(addr, len(data), answered, refusal, now)
         evicted = self._table.make_room()
         if evicted is not None:
             self._evict(evicted)
         sniffer = InitialSniffer(self.settings.max_crypto_bytes)
         opened = self._table.open_pending(addr, sniffer, now, dcid=header.dcid, contending=contending)
         if isinstance(opened, QuicDropReason):
+            self._slots.release(header)
             self._drop(opened)
             return
+        self._slots.move(header, opened)
         self._metrics.pending_flows.set(self._table.pending_count)
         self._access.open(opened, now)
         self._feed(opened, data, now)
@@ -274,25 +281,27 @@ class UdpRouter:
         target = decision
         pending.decided = True
         assert self._loop is not None
-        task = self._loop.create_task(self._dial(pending, target, hostname))
-        self._dials.add(task)
-        task.add_done_callback(self._dials.discard)
+        # After this iteration's datagrams (those that came with the ClientHello are buffered);
+        # a plain callback, not a task: no coroutine, no future, no second step per flow.
+        self._loop.call_soon(self._dial, pending, target, hostname)
 
     def _share(self, pending: PendingFlow[InitialSniffer], flow: Flow[_Link], now: float) -> None:
         """A contender naming the flow's own pod: its datagrams go through the flow's socket."""
         self._table.share(pending, flow)
         self._access.shared(pending)
+        self._slots.release(pending)  # the flow holds its client's slot already
         self._metrics.pending_flows.set(self._table.pending_count)
         self._metrics.quic_outcome(QuicOutcome.ACCEPTED)
         for datagram in pending.datagrams:
             self._to_pod(flow, datagram, now)
         pending.datagrams.clear()
 
-    async def _dial(self, pending: PendingFlow[InitialSniffer], target: Target, hostname: str | None) -> None:
+    def _dial(self, pending: PendingFlow[InitialSniffer], target: Target, hostname: str | None) -> None:
         """Open the flow's socket to the pod, then flush the buffered datagrams in order."""
         assert self._loop is not None
+        if self._table.pending(pending.address) is not pending:  # expired or closed meanwhile
+            return
         started = self._now()
-        await asyncio.sleep(0)  # after the datagrams that arrived with the ClientHello
         try:
             sock = connect_udp(target.address, target.quic_port)
         except OSError as exc:
@@ -302,16 +311,14 @@ class UdpRouter:
             return
         now = self._now()
         self._series.dial.observe(now - started)
-        if self._table.pending(pending.address) is not pending:  # expired or closed meanwhile
-            sock.close()
-            return
         link: _Link = PodLink(self._loop, sock, self._flow_failed)
         flow = self._table.establish(pending, target.pod_name, link, now)
+        self._slots.move(pending, flow)
         link.flow = flow
         self._access.established(pending, flow, target.quic_endpoint)
         self._loop.add_reader(sock.fileno(), self._replies.readable, link)
         self._metrics.pending_flows.set(self._table.pending_count)
-        self._metrics.quic_outcome(QuicOutcome.ACCEPTED)
+        self._accepted.inc()
         self._series.active.inc()
         log.debug("quic flow %s -> %s (%s)", peer(flow.address), target.quic_endpoint, hostname)
         for datagram in pending.datagrams:
@@ -343,6 +350,7 @@ class UdpRouter:
         """Account for a flow the table no longer holds, close its socket, write its access line."""
         flow.handle.close()
         self._access.end_flow(flow, outcome, termination, self._now())
+        self._slots.release(flow)
         self._metrics.quic_outcome(outcome)
         self._series.active.dec()
         self._note_if_empty()
@@ -352,6 +360,7 @@ class UdpRouter:
         """Forget an attempt that never became a flow; its access line says why."""
         self._access.end_pending(pending, outcome, termination, self._now(), answered)
         self._table.discard_pending(pending)
+        self._slots.release(pending)
         self._metrics.pending_flows.set(self._table.pending_count)
         self._note_if_empty()
 
@@ -380,6 +389,7 @@ class UdpRouter:
         expired = self._table.expire(now)
         for pending in expired.pending:
             self._drop(QuicDropReason.PENDING_TIMEOUT, max(1, len(pending.datagrams)))
+            self._slots.release(pending)
             self._access.end_pending(pending, None, Termination.PEEK_TIMEOUT, now)
         if expired.pending:
             self._metrics.pending_flows.set(self._table.pending_count)

@@ -76,8 +76,8 @@ class FlowAccess:
         record.last_active = flow.last_active
         self.log.end(record, outcome, termination, now)
 
-    def refused_unopened(self, addr: Address, received: int, answered: int, now: float) -> None:
-        """A new connection refused before any pending flow (the router is draining)."""
+    def refused_unopened(self, addr: Address, received: int, answered: int, refusal: Refusal, now: float) -> None:
+        """A new connection refused before any pending flow (draining, or its client over its limit)."""
         record = self.log.open(PROTOCOL, peer(addr), now)
         record.bytes_client_to_pod, record.bytes_pod_to_client = received, answered
-        self.log.end(record, quic_answer(Refusal.TARGET_UNAVAILABLE)[0], Termination.REJECTED, now)
+        self.log.end(record, quic_answer(refusal)[0], Termination.REJECTED, now)

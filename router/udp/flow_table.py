@@ -272,6 +272,10 @@ class UdpFlowTable(Generic[S, H]):
 
     def learn_from_pod(self, flow: Flow[H], datagram: bytes, cid_length: int | None) -> None:
         """Learn the SCID of a pod's v1/v2 long header: a migrated client's DCID will be it."""
+        if len(datagram) > 6:  # already learned (every handshake datagram after the first): no parse
+            at = 6 + datagram[5]
+            if at < len(datagram) and self._by_cid.get(datagram[at + 1 : at + 1 + datagram[at]]) is flow:
+                return
         try:
             header = parse_long_header(datagram)
         except QuicPacketError:

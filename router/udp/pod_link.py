@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import socket
 from collections.abc import Callable
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from router import constants as c
 from router.udp.batching import enable_gro, path_segment_limit, send_datagrams
@@ -38,8 +39,9 @@ class PodLink(Generic[F]):
         self.sock: socket.socket | None = sock
         self.flow: F | None = None
         self.outbox: list[bytes] = []
-        self.max_segment = path_segment_limit(sock)
-        """Longest datagram a GSO send may cut on this route (0: never batch)."""
+        self.max_segment = -1
+        """Longest datagram a GSO send may cut on this route (0: never batch); -1 until the first
+        send of several datagrams asks the kernel (most handshakes never need it)."""
         self._failed = failed
 
     def flush(self) -> int:
@@ -51,6 +53,8 @@ class PodLink(Generic[F]):
         try:
             if len(outbox) == 1:  # the common case of sparse traffic: no planning
                 return sock.send(outbox[0])
+            if self.max_segment < 0:
+                self.max_segment = path_segment_limit(sock)
             return send_datagrams(sock, outbox, self.max_segment)
         except BlockingIOError:  # the socket buffer is full: dropped, as UDP drops
             return 0
@@ -109,15 +113,22 @@ class Outboxes(Generic[F]):
 
 def connect_udp(address: str, port: int) -> socket.socket:
     """A non-blocking UDP socket connected to a pod IP (never a name: no DNS here), GRO on if offered."""
-    family, kind, proto, _, sockaddr = socket.getaddrinfo(
-        address, port, type=socket.SOCK_DGRAM, flags=socket.AI_NUMERICHOST
-    )[0]
-    sock = socket.socket(family, kind, proto)
+    family, sockaddr = _pod_sockaddr(address, port)
+    sock = socket.socket(family, socket.SOCK_DGRAM | socket.SOCK_NONBLOCK)  # no ioctl to unblock it
     try:
-        sock.setblocking(False)
         enable_gro(sock)
         sock.connect(sockaddr)
     except OSError:
         sock.close()
         raise
     return sock
+
+
+@functools.lru_cache(maxsize=c.QUIC_POD_SOCKADDR_CACHE)
+def _pod_sockaddr(address: str, port: int) -> tuple[socket.AddressFamily, tuple[Any, ...]]:
+    """Family and socket address of a numeric pod IP (a name raises ``gaierror``), resolved once
+    per pod endpoint instead of one ``getaddrinfo`` per flow."""
+    family, _, _, _, sockaddr = socket.getaddrinfo(
+        address, port, type=socket.SOCK_DGRAM, flags=socket.AI_NUMERICHOST
+    )[0]
+    return family, sockaddr

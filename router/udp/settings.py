@@ -22,6 +22,8 @@ class UdpRouterSettings:
     max_crypto_bytes: int = QUIC_MAX_CRYPTO_BYTES
     reject_budget_bytes_per_s: float = c.QUIC_REJECT_BUDGET_BYTES_PER_S
     sweep_interval_s: float = c.QUIC_FLOW_SWEEP_INTERVAL_MS / 1000
+    max_flows_per_client: int = c.DEFAULT_MAX_QUIC_FLOWS_PER_CLIENT
+    """Routed plus pending flows one client IP (IPv6: /64) may hold; 0 = no limit."""
 
     def __post_init__(self) -> None:
         if self.cid_length is not None and not 1 <= self.cid_length <= 20:
@@ -29,3 +31,5 @@ class UdpRouterSettings:
         for name in ("max_crypto_bytes", "reject_budget_bytes_per_s", "sweep_interval_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
+        if self.max_flows_per_client < 0:
+            raise ValueError(f"max_flows_per_client must be >= 0, got {self.max_flows_per_client!r}")

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from quic.packet import (
     QUIC_MIN_INITIAL_DATAGRAM_BYTES,
@@ -106,11 +106,15 @@ def classify_on_flow(
     a learned pod CID: a new connection, which OPENs a contender (REANSWER if it was refused,
     DROP ``pending_full`` while another contender holds the address).
     """
+    contender = table.pending(flow.address)
+    if contender is None and (
+        len(datagram) < QUIC_MIN_INITIAL_DATAGRAM_BYTES or _known_dcid(table, flow, datagram)
+    ):  # cannot open a connection: forwarded without a parse (most handshake datagrams)
+        return _FORWARD
     try:
         header = parse_long_header(datagram)
     except QuicPacketError:
-        return Unrouted(Verdict.FORWARD)
-    contender = table.pending(flow.address)
+        return _FORWARD
     if contender is not None and contender.dcid == header.dcid:
         return Unrouted(Verdict.CONTEND, header=header)
     if (
@@ -119,10 +123,23 @@ def classify_on_flow(
         or header.dcid in flow.client_dcids
         or table.flow_for_cid(header.dcid) is flow
     ):
-        return Unrouted(Verdict.FORWARD)
+        return _FORWARD
     rejection = table.rejection(flow.address, header.dcid, now)
     if rejection is not None:
         return Unrouted(Verdict.REANSWER, header=header, rejection=rejection)
     if contender is not None:
         return Unrouted(Verdict.DROP, QuicDropReason.PENDING_FULL)
     return Unrouted(Verdict.OPEN, header=header)
+
+
+_FORWARD: Unrouted[Any] = Unrouted(Verdict.FORWARD)
+"""The usual verdict on an established flow's long header, allocated once."""
+
+
+def _known_dcid(table: UdpFlowTable[S, H], flow: Flow[H], datagram: bytes) -> bool:
+    """Whether the long header's DCID (RFC 8999 invariants: its length at byte 5) is a client
+    DCID of the flow or a pod CID learned for it: then it is one of this flow's connections."""
+    if len(datagram) < 6:
+        return False
+    dcid = datagram[6 : 6 + datagram[5]]
+    return dcid in flow.client_dcids or table.flow_for_cid(dcid) is flow

@@ -10,6 +10,7 @@ succeed. When the API behaves again, the changes made meanwhile must reach the r
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -17,15 +18,17 @@ from typing import Any
 
 import pytest
 
+from discovery import constants as dc
 from router import constants as c
 from router.demo.grpc_pods import RunningPod, start_pod
 from tests.fake_kube_api import FakeKubeApi, make_endpoint, make_slice
 from tests.faults.router_probes import WhoAmIProbe, timed_whoami
+from tests.support.polling import eventually
 from tests.support.router_process import RouterProcess
 
 NAMESPACE = "stargate"
 PODS = (("stargate-0", "127.0.0.2"), ("stargate-1", "127.0.0.3"), ("stargate-2", "127.0.0.4"))
-CONVERGE_S = c.BACKOFF_MAX_S + 10
+CONVERGE_S = dc.BACKOFF_MAX_S + 10
 """Bound for "converges once the API is back": the router retries at least every BACKOFF_MAX_S."""
 QUICK_S = 5.0
 """Bound for changes that need no retry (a healthy watch delivers them at once)."""
@@ -56,15 +59,16 @@ def pod_slice(pod: RunningPod, **metadata: Any) -> dict[str, Any]:
 
 
 @pytest.fixture
-async def start_router(api: FakeKubeApi, tmp_path: Path) -> AsyncIterator[Callable[[], Any]]:
+async def start_router(api: FakeKubeApi, tmp_path: Path) -> AsyncIterator[Callable[..., Any]]:
     routers: list[RouterProcess] = []
 
-    async def _start() -> RouterProcess:
+    async def _start(*extra: str) -> RouterProcess:
         kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
         router = RouterProcess([
             "--listen-addr", "127.0.0.1:0", "--reverse-tunnel-listen-addr", "127.0.0.1:0",
             "--health-listen-addr", "127.0.0.1:0", "--kubeconfig", str(kubeconfig),
             "--target-namespace", NAMESPACE, "--shutdown-delay-ms", "0", "--drain-timeout-ms", "2000",
+            *extra,
         ])
         routers.append(router)
         await asyncio.to_thread(router.wait_ready)
@@ -154,7 +158,7 @@ async def test_api_down_keeps_routing_on_the_last_snapshot_then_converges(
     age = await asyncio.to_thread(router.metric, c.DISCOVERY_LAST_SYNC_AGE_SECONDS)
     retries = await errors(router) - errors_before
     assert age >= outage_s * 0.9
-    assert 1 <= retries <= outage_s / c.BACKOFF_INITIAL_S + 2  # retried, never in a hot loop
+    assert 1 <= retries <= outage_s / dc.BACKOFF_INITIAL_S + 2  # retried, never in a hot loop
     await api.start()  # same port
     took = await converges(
         router, {"stargate-0": "stargate-0", "stargate-1": "stargate-1", "stargate-2": "UNAVAILABLE"}, CONVERGE_S,
@@ -244,3 +248,89 @@ async def test_slow_api_keeps_routing_and_converges(
     print(f"\nslow API (1.5 s per request): {len(probe.results)} calls ok, pod added via the API routable "
           f"{time.monotonic() - written:.1f}s after it was written")
     assert took >= api.latency_s * 0.9, "the change was routable before the slow API could deliver it"
+
+
+# ---------------------------------------------------------------------------
+# Never stale (issue 15), through the router process
+# ---------------------------------------------------------------------------
+IDLE_MS = 1000
+"""A small watch idle timeout for the tests (the default is three bookmark periods, 180 s)."""
+RETURN_S = 3.0
+"""Bound for "routing follows the API after its return" (target < 1 s; before issue 15: 3.7-9.9 s)."""
+
+
+async def rewatches(router: RouterProcess, cause: str) -> float:
+    return await asyncio.to_thread(router.metric, c.DISCOVERY_REWATCHES_TOTAL + "_total", cause=cause)
+
+
+@pytest.mark.parametrize("outage_s", [5.0, pytest.param(30.0, marks=pytest.mark.slow)], ids=lambda s: f"{s:.0f}s")
+@pytest.mark.timeout(120)
+async def test_api_back_after_an_outage_with_compaction_routes_the_new_world_at_once(
+    api: FakeKubeApi, start_router: Callable[..., Any], pods: dict[str, RunningPod], outage_s: float,
+) -> None:
+    api.upsert(pod_slice(pods["stargate-0"]))
+    api.upsert(pod_slice(pods["stargate-2"]))
+    router = await start_router()
+    await api.stop()
+    api.upsert(pod_slice(pods["stargate-1"]))
+    api.delete(NAMESPACE, "stargate-headless-stargate-2")
+    api.compact()  # the router's resourceVersion is gone: its re-watch will meet 410
+    deadline = time.monotonic() + outage_s
+    while time.monotonic() < deadline:
+        assert (await asyncio.to_thread(router.http_get, "/readyz"))[0] == 200  # the outage never drains
+        await asyncio.sleep(0.5)
+    assert await answer(router, "stargate-2") == "stargate-2"
+    await api.start()
+    took = await converges(
+        router, {"stargate-0": "stargate-0", "stargate-1": "stargate-1", "stargate-2": "UNAVAILABLE"}, RETURN_S,
+    )
+    assert await rewatches(router, "expired") == 1
+    print(f"\napi down {outage_s:.0f}s with compaction: routing followed {took:.2f}s after the API returned")
+
+
+async def test_frozen_watch_is_replaced_within_the_idle_timeout_and_the_change_routed(
+    api: FakeKubeApi, start_router: Callable[..., Any], pods: dict[str, RunningPod],
+) -> None:
+    api.upsert(pod_slice(pods["stargate-0"]))
+    router = await start_router("--kube-watch-idle-timeout-ms", str(IDLE_MS))
+    await eventually(lambda: api.open_watches == 1)
+    lists = len(api.requests_of("list"))
+    api.hang_watches()  # open, silent: a half-open connection
+    api.upsert(pod_slice(pods["stargate-1"]))
+    took = await converges(router, {"stargate-0": "stargate-0", "stargate-1": "stargate-1"}, IDLE_MS / 1000 + QUICK_S)
+    assert await rewatches(router, "idle") == 1
+    assert len(api.requests_of("list")) == lists  # a re-watch from the last resourceVersion, not a re-list
+    print(f"\nfrozen watch: replaced and the change routed {took:.2f}s after the write (idle timeout {IDLE_MS} ms)")
+
+
+async def test_quiet_healthy_watch_is_kept(
+    api: FakeKubeApi, start_router: Callable[..., Any], pods: dict[str, RunningPod],
+) -> None:
+    api.bookmark_interval_s = IDLE_MS / 1000 / 4
+    api.upsert(pod_slice(pods["stargate-0"]))
+    router = await start_router("--kube-watch-idle-timeout-ms", str(IDLE_MS))
+    await eventually(lambda: api.open_watches == 1)
+    requests = len(api.requests)
+    await asyncio.sleep(4 * IDLE_MS / 1000)  # four idle periods with bookmarks only
+    assert len(api.requests) == requests
+    assert await rewatches(router, "idle") == 0
+    assert await answer(router, "stargate-0") == "stargate-0"
+
+
+async def test_throttled_requests_are_spaced_by_retry_after(
+    api: FakeKubeApi, start_router: Callable[..., Any], pods: dict[str, RunningPod],
+) -> None:
+    api.upsert(pod_slice(pods["stargate-0"]))
+    router = await start_router()
+    await eventually(lambda: api.open_watches == 1)
+    before = len(api.requests)
+    api.throttle(3, retry_after_s=1)
+    api.drop_watches()  # the re-watch meets API Priority and Fairness
+    api.upsert(pod_slice(pods["stargate-1"]))  # after the drop: only the accepted re-watch delivers it
+    await eventually(lambda: len(api.requests) >= before + 4, 3 + QUICK_S)
+    await converges(router, {"stargate-0": "stargate-0", "stargate-1": "stargate-1"}, QUICK_S)
+    throttled = api.requests[before:]
+    assert [r.status for r in throttled[:4]] == [429, 429, 429, 200]
+    gaps = [b.at - a.at for a, b in itertools.pairwise(throttled[:4])]
+    assert all(gap >= 1.0 for gap in gaps), gaps
+    print("\nthrottled: gaps " + ", ".join(f"{g:.2f}s" for g in gaps) + " for Retry-After: 1")

@@ -7,7 +7,7 @@ other exception, or a broken invariant (``FuzzInvariantError``), is a crash. See
 from real clients: ``ssl`` ClientHellos, ``h2`` client streams, aioquic first flights
 (whole protected datagrams, and their decrypted frames re-encrypted so that mutations reach
 the frame parser), and EndpointSlice documents from ``router/demo/``. The targets live in
-``targets_tls``, ``targets_h2``, ``targets_quic`` and ``targets_endpoints``.
+``targets_tls``, ``targets_h2``, ``targets_quic``, ``targets_endpoints`` and ``targets_proxy``.
 
 =================  ===========================================================  =================
 target             what runs (and the invariant checked besides "no other error")  allowed error
@@ -22,6 +22,8 @@ sniffer_datagrams  ``InitialSniffer.feed`` on mutated protected datagrams       
 udp_router         ``UdpRouter``'s datagram path (no sockets): answers never         (none)
                    larger than their datagram, pending flows within their bound
 endpoints          ``parse_endpoints_document`` then ``targets_from_slices``         EndpointSliceError
+proxy_protocol     ``ProxyHeaderReader.feed``, whole and chunked must agree;        ProxyHeaderError
+                   a header within its bound, header + remainder = the input
 =================  ===========================================================  =================
 
 Input conventions: multi-datagram targets split their input on ``SEPARATOR`` (for
@@ -34,10 +36,13 @@ from __future__ import annotations
 from tests.fuzz.target import FuzzTarget
 from tests.fuzz.targets_endpoints import ENDPOINTS_TARGETS
 from tests.fuzz.targets_h2 import H2_TARGETS
+from tests.fuzz.targets_proxy import PROXY_TARGETS
 from tests.fuzz.targets_quic import QUIC_TARGETS
 from tests.fuzz.targets_tls import TLS_TARGETS
 
-TARGETS: dict[str, FuzzTarget] = {t.name: t for t in (*TLS_TARGETS, *H2_TARGETS, *QUIC_TARGETS, *ENDPOINTS_TARGETS)}
+TARGETS: dict[str, FuzzTarget] = {
+    t.name: t for t in (*TLS_TARGETS, *H2_TARGETS, *QUIC_TARGETS, *ENDPOINTS_TARGETS, *PROXY_TARGETS)
+}
 """Every fuzz target by name (crash files are named ``<target>--<signature>--<sha1>.bin``)."""
 
 

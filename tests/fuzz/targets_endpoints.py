@@ -10,13 +10,16 @@ from typing import Any
 
 import yaml
 
+from discovery.constants import SERVICE_NAME_LABEL
 from discovery.endpoint_slices import EndpointSliceError, parse_endpoints_document, targets_from_slices
 from discovery.settings import DiscoverySettings
 from router import constants as c
 from router.demo.command import endpoint_slice, endpoints_document
 from tests.fuzz.target import CORPUS_DIR, FuzzTarget, check
 
-DISCOVERY = DiscoverySettings(namespace="demo")
+DISCOVERY = DiscoverySettings(
+    "demo", c.DEFAULT_TARGET_SERVICE_NAME, c.DEFAULT_GRPC_PORT_NAME, c.DEFAULT_QUIC_PORT_NAME,
+)
 """The discovery settings every document is read with (the demo's namespace)."""
 
 def run_endpoints(data: bytes) -> str:
@@ -51,12 +54,12 @@ def endpoints_seeds() -> list[bytes]:
 
 _VALUES: tuple[Any, ...] = (
     None, True, False, 0, -1, 1, 65535, 65536, 2**64, 1.5, "", "grpc", "quic", "TCP", "UDP", "Pod", "Service",
-    "10.0.0.1", "::1", "fe80::1%eth0", "stargate-0", "stargate-headless", c.SERVICE_NAME_LABEL, [], {}, [{}],
+    "10.0.0.1", "::1", "fe80::1%eth0", "stargate-0", "stargate-headless", SERVICE_NAME_LABEL, [], {}, [{}],
     [[[]]], ["10.0.0.1", "10.0.0.2"], {"name": "grpc", "port": 1}, {"kind": None},
 )
 _KEYS = (
     "kind", "items", "metadata", "labels", "name", "ports", "port", "protocol", "endpoints", "addresses",
-    "conditions", "ready", "serving", "terminating", "targetRef", "hostname", c.SERVICE_NAME_LABEL,
+    "conditions", "ready", "serving", "terminating", "targetRef", "hostname", SERVICE_NAME_LABEL,
 )
 
 

@@ -90,14 +90,8 @@ class _Clock:
     def time(self) -> float:
         return self.now
 
-    def create_task(self, coro: Any, **_: Any) -> Any:
-        coro.close()  # a routable name: the dial never runs, the flow stays pending (decided)
-        return _NoTask()
-
-
-class _NoTask:
-    def add_done_callback(self, _: Any) -> None:
-        pass
+    def call_soon(self, callback: Any, *args: Any) -> None:
+        """A routable name: the dial never runs, the flow stays pending (decided)."""
 
 
 class _AnswerSink:
@@ -129,7 +123,6 @@ def run_udp_router(data: bytes) -> str:
     no answer may exceed the datagram that provoked it, pending flows stay bounded."""
     router, clock, sink = _router()
     router._table = type(router._table)(router.settings.limits)
-    router._dials.clear()
     port = 40000
     for datagram in data.split(SEPARATOR)[:MAX_DATAGRAMS]:
         if not datagram:  # an empty part (two separators in a row): the next client speaks

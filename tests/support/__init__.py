@@ -5,6 +5,8 @@ request), ``initial_packets`` (client Initials under the router's own packet pro
 ``quic_initial_rewriter`` (a real client's first flight, rebuilt with aioquic's).
 Harnesses: ``router_process`` (the router as a subprocess), ``udp_router`` (an in-process
 QUIC edge on loopback), ``bulk_tls`` (a TLS pod and client for byte-exact bulk transfers),
-``polling`` (``eventually``), ``access_peers`` (raw pods that end connections a chosen way,
-a byte-counting client, the router's access lines). Fixtures live in ``tests/conftest.py``.
+``polling`` (``eventually``), ``haproxy`` (Debian's HAProxy in front of the router, sending PROXY
+headers), ``edge_clients`` (raw TCP and aioquic clients from a chosen loopback address);
+``proxy_headers`` builds PROXY v1/v2 headers; ``access_peers`` (raw pods that end connections a
+chosen way, a byte-counting client, the router's access lines). Fixtures live in ``tests/conftest.py``.
 """

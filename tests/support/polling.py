@@ -25,3 +25,18 @@ async def eventually(
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
         await asyncio.sleep(interval_s)
+
+
+def eventually_blocking(
+    check: Callable[[], object],
+    timeout_s: float = EVENTUALLY_TIMEOUT_S,
+    interval_s: float = EVENTUALLY_INTERVAL_S,
+    *,
+    what: str = "the condition",
+) -> None:
+    """``eventually`` for synchronous tests (a router process, grpcio's blocking calls)."""
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+        time.sleep(interval_s)

@@ -1,0 +1,206 @@
+"""Where the router's CPU per QUIC connection goes: ``python -m bench.quic_profile``.
+
+Runs the ``quic_handshake`` load (2 client processes x 4 aioquic connections at a time, each
+a handshake, one stream round trip and a close) against the router alone and prints its CPU
+per connection, user and system. ``--callbacks`` splits the main thread's CPU by the router
+callback that spent it (thread CPU clock around each one, wrapped by a ``sitecustomize``
+written into the scratch directory: the router's code is unchanged); ``--py-spy FILE`` records
+a py-spy profile (raw collapsed stacks) of the router meanwhile, ``--strace FILE`` its system
+call counts (deterministic, unlike CPU time on a shared machine); ``--peer nginx`` measures
+nginx's worker instead.
+
+    python -m bench.quic_profile --seconds 10 --callbacks
+    python -m bench.quic_profile --seconds 10 --py-spy /tmp/hs.txt
+    python -m bench.quic_profile --seconds 10 --strace /tmp/hs-syscalls.txt
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench.context import POD, POD_HOST, SNI
+from bench.procs import Agent, Nginx, Router, call_all, process_tree
+from bench.quic_load import quic_handshakes, start_quic_pod_thread
+from router.demo.pki import make_pki
+
+CALLBACK_HOOKS = '''
+import inspect, json, os, signal, sys, time
+if sys.orig_argv[sys.orig_argv.index("-m") + 1:][:1] == ["router"] if "-m" in sys.orig_argv else False:
+    spent, clock, began = {}, time.thread_time_ns, [time.thread_time_ns()]
+
+    def restart(*_):
+        spent.clear()
+        began[0] = clock()
+
+    def dump(*_):
+        with open(os.environ["STARGATE_BENCH_CALLBACKS"], "w") as out:
+            json.dump({"main thread": [clock() - began[0], 1], **spent}, out)
+
+    # Installed first: a hook that fails to install must not leave SIGUSR2 fatal.
+    signal.signal(signal.SIGUSR2, restart)
+    signal.signal(signal.SIGUSR1, dump)
+    from router.udp import edge, pod_link, pod_to_client
+    from quic import initial_sniffer
+
+    def note(key, ns):
+        entry = spent.setdefault(key, [0, 0])
+        entry[0] += ns
+        entry[1] += 1
+
+    def hook(owner, name, label, split=None):
+        original = getattr(owner, name, None)
+        if original is None:  # a name this version of the router does not have
+            return
+        if inspect.iscoroutinefunction(original):
+            async def stepped(*args, **kwargs):  # each step timed, the awaits in between not
+                coro, value = original(*args, **kwargs), None
+                while True:
+                    started = clock()
+                    try:
+                        awaited = coro.send(value)
+                    except StopIteration as stop:
+                        note(label, clock() - started)
+                        return stop.value
+                    note(label, clock() - started)
+                    value = await _Await(awaited)
+            setattr(owner, name, stepped)
+            return
+        def timed(*args, **kwargs):
+            key = split(*args) if split else label  # before the call changes what it looks at
+            started = clock()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                note(key, clock() - started)
+        setattr(owner, name, timed)
+
+    class _Await:
+        def __init__(self, yielded):
+            self.yielded = yielded
+        def __await__(self):
+            return (yield self.yielded)
+
+    def client_kind(router, data, addr):
+        table = router._table
+        if table.flow(addr) is not None:
+            return "client datagram, routed flow"
+        return "client datagram, pending flow" if table.pending(addr) else "client datagram, new address"
+
+    hook(edge.UdpRouter, "_from_client", "", client_kind)
+    hook(edge.UdpRouter, "_send_outboxes", "client datagrams sent to pods (per loop iteration)")
+    hook(getattr(pod_link, "Outboxes", None), "_send", "client datagrams sent to pods (per loop iteration)")
+    hook(pod_to_client.ClientReplies, "readable", "pod socket readable: read, send to client")
+    hook(edge.UdpRouter, "sweep", "sweep (expiry)")
+    hook(edge.UdpRouter, "_open_flow", "flow setup: socket, link, reader, metrics")
+    hook(edge.UdpRouter, "_dial", "flow setup: socket, link, reader, metrics")
+    hook(initial_sniffer.InitialSniffer, "feed", "  of which: InitialSniffer.feed")
+    hook(edge.UdpRouter, "_route", "  of which: routing decision")
+    hook(edge, "classify_unrouted", "  of which: classify_unrouted")
+    hook(edge, "classify_on_flow", "  of which: classify_on_flow")
+    hook(pod_to_client.ClientReplies, "_send", "  of which: send to client")
+
+'''
+"""Timing hooks for the router process (a hook whose target this version lacks is skipped)."""
+
+
+def _cpu_ticks(pid: int) -> tuple[int, int]:
+    user = system = 0
+    for p in process_tree(pid):
+        fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+        user, system = user + int(fields[11]), system + int(fields[12])
+    return user, system
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.quic_profile", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--seconds", type=float, default=10.0, help="measured load (default 10)")
+    p.add_argument("--callbacks", action="store_true", help="split the router's CPU by callback")
+    p.add_argument("--py-spy", type=Path, help="record a py-spy raw profile of the middle box here")
+    p.add_argument("--strace", type=Path, help="count the middle box's system calls (strace -c) into this file")
+    p.add_argument("--peer", choices=("router", "nginx"), default="router")
+    args = p.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="stargate-qprof-") as tmp:
+        workdir = Path(tmp)
+        if args.callbacks:
+            hooks = workdir / "hooks"
+            hooks.mkdir()
+            (hooks / "sitecustomize.py").write_text(CALLBACK_HOOKS)
+            os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"), str(hooks)]))
+            os.environ["STARGATE_BENCH_CALLBACKS"] = str(workdir / "callbacks.json")
+        pki = make_pki(workdir / "pki")
+        pod = Agent("quic-pod")
+        clients = [Agent(f"quic-client-{i}") for i in range(2)]
+        try:
+            port = pod.call(start_quic_pod_thread, POD, POD_HOST, str(pki.cert_path), str(pki.key_path))
+            box: Router | Nginx
+            if args.peer == "router":
+                box = router = Router(workdir, [(POD, POD_HOST, 1, port)])
+                addr, pid = ("127.0.0.1", router.udp_port), router.pid
+            else:
+                box = nginx = Nginx(workdir, POD_HOST, port)
+                addr, pid = ("127.0.0.1", nginx.port), nginx.pid
+            try:
+                load = [(addr[0], addr[1], SNI, str(pki.ca_path), 1.0, 4)] * 2
+                call_all(clients, quic_handshakes, load)  # warm-up: imports, first flows
+                spy = None
+                if args.py_spy:
+                    spy = subprocess.Popen(["py-spy", "record", "--native", "-r", "500", "-f", "raw", "-o",
+                                            str(args.py_spy), "-d", str(int(args.seconds)), "--pid", str(pid)],
+                                           stdout=subprocess.DEVNULL)
+                    time.sleep(1)
+                if args.strace:
+                    spy = subprocess.Popen(["strace", "-c", "-f", "-o", str(args.strace), "-p", str(pid)],
+                                           stderr=subprocess.DEVNULL)
+                    time.sleep(1)
+                if args.callbacks and args.peer == "router":
+                    os.kill(pid, signal.SIGUSR2)
+                user0, sys0 = _cpu_ticks(pid)
+                load = [(addr[0], addr[1], SNI, str(pki.ca_path), args.seconds - (1.5 if spy else 0), 4)] * 2
+                answers = call_all(clients, quic_handshakes, load)
+                user1, sys1 = _cpu_ticks(pid)
+                if args.callbacks and args.peer == "router":
+                    os.kill(pid, signal.SIGUSR1)
+                    time.sleep(0.5)
+                if spy is not None:
+                    if args.strace:
+                        spy.send_signal(signal.SIGINT)
+                    spy.wait()
+            finally:
+                box.close()
+        finally:
+            pod.close()
+            for client in clients:
+                client.close()
+        done, failed = sum(a[0] for a in answers), sum(a[1] for a in answers)
+        per = 1e6 / (os.sysconf("SC_CLK_TCK") * max(done, 1))
+        print(f"{args.peer}: {done} connections ({failed} failed), CPU per connection "
+              f"{(user1 - user0 + sys1 - sys0) * per:.0f} us (user {(user1 - user0) * per:.0f}, "
+              f"system {(sys1 - sys0) * per:.0f}); load average {os.getloadavg()[0]:.2f}")
+        if args.callbacks and args.peer == "router":
+            _print_callbacks(json.loads((workdir / "callbacks.json").read_text()), done)
+    return 0
+
+
+def _print_callbacks(spent: dict[str, list[int]], done: int) -> None:
+    total = spent.pop("main thread")[0]
+    print(f"{'main thread CPU':52s} {total / done / 1000:7.1f} us/conn")
+    accounted = 0
+    for name, (ns, calls) in sorted(spent.items(), key=lambda kv: -kv[1][0]):
+        accounted += 0 if name.startswith(" ") else ns
+        print(f"{name:52s} {ns / done / 1000:7.1f} us/conn {calls / done:6.2f} calls/conn "
+              f"{ns / calls / 1000:7.1f} us/call")
+    outside = (total - accounted) / done / 1000
+    print(f"{'outside these callbacks (event loop, epoll, tasks)':52s} {outside:7.1f} us/conn")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

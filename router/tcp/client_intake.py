@@ -1,0 +1,111 @@
+"""The TCP edge's first step: who is the client, and may it hold one more connection?
+
+Without ``--accept-proxy-protocol`` the client is the socket's peer. With it, two checks come
+before the TLS / h2c peek. The socket's peer must be a trusted source
+(``--proxy-protocol-trusted-cidrs``): anyone else could claim to be any client, so such a
+connection is closed before a byte is read. Then the PROXY header is read off the socket
+(``router.tcp.proxy_protocol``, sans-IO) and removed: what follows it is the client's first
+bytes, handed to the peek, and the pod's byte stream starts there. The caller bounds the whole
+intake with ``--peek-timeout-ms``. Last, the connection takes one of its client's slots
+(``--max-connections-per-client``); the edge refuses it after the peek, in its own protocol,
+if there was none, and releases the slot when the connection ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import socket
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from discovery.targets import host_port
+from router import constants as c
+from router.client_limits import ClientSlots
+from router.config import IPNetwork
+from router.tcp.proxy_protocol import ProxyHeaderError, ProxyHeaderReader, client_address
+
+Peer = tuple[str, int]
+"""(host, port) of a socket peer or of the client a PROXY header names."""
+
+
+class TrustedSources:
+    """The socket peers allowed to send a PROXY header; none listed means every source."""
+
+    __slots__ = ("_networks",)
+
+    def __init__(self, networks: Sequence[IPNetwork] = ()) -> None:
+        self._networks = tuple(networks)
+
+    def allows(self, host: str) -> bool:
+        """True for a host inside a trusted network (an IPv4-mapped IPv6 peer counts as IPv4)."""
+        if not self._networks:
+            return True
+        try:
+            address = ipaddress.ip_address(host.partition("%")[0])
+        except ValueError:
+            return False
+        if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+            address = address.ipv4_mapped
+        return any(address in network for network in self._networks)
+
+
+@dataclass(frozen=True, slots=True)
+class Intake:
+    """The client a connection stands for, and the client's first bytes already read."""
+
+    client: Peer
+    first_bytes: bytes
+    via: Peer | None = None
+    """The balancer that sent the PROXY header (the socket's peer), if there was one."""
+    within_limit: bool = True
+    """False when the client already held ``--max-connections-per-client`` connections."""
+
+    def log_fields(self) -> dict[str, str]:
+        """``peer`` is always the client; ``via`` the balancer, when one named the client."""
+        fields = {"peer": host_port(*self.client)}
+        if self.via is not None:
+            fields["via"] = host_port(*self.via)
+        return fields
+
+
+async def read_proxy_header(conn: socket.socket, peer: Peer) -> Intake:
+    """Read and remove the PROXY header; ``ProxyHeaderError`` if it is missing, malformed or cut.
+
+    Reads at most what the peek would (``MAX_PEEK_BYTES``); the header is found incrementally,
+    so one slow byte at a time works (the caller's timeout bounds it).
+    """
+    loop = asyncio.get_running_loop()
+    reader = ProxyHeaderReader()
+    while True:
+        data = await loop.sock_recv(conn, c.MAX_PEEK_BYTES)
+        if not data:
+            raise ProxyHeaderError("connection closed before the end of the PROXY header")
+        header = reader.feed(data)
+        if header is not None:
+            return Intake(client_address(header, peer), reader.remainder, via=peer)
+
+
+class ClientIntake:
+    """Names the client of each TCP connection and counts what each client holds."""
+
+    def __init__(
+        self, accept_proxy_protocol: bool, trusted: Sequence[IPNetwork] = (), max_per_client: int = 0
+    ) -> None:
+        self.accept_proxy_protocol = accept_proxy_protocol
+        self._trusted = TrustedSources(trusted)
+        self.slots = ClientSlots(max_per_client)
+        """Held per connection socket; the edge releases a connection's slot when it ends."""
+
+    async def identify(self, conn: socket.socket, peer: Peer) -> Intake:
+        """The connection's client and first bytes; ``ProxyHeaderError`` for an untrusted source
+        (nothing read) or a missing, malformed or cut header."""
+        if not self.accept_proxy_protocol:
+            intake = Intake(peer, b"")
+        elif not self._trusted.allows(peer[0]):
+            raise ProxyHeaderError("untrusted PROXY source: closed unread")
+        else:
+            intake = await read_proxy_header(conn, peer)
+        if self.slots.take(conn, intake.client[0]):
+            return intake
+        return Intake(intake.client, intake.first_bytes, intake.via, within_limit=False)
