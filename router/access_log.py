@@ -144,11 +144,11 @@ class AccessLog:
         self._durations[record.protocol].observe(max(0.0, now - record.started))
         if not self.enabled or not self._log.isEnabledFor(logging.INFO):
             return
-        extra = {EVENT_FIELDS: record.fields(outcome, termination, now)}
         if outcome in ACCEPTED_OUTCOMES:
-            self._log.info(ACCESS_MESSAGE, extra=extra)
-        else:
-            self._rejected.info(ACCESS_MESSAGE, extra=extra)
+            self._log.info(ACCESS_MESSAGE, extra={EVENT_FIELDS: record.fields(outcome, termination, now)})
+        elif self._rejected.admit():  # a flood's lines are not even built
+            fields = record.fields(outcome, termination, now)
+            self._rejected.write(logging.INFO, ACCESS_MESSAGE, extra={EVENT_FIELDS: fields})
 
     @property
     def suppressed(self) -> int:
