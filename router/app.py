@@ -14,6 +14,7 @@ import gc
 import logging
 import resource
 import signal
+import time
 from collections.abc import Callable
 from importlib import metadata
 from typing import Protocol
@@ -21,8 +22,10 @@ from typing import Protocol
 from discovery.observer import RewatchCause
 from discovery.settings import DiscoverySettings
 from discovery.targets import EMPTY_SNAPSHOT, TargetSnapshot
+from router.access_log import AccessLog
 from router.config import ConfigError, RouterConfig
 from router.constants import GC_YOUNG_THRESHOLD
+from router.debug_endpoints import router_routes
 from router.health import HealthServer
 from router.hostname import HostnameTemplate, TemplateError
 from router.metrics import RouterMetrics
@@ -95,6 +98,7 @@ class RouterApp:
         self._shutting_down = False
         self._stop = asyncio.Event()
         self.source = self._make_source()
+        self.access = AccessLog(self.metrics, enabled=config.access_log)
         self.tcp = TcpRouter(
             TcpRouterSettings(
                 connect_timeout_s=config.connect_timeout_s,
@@ -105,7 +109,7 @@ class RouterApp:
                 proxy_protocol_trusted_cidrs=config.proxy_protocol_trusted_cidrs,
                 max_connections_per_client=config.max_connections_per_client,
             ),
-            self.template, self.snapshot, self.metrics,
+            self.template, self.snapshot, self.metrics, self.access,
         )
         self.udp = UdpRouter(
             UdpRouterSettings(
@@ -113,9 +117,16 @@ class RouterApp:
                 cid_length=config.quic_cid_length,
                 max_flows_per_client=config.max_quic_flows_per_client,
             ),
-            self.template, self.snapshot, self.metrics,
+            self.template, self.snapshot, self.metrics, self.access,
         )
         self.health = HealthServer(self.metrics, self.is_ready)
+        if config.debug_endpoints:
+            routes, query_routes = router_routes(
+                self.access.live, self.snapshot, "file" if config.endpoints_file is not None else "kubernetes",
+                self.is_ready, self._sync_age_s,
+            )
+            self.health.routes.update(routes)
+            self.health.query_routes.update(query_routes)
 
     def _make_source(self) -> DiscoverySource:
         settings = DiscoverySettings(
@@ -135,6 +146,12 @@ class RouterApp:
             settings, self.publish, observer, kubeconfig=self.config.kubeconfig,
             watch_idle_timeout_s=self.config.kube_watch_idle_timeout_s,
         )
+
+    def _sync_age_s(self) -> float:
+        """Seconds since discovery last synced, -1 before the first sync."""
+        if self.source.last_sync_monotonic is None:
+            return -1.0
+        return max(0.0, time.monotonic() - self.source.last_sync_monotonic)
 
     def snapshot(self) -> TargetSnapshot:
         return self._snapshot

@@ -62,6 +62,10 @@ class RouterConfig:
     """Empty means every source (the default); see ``parse_cidrs``."""
     max_connections_per_client: int = c.DEFAULT_MAX_CONNECTIONS_PER_CLIENT
     max_quic_flows_per_client: int = c.DEFAULT_MAX_QUIC_FLOWS_PER_CLIENT
+    access_log: bool = True
+    """One access line per connection and flow (``--access-log on|off``)."""
+    debug_endpoints: bool = False
+    """``/debug/targets`` and ``/debug/connections`` on the health listener (they show client addresses)."""
 
 
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
@@ -127,6 +131,14 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     add(
         "--max-quic-flows-per-client", default=str(c.DEFAULT_MAX_QUIC_FLOWS_PER_CLIENT),
         help="routed plus pending QUIC flows one client IP (IPv6: /64) may hold; 0 = no limit",
+    )
+    add(
+        "--access-log", default=c.DEFAULT_ACCESS_LOG,
+        help="on or off: one info line per connection and QUIC flow when it ends",
+    )
+    add(
+        "--debug-endpoints", action="store_true",
+        help="serve /debug/targets and /debug/connections on the health listener (shows client addresses)",
     )
     return p
 
@@ -263,6 +275,8 @@ def config_from_args(
         if not ns.quic_cid_length.isdigit() or not 1 <= int(ns.quic_cid_length) <= 20:
             raise ConfigError(f"--quic-cid-length: expected 1-20, got {ns.quic_cid_length!r}")
         cid_length = int(ns.quic_cid_length)
+    if ns.access_log not in ("on", "off"):
+        raise ConfigError(f"--access-log: expected on or off, got {ns.access_log!r}")
     paths = frozenset(p.strip() for p in ns.round_robin_paths.split(",") if p.strip())
     for path in paths:
         if not path.startswith("/"):
@@ -295,4 +309,6 @@ def config_from_args(
         proxy_protocol_trusted_cidrs=parse_cidrs("--proxy-protocol-trusted-cidrs", ns.proxy_protocol_trusted_cidrs),
         max_connections_per_client=_per_client_limit("--max-connections-per-client", ns.max_connections_per_client),
         max_quic_flows_per_client=_per_client_limit("--max-quic-flows-per-client", ns.max_quic_flows_per_client),
+        access_log=ns.access_log == "on",
+        debug_endpoints=bool(ns.debug_endpoints),
     )

@@ -32,6 +32,9 @@ CLOSE_TIMEOUT_S = 1.0
 Route = Callable[[], Awaitable[web.Response]]
 """Answers one probe path; the method (GET or HEAD) is checked before it is called."""
 
+QueryRoute = Callable[[str], Awaitable[web.Response]]
+"""Answers one path given its query string (``limit=5``; empty when absent): the debug views."""
+
 
 def text_response(status: int, text: str) -> web.Response:
     """A ``text/plain`` answer; every probe answer closes its connection (one request each)."""
@@ -147,19 +150,25 @@ class ProbeHttpServer:
 
     def __init__(
         self, routes: Mapping[str, Route],
+        query_routes: Mapping[str, QueryRoute] | None = None,
         max_head_bytes: int = c.HEALTH_MAX_REQUEST_HEAD_BYTES,
         timeout_s: float = c.HEALTH_REQUEST_TIMEOUT_S,
     ) -> None:
         self.routes = dict(routes)
+        self.query_routes = dict(query_routes or {})
         self._max_head_bytes = max_head_bytes
         self._timeout_s = timeout_s
         self._runner: web.ServerRunner | None = None
 
     async def answer(self, method: str, path: str) -> web.Response:
-        """The answer to ``method path`` (query string ignored), without sockets."""
+        """The answer to ``method path`` (the query string reaches query routes only), without sockets."""
         if method not in ("GET", "HEAD"):
             return text_response(HTTPStatus.METHOD_NOT_ALLOWED, ERROR_TEXT[HTTPStatus.METHOD_NOT_ALLOWED])
-        route = self.routes.get(path.split("?", 1)[0])
+        base, _, query = path.partition("?")
+        query_route = self.query_routes.get(base)
+        if query_route is not None:
+            return await query_route(query)
+        route = self.routes.get(base)
         if route is None:
             return text_response(HTTPStatus.NOT_FOUND, ERROR_TEXT[HTTPStatus.NOT_FOUND])
         return await route()
@@ -168,7 +177,7 @@ class ProbeHttpServer:
         connection = request.protocol
         if isinstance(connection, _ProbeConnection):
             connection.computing()
-        response = await self.answer(request.method, request.path)
+        response = await self.answer(request.method, request.path_qs)
         if isinstance(connection, _ProbeConnection):
             connection.answering()
         return response

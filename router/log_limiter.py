@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from router import constants as c
+from router.logging_setup import EVENT_FIELDS
 
 
 class RateLimitedLog:
@@ -34,8 +35,14 @@ class RateLimitedLog:
 
     def log(self, level: int, msg: str, *args: Any, extra: dict[str, Any] | None = None) -> bool:
         """Log unless over the rate; returns whether the line was written."""
-        if not self._logger.isEnabledFor(level):
+        if not self._logger.isEnabledFor(level) or not self.admit():
             return False
+        self.write(level, msg, *args, extra=extra)
+        return True
+
+    def admit(self) -> bool:
+        """Take a token, or count one more suppressed line: callers whose lines are costly to
+        build ask first and ``write`` only when admitted."""
         now = self._clock()
         self._tokens = min(self._rate, self._tokens + (now - self._stamp) * self._rate)
         self._stamp = now
@@ -43,11 +50,18 @@ class RateLimitedLog:
             self.suppressed += 1
             return False
         self._tokens -= 1.0
+        return True
+
+    def write(self, level: int, msg: str, *args: Any, extra: dict[str, Any] | None = None) -> None:
+        """Write an admitted line; it carries the count of the lines suppressed since the last one."""
         if self.suppressed:
-            extra = {**(extra or {}), "suppressed": self.suppressed}
+            event = (extra or {}).get(EVENT_FIELDS)
+            if isinstance(event, dict):  # a line passed as one dict: the count joins its fields
+                event["suppressed"] = self.suppressed
+            else:
+                extra = {**(extra or {}), "suppressed": self.suppressed}
             self.suppressed = 0
         self._logger.log(level, msg, *args, extra=extra)
-        return True
 
     def info(self, msg: str, *args: Any, extra: dict[str, Any] | None = None) -> bool:
         return self.log(logging.INFO, msg, *args, extra=extra)

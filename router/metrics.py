@@ -21,6 +21,7 @@ from router.outcomes import (
     QuicDropReason,
     QuicOutcome,
     RelayDirection,
+    Termination,
 )
 
 
@@ -73,6 +74,14 @@ class RouterMetrics:
             registry=r,
         )
         self.discovery_last_sync_age.set(-1)
+        self.terminations = Counter(
+            c.TERMINATIONS_TOTAL, "Ended connections and flows by protocol and termination (who ended it, how).",
+            ["protocol", "termination"], registry=r,
+        )
+        self.connection_duration = Histogram(
+            c.CONNECTION_DURATION_SECONDS, "Accept (or first datagram) to end of a connection or flow.",
+            ["protocol"], buckets=c.DURATION_BUCKETS_S, registry=r,
+        )
         self.discovery_rewatches = Counter(
             c.DISCOVERY_REWATCHES_TOTAL, "Kubernetes watches re-opened, by cause.", ["cause"], registry=r,
         )
@@ -93,6 +102,9 @@ class RouterMetrics:
             self.active_connections.labels(protocol=protocol)
             self.decision_latency.labels(protocol=protocol)
             self.dial_latency.labels(protocol=protocol)
+            self.connection_duration.labels(protocol=protocol)
+            for termination in Termination:
+                self.terminations.labels(protocol=protocol, termination=termination)
         for reason in QuicDropReason:
             self.quic_dropped.labels(reason=reason)
         for source in DiscoverySource:
@@ -129,3 +141,10 @@ class ProtocolSeries:
         self.up = metrics.relayed_bytes.labels(protocol=protocol, direction=RelayDirection.CLIENT_TO_POD)
         self.down = metrics.relayed_bytes.labels(protocol=protocol, direction=RelayDirection.POD_TO_CLIENT)
         self.active = metrics.active_connections.labels(protocol=protocol)
+
+    def count_bytes(self, client_to_pod: int, pod_to_client: int) -> None:
+        """Add relayed bytes (batched by the caller: a counter update per chunk would cost too much)."""
+        if client_to_pod:
+            self.up.inc(client_to_pod)
+        if pod_to_client:
+            self.down.inc(pod_to_client)

@@ -40,7 +40,16 @@ from prometheus_client import CollectorRegistry, Counter, ProcessCollector, gene
 from discovery.backoff import Backoff
 from router import constants as c
 from router.config import RouterConfig, SocketAddress
-from router.health import ProbeHttpServer, healthy, metrics_response, readiness_response, text_response
+from router.debug_endpoints import supervisor_routes
+from router.health import (
+    ProbeHttpServer,
+    QueryRoute,
+    Route,
+    healthy,
+    metrics_response,
+    readiness_response,
+    text_response,
+)
 from router.metrics_merge import ExpositionError, merge_expositions
 from router.worker_scrape import HostPort, WorkerClient
 
@@ -193,7 +202,12 @@ class Supervisor:
         try:
             grpc = concrete_address(cfg.listen_addr, socket.SOCK_STREAM)
             quic = concrete_address(cfg.reverse_tunnel_listen_addr, socket.SOCK_DGRAM)
-            server = ProbeHttpServer({"/healthz": healthy, "/readyz": self.readyz, "/metrics": self.metrics_route})
+            routes: dict[str, Route] = {"/healthz": healthy, "/readyz": self.readyz, "/metrics": self.metrics_route}
+            query_routes: dict[str, QueryRoute] = {}
+            if cfg.debug_endpoints:
+                debug, query_routes = supervisor_routes(self.ask_workers)
+                routes.update(debug)
+            server = ProbeHttpServer(routes, query_routes)
             health = await server.start(cfg.health_listen_addr.host, cfg.health_listen_addr.port)
         except OSError as exc:
             log.error("supervisor cannot bind: %s", exc)
@@ -346,6 +360,10 @@ class Supervisor:
         texts = [generate_latest(self.registry).decode(), self._retired]
         texts += [s.exposition for s in self.slots if s.exposition is not None]
         return merge_expositions(texts)
+
+    async def ask_workers(self, path: str) -> list[tuple[int, bytes] | BaseException]:
+        """GET ``path`` from every live worker at once (the merged debug views)."""
+        return await self.workers.fetch_all([s.health for s in self.slots if s.alive and s.health is not None], path)
 
     async def readyz(self) -> web.Response:
         return readiness_response(await self.is_ready())

@@ -54,6 +54,13 @@ def test_trusted_cidrs_and_limits_are_parsed() -> None:
     assert (cfg.max_connections_per_client, cfg.max_quic_flows_per_client) == (50, 20)
 
 
+def test_access_log_is_on_and_debug_endpoints_off_by_default() -> None:
+    cfg = config_from_args([], environ={"POD_NAMESPACE": "x"})
+    assert (cfg.access_log, cfg.debug_endpoints) == (True, False)
+    cfg = config_from_args(["--access-log", "off", "--debug-endpoints"], environ={"POD_NAMESPACE": "x"})
+    assert (cfg.access_log, cfg.debug_endpoints) == (False, True)
+
+
 def test_flag_overrides_environment_namespace() -> None:
     cfg = config_from_args(["--target-namespace", "a"], environ={"POD_NAMESPACE": "b"})
     assert cfg.target_namespace == "a"
@@ -99,6 +106,7 @@ def test_ipv6_listen_address() -> None:
         (["--max-connections-per-client", "ten"], "--max-connections-per-client"),
         (["--max-quic-flows-per-client", "1000001"], "--max-quic-flows-per-client"),
         (["--max-quic-flows-per-client", "1.5"], "--max-quic-flows-per-client"),
+        (["--access-log", "yes"], "--access-log"),
     ],
 )
 def test_bad_value_names_its_flag(args: list[str], flag: str) -> None:

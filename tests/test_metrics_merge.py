@@ -68,6 +68,19 @@ def test_histogram_buckets_sum_and_count_are_summed() -> None:
     assert value(merged, f"{c.DECISION_LATENCY_SECONDS}_sum", protocol="h2c") == pytest.approx(0.206)
 
 
+def test_terminations_and_connection_durations_of_workers_add_up() -> None:
+    a, b = worker(0), worker(0)
+    a.terminations.labels(protocol="quic", termination="idle_timeout").inc(3)
+    b.terminations.labels(protocol="quic", termination="idle_timeout").inc(2)
+    a.connection_duration.labels(protocol="h2c").observe(0.05)
+    b.connection_duration.labels(protocol="h2c").observe(20.0)
+    merged = values(merge_expositions([a.render().decode(), b.render().decode()]))
+    assert value(merged, "stargate_k8s_router_terminations_total", protocol="quic", termination="idle_timeout") == 5
+    assert value(merged, "stargate_k8s_router_terminations_total", protocol="tls", termination="drain") == 0
+    assert value(merged, "stargate_k8s_router_connection_duration_seconds_count", protocol="h2c") == 2
+    assert value(merged, "stargate_k8s_router_connection_duration_seconds_bucket", protocol="h2c", le="0.1") == 1
+
+
 def test_gauges_are_summed_but_per_process_identical_ones_take_the_max() -> None:
     a = worker(0, active=2, pods=3, sync_age=0.2).render().decode()
     b = worker(0, active=5, pods=2, sync_age=0.9).render().decode()

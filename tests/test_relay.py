@@ -22,6 +22,7 @@ import uvloop
 import router.tcp.pump as pump_module
 import router.tcp.relay as relay_module
 from router.constants import RELAY_CHUNK_BYTES, RELAY_REPORT_BYTES, SPLICE_PIPE_BYTES
+from router.outcomes import Termination
 from router.tcp.relay import SPLICE_AVAILABLE, RelayResult, live_relays, relay
 
 pytestmark = pytest.mark.timeout(60)
@@ -156,7 +157,7 @@ def test_echo_with_peeked_bytes(run: Runner, use_splice: bool) -> None:
         await thread(link.client_peer.shutdown, socket.SHUT_WR)
         assert await thread(recv_all, link.client_peer) == b""
         await pod
-        assert await finished(task) == RelayResult(12, 12, "completed", None)
+        assert await finished(task) == RelayResult(12, 12, "completed", None, Termination.CLIENT_CLOSE)
         assert link.relay_client.fileno() == -1 and link.relay_pod.fileno() == -1
         link.close_peers()
 
@@ -179,7 +180,9 @@ def test_64_mib_each_way_concurrently(
         await asyncio.gather(*senders)
         assert at_pod == (len(up), hashlib.sha256(up).hexdigest())
         assert at_client == (len(down), hashlib.sha256(down).hexdigest())
-        assert await finished(task) == RelayResult(len(up), len(down), "completed", None)
+        result = await finished(task)  # both sides end at once: either may have been first
+        assert result in [RelayResult(len(up), len(down), "completed", None, first)
+                          for first in (Termination.CLIENT_CLOSE, Termination.POD_CLOSE)]
         link.close_peers()
 
     run(scenario())
@@ -198,7 +201,7 @@ def test_client_half_close_then_pod_keeps_sending(run: Runner, use_splice: bool)
             await thread(link.pod_peer.sendall, part)
         link.pod_peer.close()
         assert await thread(recv_all, link.client_peer) == response
-        assert await finished(task) == RelayResult(7, len(response), "completed", None)
+        assert await finished(task) == RelayResult(7, len(response), "completed", None, Termination.CLIENT_CLOSE)
         link.client_peer.close()
 
     run(scenario())
@@ -215,7 +218,7 @@ def test_pod_half_close_then_client_keeps_sending(run: Runner, use_splice: bool)
         await thread(send_and_shut, link.client_peer, upload)
         assert await got == upload
         link.pod_peer.close()
-        assert await finished(task) == RelayResult(len(upload), 8, "completed", None)
+        assert await finished(task) == RelayResult(len(upload), 8, "completed", None, Termination.POD_CLOSE)
         link.client_peer.close()
 
     run(scenario())
@@ -253,7 +256,7 @@ def test_slow_reader_bounds_what_the_relay_holds(run: Runner, use_splice: bool) 
         )
         await sending
         link.pod_peer.shutdown(socket.SHUT_WR)
-        assert await finished(task) == RelayResult(len(payload), 0, "completed", None)
+        assert await finished(task) == RelayResult(len(payload), 0, "completed", None, Termination.CLIENT_CLOSE)
         link.close_peers()
 
     run(scenario())
@@ -293,7 +296,7 @@ def test_idle_timeout_closes_both(run: Runner, use_splice: bool) -> None:
         task = link.start(use_splice=use_splice, idle_timeout_s=0.2)
         await thread(link.client_peer.sendall, b"x")
         assert await thread(recv_exactly, link.pod_peer, 1) == b"x"
-        assert await finished(task) == RelayResult(1, 0, "idle_timeout", None)
+        assert await finished(task) == RelayResult(1, 0, "idle_timeout", None, Termination.IDLE_TIMEOUT)
         assert await thread(eof_or_reset, link.client_peer) == "eof"
         assert await thread(eof_or_reset, link.pod_peer) == "eof"
         link.close_peers()
@@ -330,6 +333,7 @@ def test_reset_is_propagated(run: Runner, use_splice: bool, resetting: str) -> N
         victim.close()
         result = await finished(task)
         assert result.outcome == "relay_error" and result.error in ("ECONNRESET", "EPIPE")
+        assert result.termination == f"{resetting}_reset"
         assert await thread(eof_or_reset, other) == "reset"
         other.close()
 
@@ -390,8 +394,9 @@ def test_client_filter_sees_peeked_and_later_bytes_then_steps_aside(
         assert only_state().client_to_pod_mode == ("splice" if use_splice else "buffered")
         assert marker.seen == [b"head-", b"a<X>b"]
         await thread(link.client_peer.shutdown, socket.SHUT_WR)
+        assert await thread(recv_all, link.pod_peer) == b""  # the client's EOF went first
         await thread(link.pod_peer.shutdown, socket.SHUT_WR)
-        assert await finished(task) == RelayResult(12, 0, "completed", None)
+        assert await finished(task) == RelayResult(12, 0, "completed", None, Termination.CLIENT_CLOSE)
         link.close_peers()
 
     run(scenario())
@@ -407,6 +412,7 @@ def test_failing_filter_is_a_relay_error(run: Runner) -> None:
         await thread(link.client_peer.sendall, b"boom")
         result = await finished(task)
         assert result.outcome == "relay_error" and result.error == "ValueError: bad frame"
+        assert result.termination is Termination.ROUTER_ERROR
         assert await thread(eof_or_reset, link.pod_peer) in ("eof", "reset")
         link.close_peers()
 
@@ -425,7 +431,7 @@ def test_on_bytes_totals_match_small_transfers(run: Runner, use_splice: bool) ->
         assert await thread(recv_all, link.pod_peer) == b"123456789"
         await thread(send_and_shut, link.pod_peer, b"ok")
         assert await thread(recv_all, link.client_peer) == b"ok"
-        assert await finished(task) == RelayResult(9, 2, "completed", None)
+        assert await finished(task) == RelayResult(9, 2, "completed", None, Termination.CLIENT_CLOSE)
         link.close_peers()
 
     run(scenario())
@@ -449,7 +455,7 @@ def test_no_fds_for_pipes_falls_back_to_copying(run: Runner, monkeypatch: pytest
         assert only_state().client_to_pod_mode == "buffered"
         await thread(send_and_shut, link.pod_peer, b"down")
         assert await thread(recv_all, link.client_peer) == b"down"
-        assert await finished(task) == RelayResult(2, 4, "completed", None)
+        assert await finished(task) == RelayResult(2, 4, "completed", None, Termination.CLIENT_CLOSE)
         link.close_peers()
 
     run(scenario())

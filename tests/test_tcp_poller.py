@@ -15,7 +15,7 @@ import pytest
 import uvloop
 
 from router.tcp.poller import FdPoller, poller_for
-from router.tcp.relay import RelayOutcome, relay
+from router.tcp.relay import RelayOutcome, RelayProbe, relay
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -159,7 +159,9 @@ def test_a_finished_relay_unwatches_its_fds_and_leaves_no_cyclic_garbage(run: Ru
             for _ in range(20):
                 client, client_end = tcp_pair()
                 pod, pod_end = tcp_pair()
-                task = loop.create_task(relay(client_end, pod, initial_to_pod=b"hello", idle_timeout_s=10))
+                probes: list[RelayProbe] = []
+                task = loop.create_task(relay(client_end, pod, initial_to_pod=b"hello", idle_timeout_s=10,
+                                              on_start=probes.append))
                 await until(lambda: poller.watched == 2)
                 client.shutdown(socket.SHUT_WR)
                 pod_end.shutdown(socket.SHUT_WR)
@@ -167,10 +169,11 @@ def test_a_finished_relay_unwatches_its_fds_and_leaves_no_cyclic_garbage(run: Ru
                 assert result.outcome is RelayOutcome.COMPLETED
                 assert result.client_to_pod_bytes == 5
                 assert poller.watched == 0
+                assert probes[0]()[:2] == (5, 0)  # the live view's probe still answers, with the final counts
                 assert pod_end.recv(10) == b"hello"
                 for s in (client, pod_end):
                     s.close()
-                del task
+                del task, probes
             assert gc.collect() == 0
         finally:
             gc.enable()

@@ -48,7 +48,7 @@ def test_the_edge_listener_sets_tcp_nodelay(run: Runner) -> None:
                            TargetSnapshot, RouterMetrics())
         await router.start("127.0.0.1", 0)
         try:
-            listener = router._listener
+            listener = router._acceptor._listener
             assert listener is not None
             assert listener.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
         finally:

@@ -141,8 +141,10 @@ def test_the_rejection_log_names_the_client_from_the_header_not_haproxy(edge: Ed
         sock.sendall(ssl_client_hello("nobody.example.com"))
         assert read_to_eof(sock) == TLS_ALERT_RECORD + bytes([ALERT_UNRECOGNIZED_NAME])
     client = f"{RAW_CLIENT}:{client_port}"
-    [line] = edge.wait_log("unknown_authority", client)
+    [line] = edge.wait_log("unknown_authority", f"peer={client}")
     assert f"via={HAPROXY_SOURCE}:" in line  # the balancer is named as such, never as the client
+    [access] = edge.wait_log("termination=rejected", f"client={client}")  # its access line, too
+    assert "via=" not in access and "outcome=unknown_authority" in access
 
 
 def test_grpcio_client_is_named_in_the_rejection_log(edge: Edge) -> None:

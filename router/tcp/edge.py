@@ -11,7 +11,6 @@ The parsers are sans-IO (``first_bytes`` over ``tls_peek``, ``h2c_peek``) and th
 from __future__ import annotations
 
 import asyncio
-import errno
 import logging
 import socket
 import time
@@ -21,12 +20,14 @@ from typing import Any
 
 from discovery.targets import Target, TargetSnapshot, host_port
 from router import constants as c
+from router.access_log import AccessLog, AccessRecord, Outcome
 from router.config import IPNetwork
 from router.hostname import HostnameTemplate
 from router.log_limiter import RateLimitedLog
 from router.metrics import ProtocolSeries, RouterMetrics
-from router.outcomes import TCP_PROTOCOLS, GrpcOutcome, ProtocolLabel
+from router.outcomes import TCP_PROTOCOLS, GrpcOutcome, ProtocolLabel, Termination
 from router.routing import Refusal, Refused, RoundRobin, route
+from router.tcp.acceptor import Acceptor
 from router.tcp.client_intake import ClientIntake, Intake
 from router.tcp.dial import DialError, dial
 from router.tcp.first_bytes import FirstBytes
@@ -35,14 +36,10 @@ from router.tcp.first_bytes import Rejected as _Rejected
 from router.tcp.h2_frames import EMPTY_SETTINGS_FRAME
 from router.tcp.proxy_protocol import ProxyHeaderError
 from router.tcp.rejection import answer_and_close, rejection_bytes
-from router.tcp.relay import RelayOutcome, relay
+from router.tcp.relay import RelayOutcome, RelayProbe, relay
 from router.tcp.settings_ack import SettingsAckStripper
 
 log = logging.getLogger("router.tcp_router")  # pinned: operators filter logs by this name
-
-_RESOURCE_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
-"""accept() failures that persist while the listener stays readable: pause, do not spin."""
-
 
 @dataclass(frozen=True, slots=True)
 class TcpRouterSettings:
@@ -89,8 +86,10 @@ class TcpRouter:
         template: HostnameTemplate,
         snapshot: Callable[[], TargetSnapshot],
         metrics: RouterMetrics,
+        access: AccessLog | None = None,
     ) -> None:
         self._settings = settings
+        self._access = access if access is not None else AccessLog(metrics)
         self._template = template
         self._snapshot = snapshot
         self._metrics = metrics
@@ -99,12 +98,10 @@ class TcpRouter:
         self._clients = ClientIntake(
             settings.accept_proxy_protocol, settings.proxy_protocol_trusted_cidrs, settings.max_connections_per_client
         )
-        self._listener: socket.socket | None = None
+        self._acceptor = Acceptor(self._on_connection)
         self._tasks: set[asyncio.Task[None]] = set()
         self._round_robin = RoundRobin()
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._accept_resume: asyncio.TimerHandle | None = None
-        self._accept_exhausted = False
 
     @property
     def active_connections(self) -> int:
@@ -112,30 +109,10 @@ class TcpRouter:
 
     async def start(self, host: str, port: int) -> tuple[str, int]:
         self._loop = asyncio.get_running_loop()
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        if hasattr(socket, "SO_REUSEPORT"):
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        # Accepted sockets inherit TCP_NODELAY from the listener on Linux: one setsockopt, not one
-        # per connection (tests/test_tcp_socket_options.py checks the kernel still does).
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        sock.bind((host, port))
-        sock.listen(4096)
-        sock.setblocking(False)
-        self._listener = sock
-        self._loop.add_reader(sock.fileno(), self._on_acceptable)
-        name = sock.getsockname()
-        return name[0], name[1]
+        return self._acceptor.start(host, port)
 
     def stop_accepting(self) -> None:
-        if self._accept_resume is not None:
-            self._accept_resume.cancel()
-            self._accept_resume = None
-        if self._listener is not None and self._loop is not None:
-            self._loop.remove_reader(self._listener.fileno())
-            self._listener.close()
-            self._listener = None
+        self._acceptor.stop()
 
     async def drain(self, timeout_s: float) -> None:
         """Let open connections finish for ``timeout_s``, then cut the rest."""
@@ -151,53 +128,11 @@ class TcpRouter:
         if tasks:
             await asyncio.wait(tasks, timeout=5.0)
 
-    # -- accepting -------------------------------------------------------------------------
-    def _on_acceptable(self) -> None:
-        listener = self._listener
-        if listener is None or self._loop is None:
-            return
-        family = listener.family
-        for _ in range(c.ACCEPT_BATCH):
-            try:
-                # socket.accept() minus its per-call enum conversions of family and type.
-                fd, peer = listener._accept()  # type: ignore[attr-defined]  # (CPython, untyped)
-            except (BlockingIOError, InterruptedError):
-                return
-            except ConnectionAbortedError:  # the client gave up while queued: next one
-                continue
-            except OSError as exc:
-                if exc.errno in _RESOURCE_ERRNOS:
-                    # Out of fds (a slowloris, a burst): the pending connection keeps the
-                    # listener readable, so retrying now would spin the loop and flood the log.
-                    # Pause; peeks time out and relays end meanwhile, freeing fds.
-                    self._pause_accepting(exc)
-                else:
-                    log.warning("accept failed: %s", exc)
-                return
-            if self._accept_exhausted:
-                self._accept_exhausted = False
-                log.info("accepting again")
-            conn = socket.socket(family, socket.SOCK_STREAM, 0, fd)
-            conn.setblocking(False)
-            task = self._loop.create_task(self._serve(conn, peer))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
-
-    def _pause_accepting(self, exc: OSError) -> None:
-        assert self._loop is not None and self._listener is not None
-        # One warning per exhaustion episode; the retries of the same episode stay at debug.
-        level = logging.DEBUG if self._accept_exhausted else logging.WARNING
-        log.log(level, "accept failed (%s): pausing accepts for %d ms", exc, c.ACCEPT_PAUSE_ON_EXHAUSTION_MS)
-        self._accept_exhausted = True
-        self._loop.remove_reader(self._listener.fileno())
-        self._accept_resume = self._loop.call_later(
-            c.ACCEPT_PAUSE_ON_EXHAUSTION_MS / 1000, self._resume_accepting
-        )
-
-    def _resume_accepting(self) -> None:
-        self._accept_resume = None
-        if self._listener is not None and self._loop is not None:
-            self._loop.add_reader(self._listener.fileno(), self._on_acceptable)
+    def _on_connection(self, conn: socket.socket, peer: Any) -> None:
+        assert self._loop is not None
+        task = self._loop.create_task(self._serve(conn, peer))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     def _count(self, protocol: ProtocolLabel, outcome: GrpcOutcome) -> None:
         self._series[protocol].outcomes[outcome].inc()
@@ -211,10 +146,12 @@ class TcpRouter:
         protocol = progress.protocol
         intake: Intake | None = None  # who the client is, once known (after the PROXY header)
         who = {"peer": host_port(peer[0], peer[1])}
+        started = time.monotonic()
+        record = self._access.open(protocol, who["peer"], started)
+        accepted = False
+        first = FirstBytes(progress)
+        peeked: _Peeked | None = None
         try:
-            started = time.monotonic()
-            first = FirstBytes(progress)
-            peeked: _Peeked | None = None
             try:
                 if not self._clients.accept_proxy_protocol:
                     # The client is the peer (identify does not suspend then), and its hello
@@ -227,6 +164,7 @@ class TcpRouter:
                         if intake is None:
                             intake = await self._clients.identify(conn, (peer[0], peer[1]))
                             who = intake.log_fields()
+                            record.client = who["peer"]
                             if intake.first_bytes:
                                 peeked = first.feed(intake.first_bytes)
                         peeked = await self._peek(conn, first, peeked)
@@ -235,54 +173,79 @@ class TcpRouter:
                 self._count(progress.protocol, outcome)
                 self._rejections.info("peek timeout", extra={**who, "outcome": outcome})
                 conn.close()
+                self._end(record, progress, outcome, Termination.PEEK_TIMEOUT)
                 return
             except ProxyHeaderError as exc:  # untrusted source, missing or malformed header: unanswered
                 self._count(progress.protocol, GrpcOutcome.PROTOCOL_ERROR)
                 self._rejections.info("rejected: %s", exc, extra={**who, "outcome": GrpcOutcome.PROTOCOL_ERROR})
                 conn.close()
+                self._end(record, progress, GrpcOutcome.PROTOCOL_ERROR, Termination.REJECTED)
                 return
             except _Rejected as rej:  # unparsable first bytes
                 self._count(progress.protocol, rej.outcome)
                 self._rejections.info("rejected: %s", rej, extra={**who, "outcome": rej.outcome})
-                await self._answer_rejection(conn, progress, rej)  # TLS: decode_error; h2c: closed
+                answered = await self._answer_rejection(conn, progress, rej)  # TLS: decode_error; h2c: closed
+                ending = Termination.CLIENT_CLOSE if progress.closed_early else Termination.REJECTED
+                self._end(record, progress, rej.outcome, ending, answered)
                 return
             assert intake is not None  # identified before the peek
-            protocol = peeked.protocol
+            protocol = record.protocol = peeked.protocol
+            record.hostname = peeked.hostname
             try:
                 if not intake.within_limit:
                     raise _Rejected(Refusal.CLIENT_LIMIT, c.REASON_TOO_MANY_CONNECTIONS)
                 target = self._decide(peeked)
-                self._series[protocol].decision.observe(time.monotonic() - started)
-                dial_started = time.monotonic()
+                record.decided_at = decided = time.monotonic()
+                self._series[protocol].decision.observe(decided - started)
+                record.pod, record.pod_address = target.pod_name, target.grpc_endpoint
                 try:
                     pod = await dial(target, self._settings.connect_timeout_s)
                 except DialError as exc:
                     raise _Rejected(Refusal.DIAL_FAILED, str(exc), target.pod_name) from None
-                self._series[protocol].dial.observe(time.monotonic() - dial_started)
+                self._series[protocol].dial.observe(time.monotonic() - decided)
             except _Rejected as rej:
                 self._count(protocol, rej.outcome)
                 self._rejections.info(
                     "rejected %s connection: %s", protocol, rej,
                     extra={**who, "hostname": peeked.hostname, "pod": rej.pod, "outcome": rej.outcome},
                 )
-                await self._answer_rejection(conn, peeked, rej)
+                record.pod, record.decided_at = rej.pod, record.decided_at or time.monotonic()
+                answered = await self._answer_rejection(conn, peeked, rej)
+                dial_failed = rej.refusal is Refusal.DIAL_FAILED
+                self._end(record, progress, rej.outcome,
+                          Termination.DIAL_FAILED if dial_failed else Termination.REJECTED, answered)
                 return
             self._count(protocol, GrpcOutcome.ACCEPTED)
+            accepted = True
             if log.isEnabledFor(logging.DEBUG):
                 log.debug(
                     "routing %s connection to %s", protocol, target.pod_name,
                     extra={**who, "hostname": peeked.hostname, "pod": target.pod_name,
                            "outcome": GrpcOutcome.ACCEPTED},
                 )
-            await self._splice(conn, pod, peeked, protocol)
-        except asyncio.CancelledError:
+            await self._splice(conn, pod, peeked, protocol, record, progress.answered)
+        except asyncio.CancelledError:  # the drain ran out (or the router is closing): cut
             conn.close()
+            self._end(record, progress, None, Termination.DRAIN)  # a spliced one was ended by _splice
             raise
         except Exception:  # a bug must cost one connection, never the listener
             log.exception("unexpected error serving %s", peer)
             conn.close()
+            self._end(record, progress, GrpcOutcome.RELAY_ERROR if accepted else None, Termination.ROUTER_ERROR)
         finally:
             self._clients.slots.release(conn)  # the connection's slot, if it took one
+
+    def _end(
+        self, record: AccessRecord, progress: _Peeked, outcome: Outcome, termination: Termination,
+        answered: tuple[int, int] = (0, 0),
+    ) -> None:
+        """The connection's access line (once; a spliced one is ended by ``_splice``)."""
+        if record.ended:
+            return
+        record.protocol = progress.protocol
+        record.bytes_client_to_pod += progress.received + answered[1]
+        record.bytes_pod_to_client += progress.answered + answered[0]
+        self._access.end(record, outcome, termination, time.monotonic())
 
     async def _peek(self, conn: socket.socket, first: FirstBytes, peeked: _Peeked | None) -> _Peeked:
         """Wait for the rest of the first request, answering h2c's preface with SETTINGS."""
@@ -293,6 +256,7 @@ class TcpRouter:
                 # grpcio waits for the server's SETTINGS before its first HEADERS.
                 await loop.sock_sendall(conn, EMPTY_SETTINGS_FRAME)
                 first.settings_due = False
+                first.progress.answered += len(EMPTY_SETTINGS_FRAME)
             if peeked is not None:
                 return peeked
             peeked = first.feed(await loop.sock_recv(conn, c.MAX_PEEK_BYTES))
@@ -309,45 +273,61 @@ class TcpRouter:
         return decision
 
     async def _splice(
-        self, conn: socket.socket, pod: socket.socket, peeked: _Peeked, protocol: ProtocolLabel
+        self, conn: socket.socket, pod: socket.socket, peeked: _Peeked, protocol: ProtocolLabel,
+        record: AccessRecord, answered: int,
     ) -> None:
         series = self._series[protocol]
-        up, down = series.up, series.down
-
-        def on_bytes(to_pod: int, to_client: int) -> None:
-            if to_pod:
-                up.inc(to_pod)
-            if to_client:
-                down.inc(to_client)
-
         stripper = SettingsAckStripper() if protocol is ProtocolLabel.H2C else None
+        client_filter: Callable[[bytes], bytes] | None = None
+        if stripper is not None:
+            feed = stripper.feed
+
+            def client_filter(data: bytes) -> bytes:  # what the client sent counts, stripped or not
+                out = feed(data)
+                record.bytes_client_to_pod += len(data) - len(out)
+                return out
+
+        def on_start(probe: RelayProbe) -> None:
+            record.probe = probe
+
+        record.bytes_pod_to_client = answered
         active = series.active
         active.inc()
         try:
             result = await relay(
                 conn, pod,
                 initial_to_pod=peeked.buffered,
-                client_filter=stripper.feed if stripper is not None else None,
+                client_filter=client_filter,
                 client_filter_done=(lambda: stripper.done) if stripper is not None else None,
                 idle_timeout_s=self._settings.relay_idle_timeout_s,
-                on_bytes=on_bytes,
+                on_bytes=series.count_bytes,
                 use_splice=self._settings.use_splice,
+                on_start=on_start,
                 loop=self._loop,
             )
+        except asyncio.CancelledError:  # cut by the drain: what was relayed so far counts
+            self._count(protocol, GrpcOutcome.COMPLETED)
+            record.settle()
+            self._access.end(record, GrpcOutcome.COMPLETED, Termination.DRAIN, time.monotonic())
+            raise
         finally:
             active.dec()
         outcome = (
             GrpcOutcome.RELAY_ERROR if result.outcome is RelayOutcome.RELAY_ERROR else GrpcOutcome.COMPLETED
         )
         self._count(protocol, outcome)
+        record.probe = None
+        record.bytes_client_to_pod += result.client_to_pod_bytes
+        record.bytes_pod_to_client += result.pod_to_client_bytes
+        self._access.end(record, outcome, result.termination, time.monotonic())
         if result.error:
             self._rejections.info("relay ended: %s", result.error, extra={"outcome": outcome})
 
-    async def _answer_rejection(self, conn: socket.socket, peeked: _Peeked, rej: _Rejected) -> None:
-        """Tell the client why, in its own protocol, then close without a RST."""
+    async def _answer_rejection(self, conn: socket.socket, peeked: _Peeked, rej: _Rejected) -> tuple[int, int]:
+        """Tell the client why, in its own protocol, then close without a RST; ``(sent, read)``."""
         request = peeked.h2_request
         stream_id = request.stream_id if request is not None else 1
-        await answer_and_close(conn, rejection_bytes(peeked.protocol, rej.refusal, stream_id, str(rej)))
+        return await answer_and_close(conn, rejection_bytes(peeked.protocol, rej.refusal, stream_id, str(rej)))
 
 
 def _read_now(conn: socket.socket, first: FirstBytes) -> _Peeked | None:

@@ -43,19 +43,26 @@ class Peeked:
     hostname: str | None
     h2_request: H2Request | None = None
     tls_hello: ClientHelloInfo | None = None
+    received: int = 0
+    """Bytes read from the client while peeking (the access line's count starts with them)."""
+    answered: int = 0
+    """Bytes the router itself sent the client while peeking (h2c: its SETTINGS)."""
+    closed_early: bool = False
+    """The client closed before naming a host (its access line says ``client_close``)."""
 
 
 class FirstBytes:
     """Sans-IO: the first bytes of a connection until its hostname (TLS SNI or h2c :authority).
 
-    Updates ``progress.protocol`` as soon as the bytes say TLS; ``settings_due`` says the h2c
-    preface arrived and the router's SETTINGS must be sent (once) before the client goes on.
+    Updates ``progress`` (the protocol as soon as the bytes say TLS, the bytes read, an early
+    close); ``settings_due`` says the h2c preface arrived and the router's SETTINGS must be
+    sent (once) before the client goes on.
     """
 
-    __slots__ = ("_buffered", "_h2", "_progress", "_settings_sent", "_tls", "settings_due")
+    __slots__ = ("_buffered", "_h2", "_settings_sent", "_tls", "progress", "settings_due")
 
     def __init__(self, progress: Peeked) -> None:
-        self._progress = progress
+        self.progress = progress
         self._buffered = bytearray()
         self._tls: ClientHelloReader | None = None
         self._h2: H2RequestReader | None = None
@@ -65,7 +72,9 @@ class FirstBytes:
     def feed(self, data: bytes) -> Peeked | None:
         """The peek's result once complete, else None; raises ``Rejected`` for bad first bytes."""
         if not data:
+            self.progress.closed_early = True
             raise Rejected(Refusal.MALFORMED, "connection closed before the hostname")
+        self.progress.received += len(data)
         buffered = self._buffered
         whole = data if not buffered else None  # the first read is all there is: no copies of it
         buffered += data
@@ -74,7 +83,7 @@ class FirstBytes:
             data = whole if whole is not None else bytes(buffered)
             if looks_like_tls(data):
                 tls = self._tls = ClientHelloReader(c.MAX_PEEK_BYTES)
-                self._progress.protocol = ProtocolLabel.TLS
+                self.progress.protocol = ProtocolLabel.TLS
             elif looks_like_h2c(data):
                 h2 = self._h2 = H2RequestReader(c.MAX_PEEK_BYTES)
             else:

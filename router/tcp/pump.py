@@ -43,7 +43,7 @@ class RelayOwner(Protocol):
     loop: asyncio.AbstractEventLoop
     poller: FdPoller
 
-    def fail(self, exc: BaseException) -> None: ...
+    def fail(self, exc: BaseException, direction: Direction | None = None) -> None: ...
     def report(self) -> None: ...
     def direction_done(self) -> None: ...
     def other_done(self, direction: Direction) -> bool: ...
@@ -91,7 +91,7 @@ class Direction:
             else:
                 self._pump_buffered()
         except Exception as exc:  # any failure ends this connection, never the event loop
-            self.relay.fail(exc)
+            self.relay.fail(exc, self)
 
     def write_initial(self) -> None:
         """Write the bytes the peek read, then wait for more (no read now: they came together)."""
@@ -100,7 +100,7 @@ class Direction:
             if self._flush():
                 self.set_want(READ)
         except Exception as exc:  # any failure ends this connection, never the event loop
-            self.relay.fail(exc)
+            self.relay.fail(exc, self)
 
     def _pump_splice(self) -> None:
         drained = False  # the last read was short: the source is empty for now, skip an EAGAIN read

@@ -27,21 +27,26 @@ def rejection_bytes(protocol: ProtocolLabel, refusal: Refusal, stream_id: int, m
     return grpc_rejection(stream_id, answer.grpc_status, message)
 
 
-async def answer_and_close(conn: socket.socket, answer: bytes | None) -> None:
-    """Send ``answer`` (if any), half-close, drain the client for a moment, close; never raises OSError."""
+async def answer_and_close(conn: socket.socket, answer: bytes | None) -> tuple[int, int]:
+    """Send ``answer`` (if any), half-close, drain the client for a moment, close; never raises
+    OSError. Returns ``(bytes sent, bytes read meanwhile)`` for the access line."""
+    sent = received = 0
     if answer is None:
         conn.close()
-        return
+        return sent, received
     loop = asyncio.get_running_loop()
     try:
         await asyncio.wait_for(loop.sock_sendall(conn, answer), c.REJECT_LINGER_S)
+        sent = len(answer)
         conn.shutdown(socket.SHUT_WR)
         deadline = loop.time() + c.REJECT_LINGER_S
         while loop.time() < deadline:
             chunk = await asyncio.wait_for(loop.sock_recv(conn, 4096), max(0.0, deadline - loop.time()))
             if not chunk:
                 break
+            received += len(chunk)
     except (OSError, TimeoutError):
         pass
     finally:
         conn.close()
+    return sent, received

@@ -35,6 +35,8 @@ from enum import StrEnum
 from typing import Final
 
 from router.constants import RELAY_RELEASE_QUIET_S, RELAY_TIMER_DEFER_S
+from router.outcomes import Termination
+from router.tcp.ending import Side, closed_termination, failure_termination, tcp_state
 from router.tcp.poller import poller_for
 from router.tcp.pump import READ, Direction, Mode
 
@@ -68,6 +70,12 @@ class RelayResult:
     pod_to_client_bytes: int
     outcome: RelayOutcome
     error: str | None
+    termination: Termination
+    """Who ended it and how (``router.tcp.ending``): first FIN, whose reset, or the idle timer."""
+
+
+RelayProbe = Callable[[], tuple[int, int, float]]
+"""A live relay's ``(client_to_pod bytes, pod_to_client bytes, last activity)`` (the live view)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +129,10 @@ class _Relay:
         self.future: asyncio.Future[RelayResult] = loop.create_future()
         self.timer: asyncio.TimerHandle | None = None
         self.timer_at = math.inf
+        self.first_eof: Side | None = None
+        self.termination = Termination.ROUTER_ERROR
+        self.final: tuple[int, int, float] | None = None
+        """The probe's answer once the relay is over (``unlink``)."""
 
     def start(
         self,
@@ -151,26 +163,55 @@ class _Relay:
         return (self.p2c if direction is self.c2p else self.c2p).done
 
     def direction_done(self) -> None:
+        if self.first_eof is None:
+            self.first_eof = "client" if self.c2p.done else "pod"
         if self.c2p.done and self.p2c.done:
-            self.finish(RelayOutcome.COMPLETED, None)
+            self.finish(RelayOutcome.COMPLETED, None, closed_termination(self.first_eof))
 
-    def fail(self, exc: BaseException) -> None:
-        self.finish(RelayOutcome.RELAY_ERROR, _describe(exc), reset=True)
+    def fail(self, exc: BaseException, direction: Direction | None = None) -> None:
+        reading: Side = "pod" if direction is self.p2c else "client"
+        writing: Side = "client" if reading == "pod" else "pod"
+        client = self._state_if_open(self.client, self.c2p, self.p2c, direction)
+        pod = self._state_if_open(self.pod, self.p2c, self.c2p, direction)
+        termination = failure_termination(exc, client, pod, reading, writing)
+        self.finish(RelayOutcome.RELAY_ERROR, _describe(exc), termination, reset=True)
 
-    def finish(self, outcome: RelayOutcome, error: str | None, *, reset: bool = False) -> None:
+    @staticmethod
+    def _state_if_open(
+        sock: socket.socket, incoming: Direction, outgoing: Direction, failing: Direction | None
+    ) -> int | None:
+        """A side's TCP state, or None once it closed normally (its FIN in, ours out): then its
+        ``TCP_CLOSE`` says nothing about a reset."""
+        if incoming.done and outgoing.done and outgoing is not failing:
+            return None
+        return tcp_state(sock)
+
+    def finish(
+        self, outcome: RelayOutcome, error: str | None, termination: Termination, *, reset: bool = False
+    ) -> None:
         if self.future.done():
             return
+        self.termination = termination
         self.close(reset=reset)
         self.report()
         self.future.set_result(self.result(outcome, error))
 
     def unlink(self) -> None:
         """Once over, break the relay <-> direction cycle: the connection's objects (sockets
-        included) are freed at once by reference counting instead of by a GC pass."""
+        included) are freed at once by reference counting instead of by a GC pass. The probe
+        keeps answering with the final counts."""
+        self.final = self.probe()
         del self.c2p, self.p2c
 
     def result(self, outcome: RelayOutcome, error: str | None) -> RelayResult:
-        return RelayResult(self.c2p.sent, self.p2c.sent, outcome, error)
+        return RelayResult(self.c2p.sent, self.p2c.sent, outcome, error, self.termination)
+
+    def probe(self) -> tuple[int, int, float]:
+        """Bytes delivered so far each way and the last activity (read at any time)."""
+        if self.final is not None:
+            return self.final
+        c2p, p2c = self.c2p, self.p2c
+        return c2p.sent, p2c.sent, max(c2p.last, p2c.last)
 
     def close(self, *, reset: bool) -> None:
         """Idempotent teardown; ``reset`` makes both peers see RST instead of FIN."""
@@ -223,7 +264,7 @@ class _Relay:
         self.timer = None
         now = self.loop.time() + _TIMER_SLACK_S
         if now - max(self.c2p.last, self.p2c.last) >= self.idle_s:
-            self.finish(RelayOutcome.IDLE_TIMEOUT, None)
+            self.finish(RelayOutcome.IDLE_TIMEOUT, None, Termination.IDLE_TIMEOUT)
             return
         for d in (self.c2p, self.p2c):
             if not d.pending and d.held() and now - d.last >= RELAY_RELEASE_QUIET_S:
@@ -268,6 +309,7 @@ async def relay(
     idle_timeout_s: float,
     on_bytes: Callable[[int, int], None] | None = None,
     use_splice: bool | None = None,
+    on_start: Callable[[RelayProbe], None] | None = None,
     loop: asyncio.AbstractEventLoop | None = None,
 ) -> RelayResult:
     """Relay bytes both ways until both sides finish, one fails, or both are idle too long.
@@ -276,8 +318,9 @@ async def relay(
     returning or when cancelled (then with RST, and CancelledError is re-raised).
     ``initial_to_pod`` are client bytes already read by the peek; ``client_filter`` sees every
     client->pod byte until ``client_filter_done()`` is True. ``idle_timeout_s <= 0`` disables
-    the idle timeout. ``loop`` is the running loop, if the caller has it at hand (saves a
-    ``getpid`` system call).
+    the idle timeout. ``on_start`` gets the relay's live byte counts (``RelayProbe``) before any
+    byte moves. ``loop`` is the running loop, if the caller has it at hand (saves a ``getpid``
+    system call).
     """
     if loop is None:
         loop = asyncio.get_running_loop()
@@ -287,6 +330,8 @@ async def relay(
         raise ValueError("use_splice=True but os.splice is not available here")
     splice = SPLICE_AVAILABLE if use_splice is None else use_splice
     state = _Relay(loop, client, pod, splice, idle_timeout_s, on_bytes)
+    if on_start is not None:
+        on_start(state.probe)
     try:
         state.start(initial_to_pod, client_filter, client_filter_done)
         return await state.future

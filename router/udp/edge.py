@@ -31,16 +31,18 @@ from discovery.targets import Target, TargetSnapshot
 from quic.clienthello import ClientHelloInfo
 from quic.initial_sniffer import InitialSniffer
 from quic.packet import LongHeader, QuicPacketError
+from router.access_log import AccessLog
 from router.client_limits import ClientSlots
 from router.hostname import HostnameTemplate
 from router.metrics import ProtocolSeries, RouterMetrics
-from router.outcomes import ProtocolLabel, QuicDropReason, QuicOutcome
+from router.outcomes import ProtocolLabel, QuicDropReason, QuicOutcome, Termination
 from router.routing import Refusal, Refused, route
+from router.udp.flow_access import FlowAccess
 from router.udp.flow_table import Address, Contention, Flow, PendingFlow, UdpFlowTable
 from router.udp.listener import open_listener
 from router.udp.pod_link import Outboxes, PodLink, connect_udp
 from router.udp.pod_to_client import ClientReplies
-from router.udp.refusals import QuicRefusals, peer, quic_answer
+from router.udp.refusals import QuicRefusals, peer
 from router.udp.settings import UdpRouterSettings
 from router.udp.verdicts import Verdict, classify_on_flow, classify_unrouted
 
@@ -61,8 +63,10 @@ class UdpRouter:
         template: HostnameTemplate,
         snapshot: Callable[[], TargetSnapshot],
         metrics: RouterMetrics,
+        access: AccessLog | None = None,
     ) -> None:
         self.settings = settings
+        self._access = FlowAccess(access if access is not None else AccessLog(metrics))
         self._template = template
         self._snapshot = snapshot
         self._metrics = metrics
@@ -152,6 +156,7 @@ class UdpRouter:
     def _to_pod(self, flow: Flow[_Link], data: bytes, now: float) -> None:
         """Into the flow's outbox, sent with every outbox touched in this loop iteration."""
         flow.last_active = flow.client_seen_at = now
+        flow.client_bytes += len(data)
         link = flow.handle
         if link.sock is not None:
             self._outboxes.add(link, data)
@@ -211,8 +216,9 @@ class UdpRouter:
         if refusal is None and not self._slots.take(header, addr[0]):  # before it costs a pending flow
             refusal = Refusal.CLIENT_LIMIT
         if refusal is not None:
-            self._refusals.refuse(addr, header.version, header.dcid, header.scid, len(data), now, None, refusal)
-            return
+            answered = self._refusals.refuse(addr, header.version, header.dcid, header.scid, len(data), now, None,
+                                             refusal)
+            return self._access.refused_unopened(addr, len(data), answered, refusal, now)
         evicted = self._table.make_room()
         if evicted is not None:
             self._evict(evicted)
@@ -224,6 +230,7 @@ class UdpRouter:
             return
         self._slots.move(header, opened)
         self._metrics.pending_flows.set(self._table.pending_count)
+        self._access.open(opened, now)
         self._feed(opened, data, now)
 
     def _feed(self, pending: PendingFlow[InitialSniffer], data: bytes, now: float) -> None:
@@ -231,7 +238,7 @@ class UdpRouter:
         if not self._table.can_buffer(pending, len(data)):
             self._drop(QuicDropReason.PENDING_FULL)
             if not pending.datagrams:  # opened by this very datagram: hold no slot for nothing
-                self._discard(pending)
+                self._discard(pending, Termination.REJECTED)
             return
         if pending.decided:
             self._table.buffer(pending, data)
@@ -241,7 +248,7 @@ class UdpRouter:
         except QuicPacketError as exc:
             log.debug("quic Initial from %s unusable: %s", peer(pending.address), exc)
             self._drop(QuicDropReason.MALFORMED, 1 + len(pending.datagrams))
-            self._discard(pending)
+            self._discard(pending, Termination.REJECTED)
             return
         self._table.buffer(pending, data)
         if info is not None:
@@ -253,6 +260,7 @@ class UdpRouter:
         hostname = info.server_name or None  # an empty SNI is a missing one
         # QUIC carries no request path, so no round-robin either.
         decision = route(hostname, None, self._snapshot(), self._template, None, port_of=_quic_port)
+        self._access.decided(pending, hostname, decision, now)
         old = self._table.flow(pending.address)
         if old is not None:  # a contender: a new connection from an established flow's address
             named = decision.pod_name if isinstance(decision, Target) else None
@@ -266,7 +274,7 @@ class UdpRouter:
             log.debug("quic flow %s -> %s retired: a new connection took its address",
                       peer(old.address), old.pod_name)
             if self._table.remove(old):
-                self._finish(old, QuicOutcome.COMPLETED)
+                self._finish(old, QuicOutcome.COMPLETED, Termination.FLOW_TAKEOVER)
         if isinstance(decision, Refused):
             self._refuse_pending(pending, hostname, decision.refusal, now)
             return
@@ -280,6 +288,7 @@ class UdpRouter:
     def _share(self, pending: PendingFlow[InitialSniffer], flow: Flow[_Link], now: float) -> None:
         """A contender naming the flow's own pod: its datagrams go through the flow's socket."""
         self._table.share(pending, flow)
+        self._access.shared(pending)
         self._slots.release(pending)  # the flow holds its client's slot already
         self._metrics.pending_flows.set(self._table.pending_count)
         self._metrics.quic_outcome(QuicOutcome.ACCEPTED)
@@ -306,6 +315,7 @@ class UdpRouter:
         flow = self._table.establish(pending, target.pod_name, link, now)
         self._slots.move(pending, flow)
         link.flow = flow
+        self._access.established(pending, flow, target.quic_endpoint)
         self._loop.add_reader(sock.fileno(), self._replies.readable, link)
         self._metrics.pending_flows.set(self._table.pending_count)
         self._accepted.inc()
@@ -318,13 +328,10 @@ class UdpRouter:
     def _refuse_pending(
         self, pending: PendingFlow[InitialSniffer], hostname: str | None, refusal: Refusal, now: float
     ) -> None:
-        sniffer = pending.sniffer
-        self._discard(pending)
-        if sniffer.version is None or sniffer.original_dcid is None or sniffer.client_scid is None:
-            self._metrics.quic_outcome(quic_answer(refusal)[0])
-            return
-        self._refusals.refuse(pending.address, sniffer.version, sniffer.original_dcid, sniffer.client_scid,
-                              pending.buffered_bytes, now, hostname, refusal)
+        self._table.discard_pending(pending)
+        outcome, answered = self._refusals.refuse_pending(pending, hostname, refusal, now)
+        ending = Termination.DIAL_FAILED if refusal is Refusal.DIAL_FAILED else Termination.REJECTED
+        self._discard(pending, ending, outcome, answered)
 
     def _send(self, answer: bytes, addr: Address) -> bool:
         """Send a refusal answer through the listener (the refusals' only way out)."""
@@ -337,17 +344,21 @@ class UdpRouter:
     def _flow_failed(self, flow: Flow[_Link], exc: Exception) -> None:
         log.info("quic flow %s -> %s failed: %s", peer(flow.address), flow.pod_name, exc)
         if self._table.remove(flow):
-            self._finish(flow, QuicOutcome.RELAY_ERROR)
+            self._finish(flow, QuicOutcome.RELAY_ERROR, Termination.POD_RESET)
 
-    def _finish(self, flow: Flow[_Link], outcome: QuicOutcome) -> None:
-        """Account for a flow the table no longer holds and close its socket."""
+    def _finish(self, flow: Flow[_Link], outcome: QuicOutcome, termination: Termination) -> None:
+        """Account for a flow the table no longer holds, close its socket, write its access line."""
         flow.handle.close()
+        self._access.end_flow(flow, outcome, termination, self._now())
         self._slots.release(flow)
         self._metrics.quic_outcome(outcome)
         self._series.active.dec()
         self._note_if_empty()
 
-    def _discard(self, pending: PendingFlow[InitialSniffer]) -> None:
+    def _discard(self, pending: PendingFlow[InitialSniffer], termination: Termination,
+                 outcome: QuicOutcome | None = None, answered: int = 0) -> None:
+        """Forget an attempt that never became a flow; its access line says why."""
+        self._access.end_pending(pending, outcome, termination, self._now(), answered)
         self._table.discard_pending(pending)
         self._slots.release(pending)
         self._metrics.pending_flows.set(self._table.pending_count)
@@ -356,8 +367,7 @@ class UdpRouter:
     def _evict(self, pending: PendingFlow[InitialSniffer]) -> None:
         """The oldest pending flow made room for a new one: its datagrams count as ``pending_full``."""
         self._drop(QuicDropReason.PENDING_FULL, max(1, len(pending.datagrams)))
-        self._slots.release(pending)
-        self._metrics.pending_flows.set(self._table.pending_count)
+        self._discard(pending, Termination.REJECTED)
 
     def _note_if_empty(self) -> None:
         if not self._table.flow_count and not self._table.pending_count:
@@ -365,10 +375,10 @@ class UdpRouter:
 
     def _close_flows(self) -> None:
         for pending in self._table.pending_flows():
-            self._discard(pending)
+            self._discard(pending, Termination.DRAIN)
         for flow in self._table.flows():
             if self._table.remove(flow):
-                self._finish(flow, QuicOutcome.COMPLETED)
+                self._finish(flow, QuicOutcome.COMPLETED, Termination.DRAIN)
 
     def _drop(self, reason: QuicDropReason, count: int = 1) -> None:
         self._metrics.quic_drop(reason, count)
@@ -380,10 +390,11 @@ class UdpRouter:
         for pending in expired.pending:
             self._drop(QuicDropReason.PENDING_TIMEOUT, max(1, len(pending.datagrams)))
             self._slots.release(pending)
+            self._access.end_pending(pending, None, Termination.PEEK_TIMEOUT, now)
         if expired.pending:
             self._metrics.pending_flows.set(self._table.pending_count)
         for flow in expired.flows:
-            self._finish(flow, QuicOutcome.COMPLETED)
+            self._finish(flow, QuicOutcome.COMPLETED, Termination.IDLE_TIMEOUT)
         self._note_if_empty()
         self._flush_byte_counters()
 
@@ -395,12 +406,8 @@ class UdpRouter:
             self.sweep(self._now())
 
     def _flush_byte_counters(self) -> None:
-        if self._outboxes.sent_bytes:
-            self._series.up.inc(self._outboxes.sent_bytes)
-            self._outboxes.sent_bytes = 0
-        if self._replies.sent_bytes:
-            self._series.down.inc(self._replies.sent_bytes)
-            self._replies.sent_bytes = 0
+        self._series.count_bytes(self._outboxes.sent_bytes, self._replies.sent_bytes)
+        self._outboxes.sent_bytes = self._replies.sent_bytes = 0
 
 
 def _quic_port(target: Target) -> int:

@@ -82,6 +82,8 @@ class PendingFlow(Generic[S]):
     """The pod is chosen and its socket is being opened; datagrams still queue here."""
     dcid: bytes = b""
     """DCID of the Initial that opened it: the client's original DCID (tells a contender's datagrams)."""
+    access: Any = None
+    """The edge's access record of this attempt (opaque here)."""
 
 
 @dataclass(slots=True, eq=False)
@@ -98,6 +100,12 @@ class Flow(Generic[H]):
     """Original DCIDs of the client connections spliced here (bounded like ``cids``)."""
     client_seen_at: float = 0.0
     """When the client last sent a datagram on this flow (pod traffic does not count)."""
+    access: Any = None
+    """The edge's access record of this flow (opaque here)."""
+    client_bytes: int = 0
+    """Bytes of the datagrams the client sent on this flow (its access line's count)."""
+    pod_bytes: int = 0
+    """Bytes of the datagrams the pod sent the client on this flow."""
 
 
 @dataclass(slots=True, eq=False)

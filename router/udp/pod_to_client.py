@@ -100,6 +100,7 @@ class ClientReplies:
         if transport is None or listener is None or listener.paused or not data:
             return
         self.sent_bytes += len(data)
+        flow.pod_bytes += len(data)
         sent = 0
         if self._sock is not None and not _queued_bytes(transport):
             try:

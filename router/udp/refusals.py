@@ -14,13 +14,14 @@ from collections.abc import Callable
 from typing import Any
 
 from discovery.targets import host_port
+from quic.initial_sniffer import InitialSniffer
 from quic.packet import QuicErrorCode, QuicPacketError
 from quic.server_packets import build_initial_close, build_version_negotiation
 from router.log_limiter import RateLimitedLog
 from router.metrics import RouterMetrics
 from router.outcomes import QuicDropReason, QuicOutcome
 from router.routing import REFUSAL_ANSWERS, Refusal
-from router.udp.flow_table import Address, ByteBudget, Rejection, UdpFlowTable
+from router.udp.flow_table import Address, ByteBudget, PendingFlow, Rejection, UdpFlowTable
 
 log = logging.getLogger("router.udp_router")
 """The router's logger: refusal lines keep the name operators filter on."""
@@ -57,8 +58,9 @@ class QuicRefusals:
     def refuse(
         self, addr: Address, version: int, dcid: bytes, scid: bytes, received: int, now: float,
         hostname: str | None, refusal: Refusal,
-    ) -> None:
-        """Count, log, remember and answer a refused attempt (``received``: bytes it sent)."""
+    ) -> int:
+        """Count, log, remember and answer a refused attempt (``received``: bytes it sent);
+        returns the bytes answered (0 when the answer was not sent)."""
         outcome, reason = quic_answer(refusal)
         self._metrics.quic_outcome(outcome)
         self.log.info("quic flow refused: hostname=%r peer=%s outcome=%s", hostname, peer(addr), outcome)
@@ -66,10 +68,24 @@ class QuicRefusals:
             answer = build_initial_close(version, dcid, scid, reason, QuicErrorCode.CONNECTION_REFUSED)
         except QuicPacketError:  # CIDs no close can be built for: nothing to answer
             self._metrics.quic_drop(QuicDropReason.MALFORMED)
-            return
+            return 0
         self._table.remember_rejection(addr, dcid, answer, now)
         if not self.answer(answer, received, addr, now):
             self._metrics.quic_drop(QuicDropReason.RATE_LIMITED)
+            return 0
+        return len(answer)
+
+    def refuse_pending(
+        self, pending: PendingFlow[InitialSniffer], hostname: str | None, refusal: Refusal, now: float
+    ) -> tuple[QuicOutcome, int]:
+        """Refuse an attempt whose ClientHello was read: ``(outcome, bytes answered)``; answered only
+        when its Initial gave the version and CIDs to answer with."""
+        sniffer, outcome = pending.sniffer, quic_answer(refusal)[0]
+        if sniffer.version is None or sniffer.original_dcid is None or sniffer.client_scid is None:
+            self._metrics.quic_outcome(outcome)
+            return outcome, 0
+        return outcome, self.refuse(pending.address, sniffer.version, sniffer.original_dcid, sniffer.client_scid,
+                                    pending.buffered_bytes, now, hostname, refusal)
 
     def reanswer(self, rejection: Rejection, received: int, addr: Address, now: float) -> None:
         """A retransmit of a refused attempt: answer again while its answers last, else drop."""

@@ -7,5 +7,6 @@ Harnesses: ``router_process`` (the router as a subprocess), ``udp_router`` (an i
 QUIC edge on loopback), ``bulk_tls`` (a TLS pod and client for byte-exact bulk transfers),
 ``polling`` (``eventually``), ``haproxy`` (Debian's HAProxy in front of the router, sending PROXY
 headers), ``edge_clients`` (raw TCP and aioquic clients from a chosen loopback address);
-``proxy_headers`` builds PROXY v1/v2 headers. Fixtures live in ``tests/conftest.py``.
+``proxy_headers`` builds PROXY v1/v2 headers; ``access_peers`` (raw pods that end connections a
+chosen way, a byte-counting client, the router's access lines). Fixtures live in ``tests/conftest.py``.
 """
