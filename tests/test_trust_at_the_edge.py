@@ -27,6 +27,7 @@ from tests.faults.tcp_peers import read_to_eof
 from tests.support import proxy_headers as ph
 from tests.support.edge_clients import TLS_ALERT_RECORD, quic_from, read_some, ssl_client_hello, tcp_from
 from tests.support.haproxy import HaproxyFront, haproxy_available
+from tests.support.names import host
 from tests.support.polling import eventually_blocking
 from tests.support.router_process import RouterProcess, router_args, write_endpoints
 
@@ -42,10 +43,6 @@ PEEK_TIMEOUT_MS = 1500
 GRPC = f"{c.GRPC_CONNECTIONS_TOTAL}_total"
 QUIC = f"{c.QUIC_CONNECTIONS_TOTAL}_total"
 ALERT_INTERNAL_ERROR, ALERT_UNRECOGNIZED_NAME = 80, 112
-
-
-def host(pod: str) -> str:
-    return f"{pod}.stargate.external"
 
 
 @dataclass

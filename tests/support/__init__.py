@@ -7,5 +7,6 @@ Harnesses: ``router_process`` (the router as a subprocess), ``udp_router`` (an i
 QUIC edge on loopback), ``bulk_tls`` (a TLS pod and client for byte-exact bulk transfers),
 ``polling`` (``eventually``), ``haproxy`` (Debian's HAProxy in front of the router, sending PROXY
 headers), ``edge_clients`` (raw TCP and aioquic clients from a chosen loopback address);
-``proxy_headers`` builds PROXY v1/v2 headers. Fixtures live in ``tests/conftest.py``.
+``proxy_headers`` builds PROXY v1/v2 headers; ``names`` (``host(pod)``) spells the hostname a
+pod is dialled by. Fixtures live in ``tests/conftest.py``.
 """
