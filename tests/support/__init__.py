@@ -1,7 +1,8 @@
 """Code the tests share that is not a fixture: byte builders and harnesses (no tests here).
 
-Builders: ``tls`` (ClientHellos and TLS records), ``h2`` (HTTP/2 frames, an h2c gRPC
-request), ``initial_packets`` (client Initials under the router's own packet protection),
+Builders: ``tls`` (ClientHellos and TLS records), ``h2`` (HTTP/2 frames, a real h2 client and
+its gRPC request), ``quic_frames`` (CRYPTO, ACK, CONNECTION_CLOSE), ``quic_vectors`` (the RFC 9001 /
+9369 example Initials), ``initial_packets`` (client Initials under the router's own packet protection),
 ``quic_initial_rewriter`` (a real client's first flight, rebuilt with aioquic's).
 Harnesses: ``router_process`` (the router as a subprocess), ``udp_router`` (an in-process
 QUIC edge on loopback), ``bulk_tls`` (a TLS pod and client for byte-exact bulk transfers),
