@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import logging
@@ -165,19 +166,21 @@ def test_default_stream_is_stderr(capsys: pytest.CaptureFixture[str]) -> None:
     assert json.loads(captured.err.strip().splitlines()[-1])["outcome"] == "accepted"
 
 
-@pytest.fixture
+@contextlib.contextmanager
 def _router_handler_alone() -> Iterator[None]:
-    """Root without pytest's capture handler, which the fast path rightly steps aside for."""
+    """Root with only the router's handler: pytest's capture handlers (added around each test
+    call), which the fast path rightly steps aside for, are set aside meanwhile."""
     root = logging.getLogger()
-    others = list(root.handlers)
+    others = [h for h in root.handlers if type(h).__name__ != "_RouterLogHandler"]
     for handler in others:
         root.removeHandler(handler)
-    yield
-    for handler in others:
-        root.addHandler(handler)
+    try:
+        yield
+    finally:
+        for handler in others:
+            root.addHandler(handler)
 
 
-@pytest.mark.usefixtures("_router_handler_alone")
 @pytest.mark.parametrize("fmt", ["json", "text"])
 def test_direct_writer_writes_the_line_the_logger_would(fmt: str) -> None:
     """The access log's fast path (no LogRecord) and the ordinary path give the same line."""
@@ -185,29 +188,26 @@ def test_direct_writer_writes_the_line_the_logger_would(fmt: str) -> None:
     configure_logging(fmt, "info", stream=out)  # type: ignore[arg-type]
     logger = logging.getLogger("router.access")
     fields = {"event": "access", "protocol": "tls", "client": "10.0.0.7:5", "hostname": None, "bytes": 812}
-    write = direct_writer(logger)
-    assert write is not None
-    write("access", fields)
-    logger.info("access", extra={EVENT_FIELDS: dict(fields)})
+    with _router_handler_alone():
+        write = direct_writer(logger)
+        assert write is not None
+        write("access", fields)
+        logger.info("access", extra={EVENT_FIELDS: dict(fields)})
     fast, slow = (re.sub(TS, "TS", line) for line in _lines(out))
     assert fast == slow
 
 
-@pytest.mark.usefixtures("_router_handler_alone")
 def test_direct_writer_steps_aside_for_any_other_handler_or_filter() -> None:
     configure_logging("json", "info", stream=io.StringIO())
     logger = logging.getLogger("router.access")
     root = logging.getLogger()
-    assert direct_writer(logger) is not None
-    extra = logging.StreamHandler(io.StringIO())
-    root.addHandler(extra)  # e.g. pytest's caplog: it must still see the access lines
-    try:
+    assert direct_writer(logger) is None  # pytest's capture handler is on the root now
+    with _router_handler_alone():
+        assert direct_writer(logger) is not None
+        extra = logging.StreamHandler(io.StringIO())
+        root.addHandler(extra)  # e.g. caplog: it must still see the access lines
         assert direct_writer(logger) is None
-    finally:
         root.removeHandler(extra)
-    own = logging.Filter("nothing")
-    logger.addFilter(own)
-    try:
+        logger.addFilter(own := logging.Filter("nothing"))
         assert direct_writer(logger) is None
-    finally:
         logger.removeFilter(own)
