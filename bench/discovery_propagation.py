@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import statistics
 import sys
 import tempfile
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import grpc
@@ -63,45 +65,42 @@ def _router(args: list[str]) -> RouterProcess:
     return router
 
 
-async def kubernetes_rounds(pods: list[RunningPod], rounds: int, workdir: Path) -> list[float]:
+def _slice_for(pod: RunningPod) -> dict[str, object]:
+    """The Stargate slice with ``stargate-0`` on ``pod``: moving it is a rescheduled pod."""
+    return make_slice("stargate-headless-abc", [make_endpoint("stargate-0", pod.address)], grpc_port=pod.port)
+
+
+@contextlib.asynccontextmanager
+async def _watching_router(first: RunningPod, workdir: Path) -> AsyncIterator[tuple[FakeKubeApi, RouterProcess]]:
+    """A loopback API serving ``first`` and a router process watching it; both stopped on exit."""
     api = FakeKubeApi()
     await api.start()
-    kubeconfig = api.write_kubeconfig(workdir / "kubeconfig")
-
-    def slice_for(pod: RunningPod) -> dict[str, object]:
-        return make_slice(
-            "stargate-headless-abc", [make_endpoint("stargate-0", pod.address)], grpc_port=pod.port
-        )
-
-    api.upsert(slice_for(pods[0]))
-    router = await asyncio.to_thread(_router, ["--kubeconfig", str(kubeconfig)])
     try:
+        kubeconfig = api.write_kubeconfig(workdir / "kubeconfig")
+        api.upsert(_slice_for(first))
+        router = await asyncio.to_thread(_router, ["--kubeconfig", str(kubeconfig)])
+        try:
+            yield api, router
+        finally:
+            await asyncio.to_thread(router.stop)
+    finally:
+        await api.stop()
+
+
+async def kubernetes_rounds(pods: list[RunningPod], rounds: int, workdir: Path) -> list[float]:
+    async with _watching_router(pods[0], workdir) as (api, router):
         times = []
         for i in range(rounds):
             pod = pods[(i + 1) % 2]
             started = time.perf_counter()
-            api.upsert(slice_for(pod))
+            api.upsert(_slice_for(pod))
             times.append(await asyncio.to_thread(_wait_for, router.grpc_port, pod.pod_name, started))
         return times
-    finally:
-        await asyncio.to_thread(router.stop)
-        await api.stop()
 
 
 async def outage_rounds(pods: list[RunningPod], outage_s: float, rounds: int, workdir: Path) -> list[float]:
     """API down ``outage_s``, pod moved and history compacted meanwhile; seconds from return to routing."""
-    api = FakeKubeApi()
-    await api.start()
-    kubeconfig = api.write_kubeconfig(workdir / "kubeconfig")
-
-    def slice_for(pod: RunningPod) -> dict[str, object]:
-        return make_slice(
-            "stargate-headless-abc", [make_endpoint("stargate-0", pod.address)], grpc_port=pod.port
-        )
-
-    api.upsert(slice_for(pods[0]))
-    router = await asyncio.to_thread(_router, ["--kubeconfig", str(kubeconfig)])
-    try:
+    async with _watching_router(pods[0], workdir) as (api, router):
         times = []
         for i in range(rounds):
             while api.open_watches < 1:  # each outage starts from an established, healthy watch
@@ -109,16 +108,13 @@ async def outage_rounds(pods: list[RunningPod], outage_s: float, rounds: int, wo
             await asyncio.sleep(SETTLE_S)
             pod = pods[(i + 1) % 2]
             await api.stop()
-            api.upsert(slice_for(pod))  # the world changes while the router cannot see it
+            api.upsert(_slice_for(pod))  # the world changes while the router cannot see it
             api.compact()  # and the resourceVersion it holds is compacted away
             await asyncio.sleep(outage_s)
             await api.start()
             started = time.perf_counter()
             times.append(await asyncio.to_thread(_wait_for, router.grpc_port, pod.pod_name, started))
         return times
-    finally:
-        await asyncio.to_thread(router.stop)
-        await api.stop()
 
 
 def file_rounds(pods: list[RunningPod], rounds: int, workdir: Path) -> list[float]:

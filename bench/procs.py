@@ -29,6 +29,8 @@ from tests.support.router_process import RouterProcess, router_args, write_endpo
 
 NGINX_STREAM_MODULE = "/usr/lib/nginx/modules/ngx_stream_module.so"
 START_TIMEOUT_S = 20.0
+HAPROXY_BINARY = "/usr/sbin/haproxy"
+"""Debian's package (``apt-get install haproxy``), where PATH does not name one."""
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
@@ -102,7 +104,8 @@ def wait_bound(ports: Sequence[int], udp: bool, proc: subprocess.Popen[Any], wha
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise BenchError(f"{what} exited with status {proc.returncode}")
+            err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
+            raise BenchError(f"{what} exited with status {proc.returncode}: {err[-2000:]}")
         bound = _bound_ports("udp", False) if udp else _bound_ports("tcp", True)
         if set(ports) <= bound:
             return
@@ -113,6 +116,12 @@ def wait_bound(ports: Sequence[int], udp: bool, proc: subprocess.Popen[Any], wha
 # ---------------------------------------------------------------------------------------
 # Agents: helper processes that run load generators and pods
 # ---------------------------------------------------------------------------------------
+def haproxy_binary() -> str | None:
+    """HAProxy's path, or None where it is not installed (callers skip or refuse)."""
+    binary = shutil.which("haproxy") or HAPROXY_BINARY
+    return binary if Path(binary).exists() else None
+
+
 def _agent_main(conn: Connection) -> None:
     raise_fd_limit()
     while True:
@@ -221,7 +230,7 @@ class Router:
             self.process.__exit__(None, None, None)
 
 
-class _PeerProcess:
+class PeerProcess:
     """A peer middle box (HAProxy, nginx) run as a child until ``close``."""
 
     proc: subprocess.Popen[bytes]
@@ -246,6 +255,8 @@ class _PeerProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(5)
+        if self.proc.stderr is not None:
+            self.proc.stderr.close()
 
 
 HAPROXY_GLOBAL = """global
@@ -281,7 +292,7 @@ backend pod_{port}
 """
 
 
-class Haproxy(_PeerProcess):
+class Haproxy(PeerProcess):
     """HAProxy in TCP mode: SNI-routed (``req.ssl_sni``) or plain frontends to one pod each;
     ``option splice-auto`` unless ``forced_splice``."""
 
@@ -290,8 +301,8 @@ class Haproxy(_PeerProcess):
     def __init__(self, workdir: Path, sni_routes: Sequence[tuple[str, str, int]] = (),
                  plain_routes: Sequence[tuple[str, int]] = (), threads: int = 1,
                  maxconn: int = 4096, forced_splice: bool = False) -> None:
-        binary = shutil.which("haproxy") or "/usr/sbin/haproxy"
-        if not Path(binary).exists():
+        binary = haproxy_binary()
+        if binary is None:
             raise BenchError("haproxy not installed")
         # HAProxy refuses to start if 2 fds per connection plus 2 per pipe exceed the limit;
         # its default is maxconn/4 pipes (a connection without one copies instead).
@@ -340,7 +351,7 @@ stream {{
 """
 
 
-class Nginx(_PeerProcess):
+class Nginx(PeerProcess):
     """nginx ``stream`` UDP proxy, one worker, to one pod (it cannot route by QUIC SNI)."""
 
     kind = "nginx"

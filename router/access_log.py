@@ -29,7 +29,7 @@ from typing import Any, Final
 from router import constants as c
 from router.live_view import LiveConnections
 from router.log_limiter import RateLimitedLog
-from router.logging_setup import EVENT_FIELDS
+from router.logging_setup import EVENT_FIELDS, direct_writer
 from router.metrics import RouterMetrics
 from router.outcomes import GrpcOutcome, ProtocolLabel, QuicOutcome, Termination
 
@@ -145,7 +145,12 @@ class AccessLog:
         if not self.enabled or not self._log.isEnabledFor(logging.INFO):
             return
         if outcome in ACCEPTED_OUTCOMES:
-            self._log.info(ACCESS_MESSAGE, extra={EVENT_FIELDS: record.fields(outcome, termination, now)})
+            fields = record.fields(outcome, termination, now)
+            write = direct_writer(self._log)
+            if write is not None:  # the usual case: no LogRecord, no handler chain
+                write(ACCESS_MESSAGE, fields)
+            else:
+                self._log.info(ACCESS_MESSAGE, extra={EVENT_FIELDS: fields})
         elif self._rejected.admit():  # a flood's lines are not even built
             fields = record.fields(outcome, termination, now)
             self._rejected.write(logging.INFO, ACCESS_MESSAGE, extra={EVENT_FIELDS: fields})

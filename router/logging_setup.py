@@ -16,8 +16,10 @@ import io
 import json
 import logging
 import sys
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
+from functools import partial
 from types import MappingProxyType
 from typing import Final, Literal, TextIO
 
@@ -81,12 +83,16 @@ _SECOND_CACHE: list[tuple[int, str]] = [(-1, "")]
 
 
 def _timestamp(record: logging.LogRecord) -> str:
-    second = int(record.created)
+    return _timestamp_of(record.created)
+
+
+def _timestamp_of(created: float) -> str:
+    second = int(created)
     cached_second, whole = _SECOND_CACHE[0]
     if second != cached_second:
         whole = datetime.fromtimestamp(second, tz=UTC).strftime("%Y-%m-%dT%H:%M:%S")
         _SECOND_CACHE[0] = (second, whole)
-    return f"{whole}.{int(record.msecs):03d}Z"
+    return f"{whole}.{int((created - second) * 1000):03d}Z"
 
 
 def _level_name(record: logging.LogRecord) -> str:
@@ -99,6 +105,10 @@ def _one_line(text: str) -> str:
 
 class _EventFormatter(logging.Formatter):
     """Shared part of both formats: the fields of one event, in a fixed order."""
+
+    def render(self, fields: dict[str, object]) -> str:
+        """The line for an event's fields (ts, level, logger and msg first)."""
+        raise NotImplementedError
 
     def fields(self, record: logging.LogRecord) -> dict[str, object]:
         out: dict[str, object] = {
@@ -132,14 +142,19 @@ class JsonFormatter(_EventFormatter):
     """One JSON object per line; values that JSON cannot hold are written with ``str()``."""
 
     def format(self, record: logging.LogRecord) -> str:
-        return _JSON.encode(self.fields(record))
+        return self.render(self.fields(record))
+
+    def render(self, fields: dict[str, object]) -> str:
+        return _JSON.encode(fields)
 
 
 class TextFormatter(_EventFormatter):
     """``ts level logger msg key=value ...``; values with spaces, quotes or newlines are quoted."""
 
     def format(self, record: logging.LogRecord) -> str:
-        fields = self.fields(record)
+        return self.render(self.fields(record))
+
+    def render(self, fields: dict[str, object]) -> str:
         head = f"{fields.pop('ts')} {fields.pop('level')} {fields.pop('logger')} "
         parts = [head + _one_line(str(fields.pop("msg")))]
         for key, value in fields.items():
@@ -159,8 +174,10 @@ class _RouterLogHandler(logging.StreamHandler[TextIO]):
     loop runs, other threads, at exit) a line is flushed at once.
     """
 
-    def __init__(self, stream: TextIO) -> None:
+    def __init__(self, stream: TextIO, formatter: _EventFormatter) -> None:
         super().__init__(stream)
+        self.setFormatter(formatter)
+        self._events = formatter
         self._flush_scheduled = False
 
     def flush(self) -> None:
@@ -176,6 +193,40 @@ class _RouterLogHandler(logging.StreamHandler[TextIO]):
     def _flush_batch(self) -> None:
         self._flush_scheduled = False
         super().flush()
+
+    def write_event(self, logger_name: str, msg: str, fields: Mapping[str, object]) -> None:
+        """One info line from ready fields, as ``emit`` would write it, without building a LogRecord
+        (the access log's line per connection: a record and the handler chain cost more than the line)."""
+        line: dict[str, object] = {"ts": _timestamp_of(time.time()), "level": "info", "logger": logger_name, "msg": msg}
+        line.update(fields)
+        try:
+            text = self._events.render(line)
+            self.acquire()
+            try:
+                self.stream.write(text + self.terminator)
+                self.flush()
+            finally:
+                self.release()
+        except Exception:
+            self.handleError(logging.makeLogRecord({"name": logger_name, "msg": msg}))
+
+
+def direct_writer(logger: logging.Logger) -> Callable[[str, Mapping[str, object]], None] | None:
+    """``write_event`` bound to ``logger``'s name when the installed router handler alone would write
+    its info lines (no other handler or filter on the way, such as pytest's capture); else None, and
+    the caller logs as usual."""
+    node = logger
+    while node.parent is not None:
+        if node.handlers or node.filters or not node.propagate:
+            return None
+        node = node.parent
+    handlers = node.handlers
+    if node.filters or len(handlers) != 1:
+        return None
+    handler = handlers[0]
+    if not isinstance(handler, _RouterLogHandler) or handler.filters or handler.level > logging.INFO:
+        return None
+    return partial(handler.write_event, logger.name)
 
 
 def _block_buffered_stderr() -> TextIO:
@@ -200,7 +251,7 @@ def configure_logging(
     """
     number = parse_log_level(level)
     if fmt == "json":
-        formatter: logging.Formatter = JsonFormatter()
+        formatter: _EventFormatter = JsonFormatter()
     elif fmt == "text":
         formatter = TextFormatter()
     else:
@@ -213,7 +264,6 @@ def configure_logging(
     for old in [h for h in root.handlers if isinstance(h, _RouterLogHandler)]:
         root.removeHandler(old)
         old.close()
-    handler = _RouterLogHandler(_block_buffered_stderr() if stream is None else stream)
-    handler.setFormatter(formatter)
+    handler = _RouterLogHandler(_block_buffered_stderr() if stream is None else stream, formatter)
     root.addHandler(handler)
     root.setLevel(number)

@@ -13,7 +13,6 @@ import shutil
 import socket
 import subprocess
 import sys
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -207,14 +206,6 @@ def test_no_kubeconfig_anywhere_is_one_error_line_saying_what_to_pass(tmp_path: 
 # ---------------------------------------------------------------------------
 # the Kubernetes API (one LIST)
 # ---------------------------------------------------------------------------
-@pytest.fixture
-async def api() -> AsyncIterator[FakeKubeApi]:
-    server = FakeKubeApi()
-    await server.start()
-    yield server
-    await server.stop()
-
-
 async def test_one_list_through_the_api_prints_the_services_ready_pods(api: FakeKubeApi, tmp_path: Path) -> None:
     api.upsert(make_slice("stargate-headless-b", [make_endpoint("stargate-1", "10.0.0.2"),
                                                   make_endpoint("stargate-2", "10.0.0.3", serving=False)]))

@@ -16,7 +16,7 @@ import pytest
 from router import constants as c
 from router.cli import SUBCOMMANDS
 from router.demo.grpc_pods import RunningPod, call_whoami, start_pod
-from tests.support.router_process import RouterProcess
+from tests.support.router_process import RouterProcess, router_args
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "deploy" / "examples" / "endpoints.yaml"
@@ -81,12 +81,13 @@ def test_an_unknown_flag_is_a_usage_error_naming_it() -> None:
     assert "--bogus" in proc.stderr
 
 
+def example_router() -> RouterProcess:
+    """The router process on the example endpoints file, every listener on a free loopback port."""
+    return RouterProcess(router_args(EXAMPLE, "--target-namespace", "stargate"))
+
+
 def test_router_loads_the_example_endpoints_file_with_both_pods_ready() -> None:
-    with RouterProcess([
-        "--listen-addr", "127.0.0.1:0", "--reverse-tunnel-listen-addr", "127.0.0.1:0",
-        "--health-listen-addr", "127.0.0.1:0", "--endpoints-file", str(EXAMPLE),
-        "--target-namespace", "stargate", "--shutdown-delay-ms", "0",
-    ]) as router:
+    with example_router() as router:
         router.wait_ready()
         assert router.metric(c.READY_TARGETS) == 2
         assert router.stop() == 0
@@ -113,11 +114,7 @@ def example_pods() -> Iterator[list[RunningPod]]:
 
 
 def test_readme_grpcio_snippet_reaches_the_pod_it_names(example_pods: list[RunningPod]) -> None:
-    with RouterProcess([
-        "--listen-addr", "127.0.0.1:0", "--reverse-tunnel-listen-addr", "127.0.0.1:0",
-        "--health-listen-addr", "127.0.0.1:0", "--endpoints-file", str(EXAMPLE),
-        "--target-namespace", "stargate", "--shutdown-delay-ms", "0",
-    ]) as router:
+    with example_router() as router:
         router.wait_ready()
         snippet = readme_grpcio_snippet()
         assert '"127.0.0.1:50071"' in snippet and "stargate-0.stargate.external" in snippet

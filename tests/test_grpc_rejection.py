@@ -10,7 +10,7 @@ from hyperframe.frame import HeadersFrame
 
 from router.tcp.grpc_rejection import GrpcStatus, grpc_rejection, percent_encode_grpc_message
 from router.tcp.h2_frames import EMPTY_SETTINGS_FRAME
-from tests.test_h2c_peek import REQUEST, SETTINGS_ACK, client
+from tests.support.h2 import REQUEST, SETTINGS_ACK, client
 
 
 @pytest.mark.parametrize("message", ["unknown target authority", "ü 100% \n bad", "~" * 20_000])

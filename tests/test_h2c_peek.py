@@ -2,40 +2,19 @@
 
 from __future__ import annotations
 
-import h2.config
-import h2.connection
-import h2.events
 import hpack
 import pytest
-from hyperframe.frame import HeadersFrame, SettingsFrame
+from hyperframe.frame import HeadersFrame
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from router.constants import H2_PREFACE, MAX_PEEK_BYTES
 from router.tcp.h2_frames import H2PeekError
 from router.tcp.h2c_peek import H2Request, H2RequestReader, looks_like_h2c
+from tests.support.h2 import AUTHORITY, PATH, REQUEST, client, frame_runs
 from tests.support.h2 import frame as _frame
 
-AUTHORITY = "stargate-0.stargate.external:50071"
-PATH = "/stargate.Stargate/Attach"
-REQUEST = [
-    (":method", "POST"),
-    (":scheme", "http"),
-    (":path", PATH),
-    (":authority", AUTHORITY),
-    ("content-type", "application/grpc"),
-    ("te", "trailers"),
-]
 EXPECTED = H2Request(stream_id=1, authority=AUTHORITY, path=PATH)
-SETTINGS_ACK = SettingsFrame(0, flags=["ACK"]).serialize()
-
-
-def client(max_frame_size: int | None = None) -> h2.connection.H2Connection:
-    conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, header_encoding="utf-8"))
-    conn.initiate_connection()
-    if max_frame_size is not None:
-        conn.max_outbound_frame_size = max_frame_size
-    return conn
 
 
 def client_bytes(headers: list[tuple[str, str]] = REQUEST, **priority: int) -> bytes:
@@ -221,14 +200,8 @@ def test_fuzz_reader_after_preface(chunks: list[bytes]) -> None:
     _read_all(chunks)
 
 
-_frames = st.lists(
-    st.tuples(st.integers(0, 10), st.integers(0, 255), st.integers(0, 5), st.binary(max_size=60)),
-    max_size=6,
-).map(lambda fs: b"".join(_frame(t, f, s, p) for t, f, s, p in fs))
-
-
 @settings(max_examples=300, deadline=None)
-@given(_frames)
+@given(frame_runs)
 def test_fuzz_reader_structured_frames(frames: bytes) -> None:
     _read_all([H2_PREFACE + frames])
 

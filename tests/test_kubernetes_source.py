@@ -109,6 +109,14 @@ async def synced(source: KubernetesSource) -> None:
     await asyncio.wait_for(source.synced.wait(), CONVERGE_S)
 
 
+async def synced_on_one_pod(api: FakeKubeApi, start: Start, **kwargs: Any) -> KubernetesSource:
+    """The usual opening: slice ``s-a`` holds ready ``stargate-0``, and a source (``kwargs``) has listed it."""
+    api.upsert(pods_slice("s-a", {"stargate-0": "10.0.0.1"}))
+    source = start(**kwargs)
+    await synced(source)
+    return source
+
+
 # ---------------------------------------------------------------------------
 # list and watch
 # ---------------------------------------------------------------------------
@@ -137,9 +145,7 @@ async def test_initial_list_publishes_the_services_ready_pods_and_watches_from_i
 async def test_scale_up_and_down_follow_watch_events(
     api: FakeKubeApi, start: Start, recorder: Recorder, metrics: RouterMetrics,
 ) -> None:
-    api.upsert(pods_slice("s-a", {"stargate-0": "10.0.0.1"}))
-    source = start()
-    await synced(source)
+    source = await synced_on_one_pod(api, start)
     api.upsert(pods_slice("s-a", {"stargate-0": "10.0.0.1", "stargate-1": "10.0.0.2"}))
     api.upsert(pods_slice("s-b", {"stargate-2": "10.0.0.3"}))
     await eventually(lambda: set(recorder.pods) == {"stargate-0", "stargate-1", "stargate-2"}, CONVERGE_S)
@@ -153,9 +159,7 @@ async def test_scale_up_and_down_follow_watch_events(
 async def test_pod_replaced_by_a_new_pod_of_the_same_name_moves_to_its_new_address(
     api: FakeKubeApi, start: Start, recorder: Recorder,
 ) -> None:
-    api.upsert(pods_slice("s-a", {"stargate-0": "10.0.0.1"}))
-    source = start()
-    await synced(source)
+    await synced_on_one_pod(api, start)
     api.upsert(pods_slice("s-a", {"stargate-0": "10.0.0.1"}, ready=False, serving=False, terminating=True))
     await eventually(lambda: recorder.pods == {}, CONVERGE_S)
     api.upsert(pods_slice("s-a", {"stargate-0": "10.0.0.7"}))
@@ -181,9 +185,7 @@ async def test_pod_becoming_unready_then_terminating_leaves_the_snapshot(
 async def test_unchanged_targets_are_counted_not_republished(
     api: FakeKubeApi, start: Start, recorder: Recorder, metrics: RouterMetrics,
 ) -> None:
-    api.upsert(pods_slice("s-a", {"stargate-0": "10.0.0.1"}))
-    source = start()
-    await synced(source)
+    await synced_on_one_pod(api, start)
     api.upsert(make_slice("other-a", [make_endpoint("x", "10.0.0.5")], service="other"))  # not watched
     slice_ = pods_slice("s-a", {"stargate-0": "10.0.0.1"})
     slice_["metadata"]["annotations"] = {"touched": "yes"}
@@ -199,9 +201,7 @@ async def test_unchanged_targets_are_counted_not_republished(
 async def test_compacted_watch_gets_410_and_relists_replacing_the_whole_set(
     api: FakeKubeApi, start: Start, recorder: Recorder,
 ) -> None:
-    api.upsert(pods_slice("s-a", {"stargate-0": "10.0.0.1"}))
-    source = start()
-    await synced(source)
+    await synced_on_one_pod(api, start)
     await eventually(lambda: api.open_watches == 1, CONVERGE_S)
     api.freeze_watches()  # the watch falls behind: it will never see these events
     api.delete(NS, "s-a")
@@ -216,9 +216,7 @@ async def test_watch_answered_with_http_410_relists(
     api: FakeKubeApi, start: Start, recorder: Recorder,
 ) -> None:
     api.gone_as_http_status = True
-    api.upsert(pods_slice("s-a", {"stargate-0": "10.0.0.1"}))
-    source = start()
-    await synced(source)
+    await synced_on_one_pod(api, start)
     await eventually(lambda: api.open_watches == 1, CONVERGE_S)
     api.freeze_watches()
     api.upsert(pods_slice("s-a", {"stargate-1": "10.0.0.2"}))
@@ -232,9 +230,7 @@ async def test_watch_answered_with_http_410_relists(
 async def test_stream_cut_mid_event_rewatches_from_the_last_complete_events_rv(
     api: FakeKubeApi, start: Start, recorder: Recorder,
 ) -> None:
-    api.upsert(pods_slice("s-a", {"stargate-0": "10.0.0.1"}))
-    source = start()
-    await synced(source)
+    await synced_on_one_pod(api, start)
     api.upsert(pods_slice("s-a", {"stargate-0": "10.0.0.1", "stargate-1": "10.0.0.2"}))
     await eventually(lambda: len(recorder.pods) == 2, CONVERGE_S)
     last_complete = str(api.rv)
@@ -250,9 +246,7 @@ async def test_stream_cut_mid_event_rewatches_from_the_last_complete_events_rv(
 async def test_bookmark_advances_the_resource_version_a_rewatch_resumes_from(
     api: FakeKubeApi, start: Start,
 ) -> None:
-    api.upsert(pods_slice("s-a", {"stargate-0": "10.0.0.1"}))
-    source = start()
-    await synced(source)
+    source = await synced_on_one_pod(api, start)
     await eventually(lambda: api.open_watches == 1, CONVERGE_S)
     bookmark_rv = api.send_bookmark(unrelated_writes=7)
     await eventually(lambda: source.resource_version == str(bookmark_rv), CONVERGE_S)
@@ -265,9 +259,7 @@ async def test_bookmark_advances_the_resource_version_a_rewatch_resumes_from(
 async def test_server_watch_timeout_rewatches_from_the_last_rv_without_relisting(
     api: FakeKubeApi, start: Start, recorder: Recorder,
 ) -> None:
-    api.upsert(pods_slice("s-a", {"stargate-0": "10.0.0.1"}))
-    source = start(watch_timeout_s=1)
-    await synced(source)
+    await synced_on_one_pod(api, start, watch_timeout_s=1)
     await eventually(lambda: len(api.requests_of("watch")) >= 2, CONVERGE_S)
     first, second = api.requests_of("watch")[:2]
     assert first.query["timeoutSeconds"] == "1"
@@ -279,9 +271,7 @@ async def test_server_watch_timeout_rewatches_from_the_last_rv_without_relisting
 async def test_garbage_on_the_watch_stream_relists_and_keeps_serving(
     api: FakeKubeApi, start: Start, recorder: Recorder, metrics: RouterMetrics,
 ) -> None:
-    api.upsert(pods_slice("s-a", {"stargate-0": "10.0.0.1"}))
-    source = start(backoff=FAST_BACKOFF)
-    await synced(source)
+    await synced_on_one_pod(api, start, backoff=FAST_BACKOFF)
     await eventually(lambda: api.open_watches == 1, CONVERGE_S)
     api.send_raw(b"<html>502 Bad Gateway</html>\n")
     await eventually(lambda: len(api.requests_of("list")) == 2, CONVERGE_S)
@@ -310,9 +300,7 @@ async def test_403_is_retried_with_backoff_never_an_immediate_repoll(
 async def test_5xx_on_the_watch_is_retried_from_the_same_rv(
     api: FakeKubeApi, start: Start, recorder: Recorder,
 ) -> None:
-    api.upsert(pods_slice("s-a", {"stargate-0": "10.0.0.1"}))
-    source = start(backoff=FAST_BACKOFF)
-    await synced(source)
+    source = await synced_on_one_pod(api, start, backoff=FAST_BACKOFF)
     await eventually(lambda: api.open_watches == 1, CONVERGE_S)
     rv = source.resource_version
     api.fail_next(500, 2)
@@ -349,9 +337,7 @@ async def test_api_outage_keeps_the_last_snapshot_and_converges_when_back(
 async def test_api_outage_with_compaction_relists_when_back(
     api: FakeKubeApi, start: Start, recorder: Recorder,
 ) -> None:
-    api.upsert(pods_slice("s-a", {"stargate-0": "10.0.0.1"}))
-    source = start(backoff=FAST_BACKOFF)
-    await synced(source)
+    await synced_on_one_pod(api, start, backoff=FAST_BACKOFF)
     await api.stop()
     api.upsert(pods_slice("s-a", {"stargate-9": "10.0.0.9"}))
     api.compact()
@@ -363,9 +349,7 @@ async def test_api_outage_with_compaction_relists_when_back(
 
 async def test_slow_api_server_still_syncs(api: FakeKubeApi, start: Start, recorder: Recorder) -> None:
     api.latency_s = 0.5
-    api.upsert(pods_slice("s-a", {"stargate-0": "10.0.0.1"}))
-    source = start()
-    await synced(source)
+    await synced_on_one_pod(api, start)
     api.upsert(pods_slice("s-a", {"stargate-0": "10.0.0.2"}))
     await eventually(lambda: recorder.pods == {"stargate-0": "10.0.0.2"}, CONVERGE_S)
 
@@ -455,9 +439,7 @@ async def test_410_relists_at_once_without_a_backoff(
     api: FakeKubeApi, start: Start, recorder: Recorder, metrics: RouterMetrics, as_http_status: bool,
 ) -> None:
     api.gone_as_http_status = as_http_status
-    api.upsert(pods_slice("s-a", {"stargate-0": "10.0.0.1"}))
-    source = start(backoff=SLOW_BACKOFF, watch_idle_timeout_s=0.5)
-    await synced(source)
+    await synced_on_one_pod(api, start, backoff=SLOW_BACKOFF, watch_idle_timeout_s=0.5)
     await eventually(lambda: api.open_watches == 1, CONVERGE_S)
     api.freeze_watches()
     api.upsert(pods_slice("s-a", {"stargate-1": "10.0.0.2"}))
@@ -474,9 +456,7 @@ async def test_outage_with_compaction_converges_at_once_when_the_api_returns(
 ) -> None:
     """Refused dials are retried at least every RECONNECT_BACKOFF_MAX_S; the 410 on return is answered
     by an immediate re-list: the 30 s backoff is never slept."""
-    api.upsert(pods_slice("s-a", {"stargate-0": "10.0.0.1"}))
-    source = start(backoff=SLOW_BACKOFF)
-    await synced(source)
+    await synced_on_one_pod(api, start, backoff=SLOW_BACKOFF)
     await eventually(lambda: api.open_watches == 1, CONVERGE_S)
     await api.stop()
     api.upsert(pods_slice("s-a", {"stargate-9": "10.0.0.9"}))
@@ -508,9 +488,7 @@ async def test_a_410_loop_without_progress_backs_off_never_a_hot_loop(
 async def test_a_frozen_watch_is_replaced_by_a_rewatch_from_its_resource_version(
     api: FakeKubeApi, start: Start, recorder: Recorder, metrics: RouterMetrics,
 ) -> None:
-    api.upsert(pods_slice("s-a", {"stargate-0": "10.0.0.1"}))
-    source = start(backoff=SLOW_BACKOFF, watch_idle_timeout_s=0.5)
-    await synced(source)
+    source = await synced_on_one_pod(api, start, backoff=SLOW_BACKOFF, watch_idle_timeout_s=0.5)
     await eventually(lambda: api.open_watches == 1, CONVERGE_S)
     held_rv = source.resource_version
     api.hang_watches()  # open, silent: what a half-open connection looks like from here
@@ -526,9 +504,8 @@ async def test_a_quiet_watch_with_bookmarks_is_never_replaced(
     api: FakeKubeApi, start: Start, metrics: RouterMetrics,
 ) -> None:
     api.bookmark_interval_s = 0.1
-    api.upsert(pods_slice("s-a", {"stargate-0": "10.0.0.1"}))
-    source = start(watch_idle_timeout_s=1.0)  # ten bookmark periods: a loaded CI machine stalls for less
-    await synced(source)
+    # ten bookmark periods: a loaded CI machine stalls for less
+    source = await synced_on_one_pod(api, start, watch_idle_timeout_s=1.0)
     await eventually(lambda: api.open_watches == 1, CONVERGE_S)
     first = api.requests_of("watch")[0]
     assert first.query["allowWatchBookmarks"].lower() == "true"
@@ -542,17 +519,13 @@ async def test_a_quiet_watch_with_bookmarks_is_never_replaced(
 async def test_the_server_ending_a_watch_counts_as_ended(
     api: FakeKubeApi, start: Start, metrics: RouterMetrics,
 ) -> None:
-    api.upsert(pods_slice("s-a", {"stargate-0": "10.0.0.1"}))
-    source = start(watch_timeout_s=1)
-    await synced(source)
+    await synced_on_one_pod(api, start, watch_timeout_s=1)
     await eventually(lambda: rewatches(metrics, RewatchCause.ENDED) >= 1, CONVERGE_S)
     assert rewatches(metrics, RewatchCause.IDLE) == 0
 
 
 async def test_a_dropped_watch_counts_as_dropped(api: FakeKubeApi, start: Start, metrics: RouterMetrics) -> None:
-    api.upsert(pods_slice("s-a", {"stargate-0": "10.0.0.1"}))
-    source = start()
-    await synced(source)
+    await synced_on_one_pod(api, start)
     await eventually(lambda: api.open_watches == 1, CONVERGE_S)
     api.drop_watches()
     await eventually(lambda: rewatches(metrics, RewatchCause.DROPPED) == 1, CONVERGE_S)
@@ -560,9 +533,7 @@ async def test_a_dropped_watch_counts_as_dropped(api: FakeKubeApi, start: Start,
 
 @pytest.mark.skipif(shutil.which("ss") is None, reason="needs ss (iproute2)")
 async def test_api_connections_carry_tcp_keepalive(api: FakeKubeApi, start: Start) -> None:
-    api.upsert(pods_slice("s-a", {"stargate-0": "10.0.0.1"}))
-    source = start()
-    await synced(source)
+    await synced_on_one_pod(api, start)
     await eventually(lambda: api.open_watches == 1, CONVERGE_S)
     out = (await asyncio.to_thread(
         subprocess.run, ["ss", "-tnoH", "state", "established", "dst", f"127.0.0.1:{api.port}"],

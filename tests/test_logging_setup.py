@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import logging
@@ -11,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 
 from router import constants as c
-from router.logging_setup import LOG_LEVELS, configure_logging, parse_log_level
+from router.logging_setup import EVENT_FIELDS, LOG_LEVELS, configure_logging, direct_writer, parse_log_level
 
 TS = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z"
 
@@ -163,3 +164,50 @@ def test_default_stream_is_stderr(capsys: pytest.CaptureFixture[str]) -> None:
     captured = capsys.readouterr()
     assert captured.out == ""
     assert json.loads(captured.err.strip().splitlines()[-1])["outcome"] == "accepted"
+
+
+@contextlib.contextmanager
+def _router_handler_alone() -> Iterator[None]:
+    """Root with only the router's handler: pytest's capture handlers (added around each test
+    call), which the fast path rightly steps aside for, are set aside meanwhile."""
+    root = logging.getLogger()
+    others = [h for h in root.handlers if type(h).__name__ != "_RouterLogHandler"]
+    for handler in others:
+        root.removeHandler(handler)
+    try:
+        yield
+    finally:
+        for handler in others:
+            root.addHandler(handler)
+
+
+@pytest.mark.parametrize("fmt", ["json", "text"])
+def test_direct_writer_writes_the_line_the_logger_would(fmt: str) -> None:
+    """The access log's fast path (no LogRecord) and the ordinary path give the same line."""
+    out = io.StringIO()
+    configure_logging(fmt, "info", stream=out)  # type: ignore[arg-type]
+    logger = logging.getLogger("router.access")
+    fields = {"event": "access", "protocol": "tls", "client": "10.0.0.7:5", "hostname": None, "bytes": 812}
+    with _router_handler_alone():
+        write = direct_writer(logger)
+        assert write is not None
+        write("access", fields)
+        logger.info("access", extra={EVENT_FIELDS: dict(fields)})
+    fast, slow = (re.sub(TS, "TS", line) for line in _lines(out))
+    assert fast == slow
+
+
+def test_direct_writer_steps_aside_for_any_other_handler_or_filter() -> None:
+    configure_logging("json", "info", stream=io.StringIO())
+    logger = logging.getLogger("router.access")
+    root = logging.getLogger()
+    assert direct_writer(logger) is None  # pytest's capture handler is on the root now
+    with _router_handler_alone():
+        assert direct_writer(logger) is not None
+        extra = logging.StreamHandler(io.StringIO())
+        root.addHandler(extra)  # e.g. caplog: it must still see the access lines
+        assert direct_writer(logger) is None
+        root.removeHandler(extra)
+        logger.addFilter(own := logging.Filter("nothing"))
+        assert direct_writer(logger) is None
+        logger.removeFilter(own)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import struct
 
 import pytest
@@ -25,17 +26,11 @@ H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 
 
 def read(data: bytes, **kwargs: int) -> tuple[ProxyHeader | None, bytes]:
-    reader = ProxyHeaderReader(**kwargs)
-    header = reader.feed(data)
-    return header, reader.remainder
+    return ph.feed([data], **kwargs)
 
 
 def read_bytewise(data: bytes) -> tuple[ProxyHeader | None, bytes]:
-    reader = ProxyHeaderReader()
-    header = None
-    for i in range(len(data)):
-        header = reader.feed(data[i : i + 1])
-    return header, reader.remainder
+    return ph.feed(data[i : i + 1] for i in range(len(data)))
 
 
 def test_v1_tcp4_names_the_client_and_leaves_its_first_bytes() -> None:
@@ -176,12 +171,10 @@ def test_any_bytes_any_split_raise_only_proxy_header_error(data: bytes, cuts: li
         whole = read(data)
     except ProxyHeaderError:
         whole = ProxyHeaderError
-    reader, pos, got = ProxyHeaderReader(), 0, None
+    steps = [*cuts, len(data)]
+    starts = itertools.accumulate([0, *steps])
     try:
-        for step in [*cuts, len(data)]:
-            got = reader.feed(data[pos : pos + step])
-            pos += step
-        split: object = (got, reader.remainder)
+        split: object = ph.feed([data[start : start + step] for start, step in zip(starts, steps, strict=False)])
     except ProxyHeaderError:
         split = ProxyHeaderError
     assert split == whole

@@ -14,7 +14,7 @@ from router.outcomes import QuicOutcome
 from router.udp.settings import UdpRouterSettings
 from tests.support.initial_packets import protected_initial
 from tests.support.polling import eventually
-from tests.support.quic_initial_rewriter import crypto_frame
+from tests.support.quic_frames import crypto_frame
 from tests.support.udp_router import running_udp_router
 
 INCOMPLETE_HELLO = crypto_frame(0, b"\x01\x00\x02\x00" + bytes(60))

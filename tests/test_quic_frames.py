@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import random
-from collections.abc import Sequence
 
 import pytest
 from hypothesis import given, settings
@@ -12,23 +11,8 @@ from hypothesis import strategies as st
 
 from quic.frames import CryptoReassembler, walk_initial_frames
 from quic.packet import QuicPacketError, encode_varint
-from tests.test_quic_initial_keys import RFC_CLIENT_HELLO, RFC_CLIENT_PAYLOAD, RFC_SERVER_PAYLOAD
-
-
-def crypto(offset: int, data: bytes) -> bytes:
-    return b"\x06" + encode_varint(offset) + encode_varint(len(data)) + data
-
-
-def ack(largest: int, ranges: Sequence[tuple[int, int]] = (), ecn: bool = False) -> bytes:
-    body = encode_varint(largest) + encode_varint(0) + encode_varint(len(ranges)) + encode_varint(0)
-    body += b"".join(encode_varint(g) + encode_varint(n) for g, n in ranges)
-    if ecn:
-        body += encode_varint(1) + encode_varint(2) + encode_varint(3)
-    return (b"\x03" if ecn else b"\x02") + body
-
-
-def close(reason: bytes) -> bytes:
-    return b"\x1c" + encode_varint(0x0A) + encode_varint(0x06) + encode_varint(len(reason)) + reason
+from tests.support.quic_frames import ack, close, crypto_frame
+from tests.support.quic_vectors import RFC_CLIENT_HELLO, RFC_CLIENT_PAYLOAD, RFC_SERVER_PAYLOAD
 
 
 def test_rfc_client_payload_is_one_crypto_frame_then_padding() -> None:
@@ -42,8 +26,8 @@ def test_rfc_server_payload_skips_the_ack() -> None:
 
 def test_allowed_frames_are_skipped_and_crypto_kept_in_order() -> None:
     payload = b"".join((
-        b"\x00\x00\x01", crypto(5, b"world"), ack(10, [(1, 2), (0, 1)]), b"\x01",
-        ack(7, ecn=True), crypto(0, b"hello"), close(b"bye"), bytes(100), crypto(10, b""),
+        b"\x00\x00\x01", crypto_frame(5, b"world"), ack(10, [(1, 2), (0, 1)]), b"\x01",
+        ack(7, ecn=True), crypto_frame(0, b"hello"), close(b"bye"), bytes(100), crypto_frame(10, b""),
     ))
     assert list(walk_initial_frames(payload)) == [(5, b"world"), (0, b"hello"), (10, b"")]
     assert list(walk_initial_frames(b"")) == []
@@ -64,16 +48,16 @@ def test_allowed_frames_are_skipped_and_crypto_kept_in_order() -> None:
 )
 def test_frames_not_allowed_in_initial_are_refused(frame: bytes) -> None:
     with pytest.raises(QuicPacketError):
-        list(walk_initial_frames(crypto(0, b"ok") + frame))
+        list(walk_initial_frames(crypto_frame(0, b"ok") + frame))
 
 
 def test_every_truncation_raises_or_walks() -> None:
-    payload = crypto(3, b"abcdef") + ack(1000, [(5, 6)], ecn=True) + close(b"reason") + crypto(0, b"abc")
+    payload = crypto_frame(3, b"abcdef") + ack(1000, [(5, 6)], ecn=True) + close(b"reason") + crypto_frame(0, b"abc")
     for cut in range(len(payload)):
         with contextlib.suppress(QuicPacketError):
             list(walk_initial_frames(payload[:cut]))
     with pytest.raises(QuicPacketError, match="truncated CRYPTO"):
-        list(walk_initial_frames(crypto(0, b"abcdef")[:-1]))
+        list(walk_initial_frames(crypto_frame(0, b"abcdef")[:-1]))
 
 
 def test_crypto_beyond_varint_range_and_absurd_ack_range_counts() -> None:
@@ -163,7 +147,7 @@ def test_reassembler_matches_a_byte_map_model(case: tuple[bytes, list[tuple[int,
 @settings(max_examples=400, deadline=None)
 @given(payload=st.one_of(
     st.binary(max_size=200),
-    st.lists(st.sampled_from([b"\x00", b"\x01", crypto(0, b"ab"), ack(3, [(0, 0)]), close(b"x"),
+    st.lists(st.sampled_from([b"\x00", b"\x01", crypto_frame(0, b"ab"), ack(3, [(0, 0)]), close(b"x"),
                               ack(9, ecn=True), b"\x06", b"\x02\x05", b"\x1c\x00", b"\x06\x44"]),
              max_size=12).map(b"".join),
 ))

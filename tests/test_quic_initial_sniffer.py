@@ -18,18 +18,17 @@ from quic.initial_sniffer import InitialSniffer, InvalidClientHello, NotInitial,
 from quic.packet import QUIC_V1, QUIC_V2, QuicPacketError, UnsupportedVersion, encode_varint
 from router.demo.pki import DemoPki
 from tests.support.initial_packets import protected_initial
+from tests.support.quic_frames import ack, crypto_frame
 from tests.support.quic_initial_rewriter import (
     ALPN,
     BIG_HELLO_ALPN,
     CASES,
     SERVER_NAME,
     client_first_flight,
-    crypto_frame,
     open_flight,
     rewrite_flight,
 )
-from tests.test_quic_frames import ack
-from tests.test_quic_initial_keys import RFC_CLIENT_HELLO, RFC_DCID, V1_CLIENT_INITIAL, V2_CLIENT_INITIAL
+from tests.support.quic_vectors import RFC_CLIENT_HELLO, RFC_DCID, V1_CLIENT_INITIAL, V2_CLIENT_INITIAL
 
 VERSIONS = [QUIC_V1, QUIC_V2]
 DCID = bytes.fromhex("0011223344556677")

@@ -25,7 +25,7 @@ from quic.packet import (
     parse_long_header,
     short_header_dcid,
 )
-from tests.test_quic_initial_keys import (
+from tests.support.quic_vectors import (
     RFC_DCID,
     RFC_SERVER_SCID,
     V1_CLIENT_INITIAL,

@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 from router.constants import H2_PREFACE
 from router.tcp.h2_frames import EMPTY_SETTINGS_FRAME, H2PeekError
 from router.tcp.settings_ack import SettingsAckStripper
+from tests.support.h2 import AUTHORITY, REQUEST, SETTINGS_ACK, client, frame_runs
 from tests.support.h2 import frame as _frame
-from tests.test_h2c_peek import AUTHORITY, REQUEST, SETTINGS_ACK, _frames, client
 
 
 def _strip(stripper: SettingsAckStripper, data: bytes, chunk: int) -> bytes:
@@ -84,7 +84,7 @@ def test_stripper_refuses_malformed_streams(stream: bytes) -> None:
 
 
 @settings(max_examples=300, deadline=None)
-@given(_frames, st.lists(st.integers(1, 40), min_size=1, max_size=30))
+@given(frame_runs, st.lists(st.integers(1, 40), min_size=1, max_size=30))
 def test_fuzz_stripper_buffers_at_most_a_partial_header(frames: bytes, cuts: list[int]) -> None:
     stream = H2_PREFACE + frames
     stripper = SettingsAckStripper()

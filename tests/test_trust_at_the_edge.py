@@ -25,10 +25,12 @@ from router.demo.quic_pods import bound_port, start_quic_pod
 from router.outcomes import TCP_PROTOCOLS, GrpcOutcome, QuicOutcome
 from tests.faults.tcp_peers import read_to_eof
 from tests.support import proxy_headers as ph
-from tests.support.edge_clients import TLS_ALERT_RECORD, quic_from, read_some, ssl_client_hello, tcp_from
+from tests.support.edge_clients import TLS_ALERT_RECORD, quic_from, read_some, tcp_from
 from tests.support.haproxy import HaproxyFront, haproxy_available
+from tests.support.names import host
 from tests.support.polling import eventually_blocking
 from tests.support.router_process import RouterProcess, router_args, write_endpoints
+from tests.support.tls import ssl_client_hello_records
 
 pytestmark = [
     pytest.mark.timeout(90),
@@ -42,10 +44,6 @@ PEEK_TIMEOUT_MS = 1500
 GRPC = f"{c.GRPC_CONNECTIONS_TOTAL}_total"
 QUIC = f"{c.QUIC_CONNECTIONS_TOTAL}_total"
 ALERT_INTERNAL_ERROR, ALERT_UNRECOGNIZED_NAME = 80, 112
-
-
-def host(pod: str) -> str:
-    return f"{pod}.stargate.external"
 
 
 @dataclass
@@ -138,7 +136,7 @@ def test_grpc_h2c_and_tls_calls_through_haproxy_reach_the_named_pod(edge: Edge, 
 def test_the_rejection_log_names_the_client_from_the_header_not_haproxy(edge: Edge, version: int) -> None:
     with tcp_from(RAW_CLIENT, edge.haproxy.port(version)) as sock:
         client_port = sock.getsockname()[1]
-        sock.sendall(ssl_client_hello("nobody.example.com"))
+        sock.sendall(ssl_client_hello_records("nobody.example.com", alpn=()))
         assert read_to_eof(sock) == TLS_ALERT_RECORD + bytes([ALERT_UNRECOGNIZED_NAME])
     client = f"{RAW_CLIENT}:{client_port}"
     [line] = edge.wait_log("unknown_authority", f"peer={client}")
@@ -159,7 +157,7 @@ def test_grpcio_client_is_named_in_the_rejection_log(edge: Edge) -> None:
 def test_a_direct_connection_without_header_is_closed_unanswered(edge: Edge) -> None:
     before = edge.count("h2c", "protocol_error")
     with tcp_from(HAPROXY_SOURCE, edge.router.grpc_port) as sock:  # trusted source, no header
-        sock.sendall(ssl_client_hello(host(TLS_POD[0])))
+        sock.sendall(ssl_client_hello_records(host(TLS_POD[0]), alpn=()))
         assert read_to_eof(sock) == b""  # no TLS alert: those bytes are not the client's
     eventually_blocking(lambda: edge.count("h2c", "protocol_error") == before + 1, 10, what="protocol_error counted")
 
@@ -189,7 +187,7 @@ def test_a_slow_header_then_the_client_bytes_reach_the_pod(edge: Edge) -> None:
         for i in range(len(header)):
             sock.sendall(header[i : i + 1])
             time.sleep(0.005)
-        sock.sendall(ssl_client_hello(host(TLS_POD[0])))
+        sock.sendall(ssl_client_hello_records(host(TLS_POD[0]), alpn=()))
         assert read_some(sock)[:1] == b"\x16"  # the pod's ServerHello: the header was removed
 
 
@@ -207,7 +205,7 @@ def limited(tmp_path_factory: pytest.TempPathFactory, pods: list[RunningPod], pk
 def _routed_tls(edge: Edge, source: str) -> socket.socket:
     """A TLS connection from ``source`` through HAProxy that reached the pod (it sent its ServerHello)."""
     sock = tcp_from(source, edge.haproxy.port(2))
-    sock.sendall(ssl_client_hello(host(TLS_POD[0])))
+    sock.sendall(ssl_client_hello_records(host(TLS_POD[0]), alpn=()))
     first = read_some(sock)
     assert first[:1] == b"\x16", first
     return sock
@@ -218,7 +216,7 @@ def test_tls_past_the_limit_gets_a_fatal_alert_and_a_released_slot_is_reusable(l
     other = _routed_tls(limited, "127.0.0.22")  # another client is not affected
     try:
         with tcp_from("127.0.0.21", limited.haproxy.port(2)) as third:
-            third.sendall(ssl_client_hello(host(TLS_POD[0])))
+            third.sendall(ssl_client_hello_records(host(TLS_POD[0]), alpn=()))
             assert read_to_eof(third) == TLS_ALERT_RECORD + bytes([ALERT_INTERNAL_ERROR])
         assert limited.count("tls", "client_limit") == 1
         limited.wait_log("client_limit", "peer=127.0.0.21:")

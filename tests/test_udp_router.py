@@ -35,6 +35,7 @@ from router.metrics import RouterMetrics
 from router.udp.edge import UdpRouter
 from router.udp.flow_table import FlowLimits
 from router.udp.settings import UdpRouterSettings
+from tests.support.names import host as sni
 from tests.support.polling import eventually
 from tests.support.quic_initial_rewriter import BIG_HELLO_ALPN, SERVER_COMPLETABLE, rewrite_flight
 from tests.support.udp_router import running_udp_router
@@ -45,10 +46,6 @@ ROUTER_HOST = "127.0.0.1"
 POD_HOSTS = {"stargate-0": "127.0.0.2", "stargate-1": "127.0.0.3"}
 T = 5.0
 """Bound of every await: far under the clients' 30 s idle timeout, so 'fails fast' is real."""
-
-
-def sni(pod: str) -> str:
-    return f"{pod}.stargate.external"
 
 
 @dataclass

@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from quic.frames import QUIC_MAX_CRYPTO_BYTES
 from quic.packet import QUIC_V1, QUIC_V2, QUIC_VERSION_NEGOTIATION, QuicPacketError, parse_long_header
 from tests.support.initial_packets import protected_initial
-from tests.support.quic_initial_rewriter import client_first_flight, crypto_frame, open_flight
+from tests.support.quic_frames import crypto_frame
+from tests.support.quic_initial_rewriter import client_first_flight, open_flight
 
 SNI_UNKNOWN = b"aaaaaaaaaaaaaaaa.nowhere.example"
 SNI_NO_SUCH_POD = b"stargate-zzzzzzzz.stargate.external"

@@ -28,6 +28,7 @@ from router.outcomes import QuicDropReason
 from router.udp.edge import UdpRouter
 from tests.faults.quic_flood_forge import PENDING_KINDS, REFUSED_KINDS, FloodForge
 from tests.faults.router_probes import rss_kib
+from tests.support.names import host as sni
 from tests.support.router_process import RouterProcess
 
 ROUTER_HOST = "127.0.0.1"
@@ -43,10 +44,6 @@ LEGIT_PORTS = itertools.cycle(range(20_000, 32_000))
 """Local ports of the legitimate clients, below the ephemeral range and never reused in a test:
 a new connection to another pod from the address of a flow whose client spoke in the last
 QUIC_FLOW_TAKEOVER_QUIET_MS is refused (see ``test_a_new_connection_from_a_reused_address_reaches_its_named_pod``)."""
-
-
-def sni(pod: str) -> str:
-    return f"{pod}.stargate.external"
 
 
 async def whoami(port: int, pod: str, cafile: Path) -> str:

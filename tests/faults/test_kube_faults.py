@@ -23,6 +23,7 @@ from router import constants as c
 from router.demo.grpc_pods import RunningPod, start_pod
 from tests.fake_kube_api import FakeKubeApi, make_endpoint, make_slice
 from tests.faults.router_probes import WhoAmIProbe, timed_whoami
+from tests.support.names import host
 from tests.support.polling import eventually
 from tests.support.router_process import RouterProcess
 
@@ -34,10 +35,6 @@ QUICK_S = 5.0
 """Bound for changes that need no retry (a healthy watch delivers them at once)."""
 STORMS = 8
 """Compactions in a 410 storm (odd: stargate-1 added, even: removed again; the last adds stargate-2)."""
-
-
-def host(pod: str) -> str:
-    return f"{pod}.stargate.external"
 
 
 @pytest.fixture(scope="module")

@@ -61,13 +61,13 @@ from tests.faults.quic_flood_harness import (
     quic_pods,
     sample_process,
     send_flood,
-    sni,
     whoami,
 )
 from tests.faults.router_probes import rss_kib
 from tests.support.initial_packets import protected_initial
+from tests.support.names import host as sni
 from tests.support.polling import eventually
-from tests.support.quic_initial_rewriter import crypto_frame
+from tests.support.quic_frames import crypto_frame
 from tests.support.router_process import RouterProcess, router_args, write_endpoints
 from tests.support.udp_router import running_udp_router
 

@@ -16,7 +16,6 @@ from router.tcp.proxy_protocol import (
     V2_SIGNATURE,
     ProxyHeader,
     ProxyHeaderError,
-    ProxyHeaderReader,
 )
 from tests.fuzz.target import FuzzTarget, check, pieces
 from tests.support import proxy_headers as ph
@@ -34,14 +33,10 @@ DICTIONARY: tuple[bytes, ...] = (
 
 
 def _feed(chunks: list[bytes]) -> tuple[ProxyHeader | None, bytes] | ProxyHeaderError:
-    reader = ProxyHeaderReader()
-    header = None
     try:
-        for chunk in chunks:
-            header = reader.feed(chunk)
+        return ph.feed(chunks)
     except ProxyHeaderError as exc:
         return exc
-    return header, reader.remainder
 
 
 def run(data: bytes) -> str:

@@ -21,7 +21,8 @@ from router.udp.settings import UdpRouterSettings
 from tests.fuzz.seed_flights import first_flight, quic_hellos
 from tests.fuzz.target import SEPARATOR, TEMPLATE, FuzzTarget, check
 from tests.fuzz.targets_tls import hellos, mutate_hello
-from tests.support.quic_initial_rewriter import CASES, crypto_frame, rewrite_flight
+from tests.support.quic_frames import crypto_frame
+from tests.support.quic_initial_rewriter import CASES, rewrite_flight
 
 FUZZ_DCID = bytes.fromhex("8394c8f03e515708")
 """The client DCID of RFC 9001 appendix A: any fixed value works, the keys follow from it."""

@@ -1,4 +1,5 @@
-"""Clients that come from a chosen loopback address: raw TCP with real ClientHellos, aioquic.
+"""Clients that come from a chosen loopback address: raw TCP (send it ``tests.support.tls``'s real
+ClientHellos), aioquic.
 
 Per-client limits and "who is the client" tests need several distinct client addresses on one
 machine; every 127.0.0.x is local, so a socket bound to one before connecting is that client.
@@ -7,9 +8,7 @@ machine; every 127.0.0.x is local, so a socket bound to one before connecting is
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import socket
-import ssl
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,18 +21,6 @@ from router.demo.quic_pods import WHOAMI, client_configuration, request
 
 TLS_ALERT_RECORD = b"\x15\x03\x03\x00\x02\x02"
 """A fatal alert record's first 6 bytes; the 7th is the alert description."""
-
-
-def ssl_client_hello(server_name: str) -> bytes:
-    """The ClientHello records Python's ``ssl`` sends for ``server_name`` (a real client's)."""
-    context = ssl.create_default_context()
-    context.check_hostname = False
-    context.verify_mode = ssl.CERT_NONE
-    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
-    tls = context.wrap_bio(incoming, outgoing, server_hostname=server_name)
-    with contextlib.suppress(ssl.SSLWantReadError):  # it waits for a ServerHello that never comes
-        tls.do_handshake()
-    return outgoing.read()
 
 
 def tcp_from(source_ip: str, port: int, timeout_s: float = 10.0) -> socket.socket:

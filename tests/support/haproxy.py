@@ -9,19 +9,11 @@ client (127.0.0.1): tests can tell the two apart.
 
 from __future__ import annotations
 
-import shutil
-import socket
-import subprocess
 import tempfile
-import time
 from pathlib import Path
 from types import TracebackType
 
-HAPROXY_BINARY = "/usr/sbin/haproxy"
-"""Debian's package (``apt-get install haproxy``)."""
-
-START_TIMEOUT_S = 10.0
-"""HAProxy binds in milliseconds; longer means it failed (its stderr is in the error)."""
+from bench.procs import PeerProcess, free_port, haproxy_binary
 
 CONFIG = """global
     maxconn 256
@@ -43,32 +35,17 @@ backend router_v1
 """
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port nothing listens on right now (the kernel's pick)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
-
-
-def listening_tcp_ports() -> set[int]:
-    """IPv4 ports in LISTEN state, from ``/proc/net/tcp``: probing by connecting would send
-    HAProxy, and so the router, a connection the test did not ask for."""
-    ports = set()
-    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
-        fields = line.split()
-        if len(fields) > 3 and fields[3] == "0A":
-            ports.add(int(fields[1].rpartition(":")[2], 16))
-    return ports
-
-
 def haproxy_available() -> bool:
-    return Path(shutil.which("haproxy") or HAPROXY_BINARY).exists()
+    return haproxy_binary() is not None
 
 
-class HaproxyFront:
-    """HAProxy run as a child until ``close`` (or the ``with`` block ends)."""
+class HaproxyFront(PeerProcess):
+    """HAProxy run as a child until ``close`` (or the ``with`` block ends); the bench's start and stop."""
 
     def __init__(self, router_port: int, *, router_host: str = "127.0.0.1", source_ip: str = "127.0.0.9") -> None:
+        binary = haproxy_binary()
+        if binary is None:
+            raise RuntimeError("haproxy is not installed")
         self.source_ip = source_ip
         self.v2_port, self.v1_port = free_port(), free_port()
         self._dir = tempfile.TemporaryDirectory(prefix="haproxy-front-")
@@ -77,42 +54,14 @@ class HaproxyFront:
             v2_port=self.v2_port, v1_port=self.v1_port, router_host=router_host,
             router_port=router_port, source_ip=source_ip,
         ))
-        binary = shutil.which("haproxy") or HAPROXY_BINARY
-        self.proc = subprocess.Popen(
-            [binary, "-db", "-q", "-f", str(self.config)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-        )
-        try:
-            self._wait_bound()
-        except BaseException:
-            self.close()
-            raise
+        self._start([binary, "-db", "-q", "-f", str(self.config)], [self.v2_port, self.v1_port], False, "haproxy")
 
     def port(self, version: int) -> int:
         """The frontend that sends PROXY ``version`` (1 or 2)."""
         return self.v2_port if version == 2 else self.v1_port
 
-    def _wait_bound(self) -> None:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        pending = {self.v2_port, self.v1_port}
-        while pending:
-            if self.proc.poll() is not None:
-                err = self.proc.stderr.read().decode(errors="replace") if self.proc.stderr else ""
-                raise RuntimeError(f"haproxy exited with {self.proc.returncode}: {err[-2000:]}")
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"haproxy did not bind {sorted(pending)} in {START_TIMEOUT_S} s")
-            pending -= listening_tcp_ports()
-            time.sleep(0.02)
-
     def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-        if self.proc.stderr is not None:
-            self.proc.stderr.close()
+        super().close()
         self._dir.cleanup()
 
     def __enter__(self) -> HaproxyFront:

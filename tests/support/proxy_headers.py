@@ -1,12 +1,13 @@
-"""Byte builders for PROXY protocol v1/v2 headers, as HAProxy and cloud balancers write them."""
+"""Byte builders for PROXY protocol v1/v2 headers, as HAProxy and cloud balancers write them,
+and one way to feed them to the reader (whole or in pieces) shared by unit and fuzz tests."""
 
 from __future__ import annotations
 
 import ipaddress
 import struct
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
-from router.tcp.proxy_protocol import V2_SIGNATURE
+from router.tcp.proxy_protocol import V2_SIGNATURE, ProxyHeader, ProxyHeaderReader
 
 
 def v1(source: tuple[str, int], destination: tuple[str, int]) -> bytes:
@@ -47,3 +48,12 @@ def v2(
     if family_byte is not None:
         fam = family_byte
     return V2_SIGNATURE + bytes([ver_cmd, fam]) + struct.pack("!H", len(block)) + block
+
+
+def feed(chunks: Iterable[bytes], **limits: int) -> tuple[ProxyHeader | None, bytes]:
+    """Feed ``chunks`` to one fresh reader: what its last ``feed`` returned, and its remainder."""
+    reader = ProxyHeaderReader(**limits)
+    header = None
+    for chunk in chunks:
+        header = reader.feed(chunk)
+    return header, reader.remainder

@@ -56,6 +56,8 @@ from aioquic.quic.connection import QuicConnection
 from aioquic.quic.crypto import CryptoPair
 from aioquic.quic.packet import QuicPacketType, encode_long_header_first_byte, pull_quic_header
 
+from tests.support.quic_frames import crypto_frame
+
 SERVER_NAME = "stargate-0.stargate.external"
 ALPN = ("stargate",)
 BIG_HELLO_ALPN = tuple(f"filler-{i:02d}-" + "x" * 200 for i in range(12))
@@ -163,10 +165,6 @@ def _crypto_frames(payload: bytes) -> dict[int, bytes]:
         elif frame_type not in (0x00, 0x01):
             raise ValueError(f"unexpected frame 0x{frame_type:x} in a first flight")
     return out
-
-
-def crypto_frame(offset: int, data: bytes) -> bytes:
-    return b"\x06" + encode_uint_var(offset) + encode_uint_var(len(data)) + data
 
 
 def encrypt_client_initial(
