@@ -7,7 +7,8 @@ same rounds, interleaved, and prints each one's CPU per connection, user and sys
 commit to compare with): the per-round CPU ratio of the two routers is the figure that
 survives a shared machine's noise. ``--strace`` counts the system calls per connection of
 the router (and HAProxy), which is deterministic; ``--py-spy FILE`` records a py-spy profile
-(raw collapsed stacks) of the router meanwhile.
+(raw collapsed stacks) of the router meanwhile. ``--router-args`` adds flags to both routers
+(``--router-args=--access-log=off``: the path without its access line).
 
     python -m bench.conn_profile --rounds 6
     python -m bench.conn_profile --rounds 6 --baseline /tmp/main-tree
@@ -48,14 +49,14 @@ def cpu_split(pid: int) -> tuple[float, float]:
 
 
 @contextlib.contextmanager
-def _router_from(tree: Path | None, workdir: Path, port: int) -> Iterator[Router]:
+def _router_from(tree: Path | None, workdir: Path, port: int, extra: list[str]) -> Iterator[Router]:
     """A router from ``tree`` (None: this one): ``python -m router`` imports from its cwd."""
     saved_cwd, saved_path = os.getcwd(), os.environ.get("PYTHONPATH")
     if tree is not None:
         os.chdir(tree)
         os.environ["PYTHONPATH"] = str(tree)
     try:
-        router = Router(workdir, [(POD, POD_HOST, port, 1)])
+        router = Router(workdir, [(POD, POD_HOST, port, 1)], extra=extra)
     finally:
         os.chdir(saved_cwd)
         if saved_path is None:
@@ -103,6 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--baseline", type=Path, help="also run the router of this source tree")
     p.add_argument("--strace", action="store_true", help="system calls per connection instead of CPU")
     p.add_argument("--py-spy", type=Path, help="record a py-spy raw profile of the router here")
+    p.add_argument("--router-args", default="", help="extra router flags, space-separated")
     args = p.parse_args(argv)
     workdir = Path(tempfile.mkdtemp(prefix="conn-profile-"))
     message = tls_client_hello(SNI) + bytes(ECHO_BYTES)
@@ -111,10 +113,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         port = pod.call(start_echo_pod, POD_HOST)
         with contextlib.ExitStack() as stack:
-            router = stack.enter_context(_router_from(None, workdir, port))
+            extra = args.router_args.split()
+            router = stack.enter_context(_router_from(None, workdir, port, extra))
             boxes: dict[str, Box] = {"router": (("127.0.0.1", router.tcp_port), router.pid)}
             if args.baseline is not None:
-                base = stack.enter_context(_router_from(args.baseline.resolve(), workdir, port))
+                base = stack.enter_context(_router_from(args.baseline.resolve(), workdir, port, extra))
                 boxes["baseline"] = (("127.0.0.1", base.tcp_port), base.pid)
             haproxy = Haproxy(workdir, sni_routes=[(SNI, POD_HOST, port)])
             stack.callback(haproxy.close)
