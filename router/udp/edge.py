@@ -9,7 +9,9 @@ peer (the flow's socket) even when the worker's NAT rebinds. Both directions are
 UDP GSO/GRO where the kernel offers them: client datagrams of one loop iteration leave per
 flow in one send (``pod_link``), pod replies read back to back leave in one send
 (``pod_to_client``). All bookkeeping is in the sans-IO ``UdpFlowTable`` and the verdicts of
-``verdicts``; this module adapts sockets, the clock and metrics.
+``verdicts``; this module adapts sockets, the clock and metrics. How flows and attempts end
+(socket closed, access line, client slot, outcome, the sweep's expiries) is ``flow_endings``,
+the router's base class.
 
 Refusals (missing/unknown SNI, pod not ready, draining) are answered with an Initial
 CONNECTION_CLOSE so the worker fails fast, and an unknown version with a Version Negotiation,
@@ -38,6 +40,7 @@ from router.metrics import ProtocolSeries, RouterMetrics
 from router.outcomes import ProtocolLabel, QuicDropReason, QuicOutcome, Termination
 from router.routing import Refusal, Refused, route
 from router.udp.flow_access import FlowAccess
+from router.udp.flow_endings import FlowEndings, Link
 from router.udp.flow_table import Address, Contention, Flow, PendingFlow, UdpFlowTable
 from router.udp.listener import open_listener
 from router.udp.pod_link import Outboxes, PodLink, connect_udp
@@ -50,11 +53,8 @@ log = logging.getLogger("router.udp_router")  # pinned: operators filter logs by
 
 PROTOCOL = ProtocolLabel.QUIC
 
-_Link = PodLink["Flow[_Link]"]
-"""A flow's pod link; the flow table keeps it as the flow's handle."""
 
-
-class UdpRouter:
+class UdpRouter(FlowEndings):
     """Routes QUIC flows by ClientHello SNI to the named pod and splices their datagrams."""
 
     def __init__(
@@ -71,7 +71,7 @@ class UdpRouter:
         self._snapshot = snapshot
         self._metrics = metrics
         self._series = ProtocolSeries(metrics, PROTOCOL)
-        self._table: UdpFlowTable[InitialSniffer, _Link] = UdpFlowTable(settings.limits)
+        self._table: UdpFlowTable[InitialSniffer, Link] = UdpFlowTable(settings.limits)
         self._slots = ClientSlots(settings.max_flows_per_client)  # per pending flow, then its flow
         self._refusals = QuicRefusals(self._table, metrics, settings.reject_budget_bytes_per_s, self._send)
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -85,7 +85,7 @@ class UdpRouter:
         self._empty = asyncio.Event()
         self._empty.set()
         self._replies = ClientReplies(self._learn_from_pod, self._flow_failed, self._now)
-        self._outboxes: Outboxes[Flow[_Link]] = Outboxes(self._call_soon)
+        self._outboxes: Outboxes[Flow[Link]] = Outboxes(self._call_soon)
 
     # -- lifecycle ------------------------------------------------------------------------
     async def start(self, host: str, port: int, *, reuse_port: bool = False) -> tuple[str, int]:
@@ -135,10 +135,6 @@ class UdpRouter:
     def pending_flows(self) -> int:
         return self._table.pending_count
 
-    def flush_metrics(self) -> None:
-        """Push batched byte counts to Prometheus now (the sweeper does it periodically)."""
-        self._flush_byte_counters()
-
     # -- the per-datagram paths -----------------------------------------------------------
     def _now(self) -> float:
         return self._clock()
@@ -153,7 +149,7 @@ class UdpRouter:
         else:
             self._to_pod(flow, data, now)
 
-    def _to_pod(self, flow: Flow[_Link], data: bytes, now: float) -> None:
+    def _to_pod(self, flow: Flow[Link], data: bytes, now: float) -> None:
         """Into the flow's outbox, sent with every outbox touched in this loop iteration."""
         flow.last_active = flow.client_seen_at = now
         flow.client_bytes += len(data)
@@ -165,7 +161,7 @@ class UdpRouter:
         assert self._loop is not None
         self._loop.call_soon(callback)
 
-    def _learn_from_pod(self, flow: Flow[_Link], datagram: bytes) -> None:
+    def _learn_from_pod(self, flow: Flow[Link], datagram: bytes) -> None:
         self._table.learn_from_pod(flow, datagram, self.settings.cid_length)
 
     def _from_new_address(self, data: bytes, addr: Address, now: float) -> None:
@@ -187,7 +183,7 @@ class UdpRouter:
         else:
             self._drop(unrouted.drop_reason or QuicDropReason.MALFORMED)
 
-    def _from_flow_address(self, flow: Flow[_Link], data: bytes, addr: Address, now: float) -> None:
+    def _from_flow_address(self, flow: Flow[Link], data: bytes, addr: Address, now: float) -> None:
         """A long header from a flow's address: the flow's, or another connection's Initial."""
         unrouted = classify_on_flow(self._table, flow, data, now)
         verdict, header = unrouted.verdict, unrouted.header
@@ -202,7 +198,7 @@ class UdpRouter:
         else:
             self._drop(unrouted.drop_reason or QuicDropReason.MALFORMED)
 
-    def _join(self, flow: Flow[_Link], data: bytes, addr: Address, now: float) -> None:
+    def _join(self, flow: Flow[Link], data: bytes, addr: Address, now: float) -> None:
         """A known pod CID from a new address: NAT rebinding or migration; follow the client."""
         old = flow.address
         if not self._table.migrate(flow, addr):
@@ -285,7 +281,7 @@ class UdpRouter:
         # a plain callback, not a task: no coroutine, no future, no second step per flow.
         self._loop.call_soon(self._dial, pending, target, hostname)
 
-    def _share(self, pending: PendingFlow[InitialSniffer], flow: Flow[_Link], now: float) -> None:
+    def _share(self, pending: PendingFlow[InitialSniffer], flow: Flow[Link], now: float) -> None:
         """A contender naming the flow's own pod: its datagrams go through the flow's socket."""
         self._table.share(pending, flow)
         self._access.shared(pending)
@@ -311,7 +307,7 @@ class UdpRouter:
             return
         now = self._now()
         self._series.dial.observe(now - started)
-        link: _Link = PodLink(self._loop, sock, self._flow_failed)
+        link: Link = PodLink(self._loop, sock, self._flow_failed)
         flow = self._table.establish(pending, target.pod_name, link, now)
         self._slots.move(pending, flow)
         link.flow = flow
@@ -340,74 +336,13 @@ class UdpRouter:
         self._transport.sendto(answer, addr)
         return True
 
-    # -- ending flows ---------------------------------------------------------------------
-    def _flow_failed(self, flow: Flow[_Link], exc: Exception) -> None:
-        log.info("quic flow %s -> %s failed: %s", peer(flow.address), flow.pod_name, exc)
-        if self._table.remove(flow):
-            self._finish(flow, QuicOutcome.RELAY_ERROR, Termination.POD_RESET)
-
-    def _finish(self, flow: Flow[_Link], outcome: QuicOutcome, termination: Termination) -> None:
-        """Account for a flow the table no longer holds, close its socket, write its access line."""
-        flow.handle.close()
-        self._access.end_flow(flow, outcome, termination, self._now())
-        self._slots.release(flow)
-        self._metrics.quic_outcome(outcome)
-        self._series.active.dec()
-        self._note_if_empty()
-
-    def _discard(self, pending: PendingFlow[InitialSniffer], termination: Termination,
-                 outcome: QuicOutcome | None = None, answered: int = 0) -> None:
-        """Forget an attempt that never became a flow; its access line says why."""
-        self._access.end_pending(pending, outcome, termination, self._now(), answered)
-        self._table.discard_pending(pending)
-        self._slots.release(pending)
-        self._metrics.pending_flows.set(self._table.pending_count)
-        self._note_if_empty()
-
-    def _evict(self, pending: PendingFlow[InitialSniffer]) -> None:
-        """The oldest pending flow made room for a new one: its datagrams count as ``pending_full``."""
-        self._drop(QuicDropReason.PENDING_FULL, max(1, len(pending.datagrams)))
-        self._discard(pending, Termination.REJECTED)
-
-    def _note_if_empty(self) -> None:
-        if not self._table.flow_count and not self._table.pending_count:
-            self._empty.set()
-
-    def _close_flows(self) -> None:
-        for pending in self._table.pending_flows():
-            self._discard(pending, Termination.DRAIN)
-        for flow in self._table.flows():
-            if self._table.remove(flow):
-                self._finish(flow, QuicOutcome.COMPLETED, Termination.DRAIN)
-
-    def _drop(self, reason: QuicDropReason, count: int = 1) -> None:
-        self._metrics.quic_drop(reason, count)
-
-    # -- time -----------------------------------------------------------------------------
-    def sweep(self, now: float) -> None:
-        """Expire pending and idle flows, flush byte counters (the sweeper calls this)."""
-        expired = self._table.expire(now)
-        for pending in expired.pending:
-            self._drop(QuicDropReason.PENDING_TIMEOUT, max(1, len(pending.datagrams)))
-            self._slots.release(pending)
-            self._access.end_pending(pending, None, Termination.PEEK_TIMEOUT, now)
-        if expired.pending:
-            self._metrics.pending_flows.set(self._table.pending_count)
-        for flow in expired.flows:
-            self._finish(flow, QuicOutcome.COMPLETED, Termination.IDLE_TIMEOUT)
-        self._note_if_empty()
-        self._flush_byte_counters()
-
+    # -- time (ending flows: ``flow_endings``) --------------------------------------------
     async def _sweep_forever(self) -> None:
         s = self.settings
         interval = min(s.sweep_interval_s, s.limits.idle_timeout_s / 4, s.limits.pending_flow_timeout_s / 4)
         while True:
             await asyncio.sleep(interval)
             self.sweep(self._now())
-
-    def _flush_byte_counters(self) -> None:
-        self._series.count_bytes(self._outboxes.sent_bytes, self._replies.sent_bytes)
-        self._outboxes.sent_bytes = self._replies.sent_bytes = 0
 
 
 def _quic_port(target: Target) -> int:

@@ -1,0 +1,111 @@
+"""How QUIC flows and attempts end: one place that closes, accounts for and forgets them.
+
+Every end goes through here, whatever caused it: a pod socket error, a takeover, a refusal, a
+full pending table (eviction), an expiry in the sweep, a drain or close. Each closes the flow's
+socket, ends its access record (``flow_access``), frees its client's slot, counts its outcome
+and wakes ``drain`` once nothing is left. The relayed-byte counters are flushed here too, from
+the sweep. ``FlowEndings`` is a base class of ``edge.UdpRouter`` rather than an object beside
+it: it acts on the router's own table, slots and metrics, so there is one copy of each and the
+per-datagram path pays no extra indirection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+from quic.initial_sniffer import InitialSniffer
+from router.client_limits import ClientSlots
+from router.metrics import ProtocolSeries, RouterMetrics
+from router.outcomes import QuicDropReason, QuicOutcome, Termination
+from router.udp.flow_access import FlowAccess
+from router.udp.flow_table import Flow, PendingFlow, UdpFlowTable
+from router.udp.pod_link import Outboxes, PodLink
+from router.udp.pod_to_client import ClientReplies
+from router.udp.refusals import peer
+
+log = logging.getLogger("router.udp_router")
+"""The router's logger: flow failures keep the name operators filter on."""
+
+Link = PodLink["Flow[Link]"]
+"""A flow's pod link; the flow table keeps it as the flow's handle."""
+
+
+class FlowEndings:
+    """Ends flows and pending attempts of ``UdpRouter``, which sets the state declared here."""
+
+    _table: UdpFlowTable[InitialSniffer, Link]
+    _access: FlowAccess
+    _slots: ClientSlots
+    _metrics: RouterMetrics
+    _series: ProtocolSeries
+    _clock: Callable[[], float]
+    _empty: asyncio.Event
+    """Set while no flow or pending flow is left: what ``drain`` waits for."""
+    _outboxes: Outboxes[Flow[Link]]
+    _replies: ClientReplies
+
+    def sweep(self, now: float) -> None:
+        """Expire pending and idle flows, flush byte counters (the sweeper calls this)."""
+        expired = self._table.expire(now)
+        for pending in expired.pending:
+            self._drop(QuicDropReason.PENDING_TIMEOUT, max(1, len(pending.datagrams)))
+            self._slots.release(pending)
+            self._access.end_pending(pending, None, Termination.PEEK_TIMEOUT, now)
+        if expired.pending:
+            self._metrics.pending_flows.set(self._table.pending_count)
+        for flow in expired.flows:
+            self._finish(flow, QuicOutcome.COMPLETED, Termination.IDLE_TIMEOUT)
+        self._note_if_empty()
+        self._flush_byte_counters()
+
+    def flush_metrics(self) -> None:
+        """Push batched byte counts to Prometheus now (the sweeper does it periodically)."""
+        self._flush_byte_counters()
+
+    def _flow_failed(self, flow: Flow[Link], exc: Exception) -> None:
+        log.info("quic flow %s -> %s failed: %s", peer(flow.address), flow.pod_name, exc)
+        if self._table.remove(flow):
+            self._finish(flow, QuicOutcome.RELAY_ERROR, Termination.POD_RESET)
+
+    def _finish(self, flow: Flow[Link], outcome: QuicOutcome, termination: Termination) -> None:
+        """Account for a flow the table no longer holds, close its socket, write its access line."""
+        flow.handle.close()
+        self._access.end_flow(flow, outcome, termination, self._clock())
+        self._slots.release(flow)
+        self._metrics.quic_outcome(outcome)
+        self._series.active.dec()
+        self._note_if_empty()
+
+    def _discard(self, pending: PendingFlow[InitialSniffer], termination: Termination,
+                 outcome: QuicOutcome | None = None, answered: int = 0) -> None:
+        """Forget an attempt that never became a flow; its access line says why."""
+        self._access.end_pending(pending, outcome, termination, self._clock(), answered)
+        self._table.discard_pending(pending)
+        self._slots.release(pending)
+        self._metrics.pending_flows.set(self._table.pending_count)
+        self._note_if_empty()
+
+    def _evict(self, pending: PendingFlow[InitialSniffer]) -> None:
+        """The oldest pending flow made room for a new one: its datagrams count as ``pending_full``."""
+        self._drop(QuicDropReason.PENDING_FULL, max(1, len(pending.datagrams)))
+        self._discard(pending, Termination.REJECTED)
+
+    def _note_if_empty(self) -> None:
+        if not self._table.flow_count and not self._table.pending_count:
+            self._empty.set()
+
+    def _close_flows(self) -> None:
+        for pending in self._table.pending_flows():
+            self._discard(pending, Termination.DRAIN)
+        for flow in self._table.flows():
+            if self._table.remove(flow):
+                self._finish(flow, QuicOutcome.COMPLETED, Termination.DRAIN)
+
+    def _drop(self, reason: QuicDropReason, count: int = 1) -> None:
+        self._metrics.quic_drop(reason, count)
+
+    def _flush_byte_counters(self) -> None:
+        self._series.count_bytes(self._outboxes.sent_bytes, self._replies.sent_bytes)
+        self._outboxes.sent_bytes = self._replies.sent_bytes = 0
