@@ -109,10 +109,16 @@ class _AnswerSink:
 
 
 @functools.cache
+def _metrics() -> RouterMetrics:
+    """One registry for every run: building its families costs more than a run."""
+    return RouterMetrics()
+
+
 def _router() -> tuple[UdpRouter, _Clock, _AnswerSink]:
+    """A fresh socket-less router per run: no state (table, refusals, slots) leaks between inputs."""
     snapshot = TargetSnapshot.of([Target("stargate-0", "127.0.0.1", 1, 9)])
     settings = UdpRouterSettings(limits=FlowLimits(max_pending_flows=8))
-    router = UdpRouter(settings, TEMPLATE, lambda: snapshot, RouterMetrics())
+    router = UdpRouter(settings, TEMPLATE, lambda: snapshot, _metrics())
     clock, sink = _Clock(), _AnswerSink()
     router._loop = clock  # type: ignore[assignment]
     router._transport = sink  # type: ignore[assignment]
@@ -123,7 +129,6 @@ def run_udp_router(data: bytes) -> str:
     """Datagrams from client addresses into a socket-less UdpRouter: nothing may raise,
     no answer may exceed the datagram that provoked it, pending flows stay bounded."""
     router, clock, sink = _router()
-    router._table = type(router._table)(router.settings.limits)
     port = 40000
     for datagram in data.split(SEPARATOR)[:MAX_DATAGRAMS]:
         if not datagram:  # an empty part (two separators in a row): the next client speaks
