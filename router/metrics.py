@@ -7,6 +7,9 @@ that never happened yet. So every declared label combination is created up front
 
 from __future__ import annotations
 
+from itertools import product
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
 from prometheus_client.registry import Collector
 
@@ -91,27 +94,25 @@ class RouterMetrics:
         self._zero_init()
 
     def _zero_init(self) -> None:
-        for protocol in TCP_PROTOCOLS:
-            for outcome in GrpcOutcome:
-                self.grpc_connections.labels(protocol=protocol, outcome=outcome)
-        for quic_outcome in QuicOutcome:
-            self.quic_connections.labels(outcome=quic_outcome)
-        for protocol in ProtocolLabel:
-            for direction in RelayDirection:
-                self.relayed_bytes.labels(protocol=protocol, direction=direction)
-            self.active_connections.labels(protocol=protocol)
-            self.decision_latency.labels(protocol=protocol)
-            self.dial_latency.labels(protocol=protocol)
-            self.connection_duration.labels(protocol=protocol)
-            for termination in Termination:
-                self.terminations.labels(protocol=protocol, termination=termination)
-        for reason in QuicDropReason:
-            self.quic_dropped.labels(reason=reason)
-        for source in DiscoverySource:
-            for result in DiscoveryResult:
-                self.discovery_updates.labels(source=source, result=result)
-        for cause in RewatchCause:
-            self.discovery_rewatches.labels(cause=cause)
+        """Every series of every labelled family, at 0 before any traffic (one row per family:
+        the family and the label values it takes, in its label order)."""
+        protocols = tuple(ProtocolLabel)
+        families: tuple[tuple[Any, tuple[tuple[str, ...], ...]], ...] = (
+            (self.grpc_connections, (TCP_PROTOCOLS, tuple(GrpcOutcome))),
+            (self.quic_connections, (tuple(QuicOutcome),)),
+            (self.relayed_bytes, (protocols, tuple(RelayDirection))),
+            (self.active_connections, (protocols,)),
+            (self.decision_latency, (protocols,)),
+            (self.dial_latency, (protocols,)),
+            (self.connection_duration, (protocols,)),
+            (self.terminations, (protocols, tuple(Termination))),
+            (self.quic_dropped, (tuple(QuicDropReason),)),
+            (self.discovery_updates, (tuple(DiscoverySource), tuple(DiscoveryResult))),
+            (self.discovery_rewatches, (tuple(RewatchCause),)),
+        )
+        for family, label_values in families:
+            for values in product(*label_values):
+                family.labels(*values)
 
     def grpc_outcome(self, protocol: ProtocolLabel, outcome: GrpcOutcome) -> None:
         self.grpc_connections.labels(protocol=protocol, outcome=outcome).inc()
