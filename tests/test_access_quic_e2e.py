@@ -21,7 +21,8 @@ from aioquic.asyncio import QuicConnectionProtocol, connect
 from router import constants as c
 from router.demo.pki import DemoPki
 from router.demo.quic_pods import WHOAMI, bound_port, client_configuration, request, start_quic_pod
-from tests.support.access_peers import access_lines, host, wait_access
+from tests.support.access_peers import access_lines, wait_access
+from tests.support.names import host
 from tests.support.quic_initial_rewriter import client_first_flight
 from tests.support.router_process import RouterProcess, router_args, write_endpoints
 

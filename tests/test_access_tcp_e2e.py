@@ -27,9 +27,9 @@ from tests.support.access_peers import (
     RawPod,
     access_lines,
     h2c_request,
-    host,
     wait_access,
 )
+from tests.support.names import host
 from tests.support.router_process import RouterProcess, router_args, write_endpoints
 from tests.support.tls import client_hello, sni_extension
 

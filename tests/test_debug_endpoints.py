@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import queue
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,9 +14,10 @@ from typing import Any
 import grpc
 import pytest
 
-from router.demo.grpc_pods import ECHO, RunningPod, start_pod
+from router.demo.grpc_pods import RunningPod, start_pod
 from tests.fake_kube_api import FakeKubeApi, make_endpoint, make_slice
-from tests.support.access_peers import host
+from tests.faults.router_probes import echo_stream
+from tests.support.names import host
 from tests.support.router_process import RouterProcess, router_args, write_endpoints
 
 pytestmark = pytest.mark.timeout(60)
@@ -69,17 +69,6 @@ def test_targets_from_the_endpoints_file_sorted_by_pod(tmp_path: Path, pods: lis
         router.stop()
 
 
-def _echo_stream(channel: grpc.Channel) -> tuple[queue.Queue[bytes | None], Iterator[bytes]]:
-    outbox: queue.Queue[bytes | None] = queue.Queue()
-
-    def requests() -> Iterator[bytes]:
-        while (message := outbox.get(timeout=30)) is not None:
-            yield message
-
-    echo = channel.stream_stream(ECHO, request_serializer=bytes, response_deserializer=bytes)
-    return outbox, echo(requests(), timeout=30)
-
-
 def _h2c_entries(router: RouterProcess, limit: int = 100) -> list[dict[str, Any]]:
     view = get_json(router, f"/debug/connections?limit={limit}")
     assert view["total"] >= len(view["connections"])
@@ -91,7 +80,7 @@ def test_an_open_bidi_stream_shows_growing_byte_counts(tmp_path: Path, pods: lis
         target = f"127.0.0.1:{router.grpc_port}"
         options = [("grpc.default_authority", host("sg-0")), ("grpc.use_local_subchannel_pool", 1)]
         with grpc.insecure_channel(target, options=options) as channel:
-            outbox, replies = _echo_stream(channel)
+            outbox, replies = echo_stream(channel)
             outbox.put(b"x" * 1000)
             assert next(replies) == b"x" * 1000
             [first] = _h2c_entries(router)
@@ -105,7 +94,7 @@ def test_an_open_bidi_stream_shows_growing_byte_counts(tmp_path: Path, pods: lis
             assert later["bytes_client_to_pod"] >= first["bytes_client_to_pod"] + 300_000
             assert later["bytes_pod_to_client"] >= first["bytes_pod_to_client"] + 300_000
             with grpc.insecure_channel(target, options=options) as second:
-                outbox2, replies2 = _echo_stream(second)
+                outbox2, replies2 = echo_stream(second)
                 outbox2.put(b"z")
                 assert next(replies2) == b"z"
                 newest, oldest = _h2c_entries(router)
@@ -131,7 +120,7 @@ def test_the_supervisor_merges_its_workers_answers(tmp_path: Path, pods: list[Ru
             for _ in range(6)
         ]
         try:
-            streams = [_echo_stream(ch) for ch in channels]
+            streams = [echo_stream(ch) for ch in channels]
             for outbox, replies in streams:
                 outbox.put(b"hello")
                 assert next(replies) == b"hello"

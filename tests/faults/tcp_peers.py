@@ -19,6 +19,7 @@ import time
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
+from tests.support.access_peers import RawPod
 from tests.support.tls import client_hello, sni_extension
 
 T = TypeVar("T")
@@ -148,31 +149,11 @@ class ResettingProxy:
         self._thread.join(5)
 
 
-class BlackholePod:
-    """Accepts and then never reads or answers; keeps every connection."""
+class BlackholePod(RawPod):
+    """Accepts and then never reads or answers; keeps every connection until ``close``."""
 
     def __init__(self, address: str) -> None:
-        self._listener = socket.create_server((address, 0))
-        self._listener.settimeout(0.1)
-        self.port: int = self._listener.getsockname()[1]
-        self.held: list[socket.socket] = []
-        self._stopping = threading.Event()
-        self._thread = threading.Thread(target=self._accept_loop, daemon=True)
-        self._thread.start()
-
-    def _accept_loop(self) -> None:
-        while not self._stopping.is_set():
-            try:
-                self.held.append(self._listener.accept()[0])
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-
-    def close(self) -> None:
-        self._stopping.set()
-        self._thread.join(5)
-        self._listener.close()
+        super().__init__(address, "hold")
         for sock in self.held:
             sock.close()
 

@@ -19,10 +19,6 @@ LINGER_RESET = struct.pack("ii", 1, 0)
 """SO_LINGER {on, 0}: close() sends RST instead of FIN."""
 
 
-def host(pod: str) -> str:
-    return f"{pod}.stargate.external"
-
-
 def access_lines(router: RouterProcess) -> list[dict[str, Any]]:
     """The router's access lines so far (``--log-format json``)."""
     out = []
