@@ -1,0 +1,674 @@
+/* router.udp._splice: the established QUIC flows' datagrams, both ways, batched across flows.
+ *
+ * Optional: built at install when a C compiler is there; without it the router runs the same
+ * flows through its pure-Python path (router/udp/pod_link.py, pod_to_client.py), which the test
+ * suite runs too. The policy stays in Python. This module only moves bytes for flows Python
+ * has attached, and hands Python everything else, in arrival order:
+ *
+ *   client -> pod: recvmmsg on the public socket; a short-header datagram from an attached
+ *     client address is sent to its flow's connected pod socket (one sendmmsg per flow per
+ *     batch, in order); any other datagram (a new address, a long header, an empty one) is
+ *     returned as (bytes, address) for the Python edge, and so are the later datagrams of
+ *     that flow in the same call, so a flow's datagrams never overtake each other.
+ *   pod -> client: an epoll set holds the attached pod sockets; each readable one is read with
+ *     recvmmsg and its datagrams leave the public socket to the flow's client address in one
+ *     sendmmsg across flows. Long headers are sent and also returned (flow, bytes): Python
+ *     learns the pod's connection IDs from them.
+ *
+ * A pod socket error (ECONNREFUSED after an ICMP) is queued as (flow, errno) for Python to end
+ * the flow. A full socket buffer drops, as UDP drops. The flows' byte counts and activity times
+ * are written to the Python flow objects once per call (client_bytes, client_seen_at,
+ * last_active; pod_bytes, last_active).
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#define BATCH 64               /* datagrams per recvmmsg / sendmmsg: one GSO run's worth */
+#define BUFFER_BYTES 65536     /* per datagram buffer: no UDP payload is longer, nothing truncates */
+#define KEY_BYTES 24           /* family, port, address (16), scope id: one client address */
+
+typedef struct {
+    PyObject *flow;                  /* the Python flow (strong reference) */
+    PyObject *key;                   /* its client address key in by_key */
+    struct sockaddr_in6 client;      /* where pod datagrams go (sockaddr_in fits too) */
+    socklen_t client_len;
+    int fd;                          /* the flow's connected pod socket */
+    unsigned long long client_bytes; /* since the last write to the flow object */
+    unsigned long long pod_bytes;
+    unsigned int slow_call;          /* the call in which this flow went to Python */
+    unsigned int touched_call;       /* the call in which it was last counted */
+    int failed;                      /* an error is queued for Python: send nothing more */
+} Slot;
+
+typedef struct {
+    PyObject_HEAD
+    int listener;                    /* the public socket (a duplicate the owner keeps open) */
+    int family;
+    int epoll_fd;
+    int batches;                     /* recvmmsg calls per from_clients at most */
+    int per_pod;                     /* datagrams read from one pod socket per from_pods at most */
+    int busy;
+    unsigned int call;
+    Slot **by_fd;
+    int by_fd_len;
+    Py_ssize_t flows;
+    PyObject *by_key;                /* client address key -> pod fd */
+    PyObject *failures;              /* list of (flow, errno) */
+    Slot **touched;
+    int touched_len;
+    char *client_buffers;            /* BATCH x BUFFER_BYTES, mmap'd: only touched pages count */
+    char *pod_buffers;
+    unsigned long long to_pod_bytes, to_client_bytes;
+} Splicer;
+
+static PyObject *s_last_active, *s_client_seen_at, *s_client_bytes, *s_pod_bytes;
+
+/* -- addresses ---------------------------------------------------------------------------- */
+
+static PyObject *key_of(const struct sockaddr *sa) {
+    unsigned char key[KEY_BYTES];
+    memset(key, 0, sizeof key);
+    if (sa->sa_family == AF_INET) {
+        const struct sockaddr_in *in = (const struct sockaddr_in *)sa;
+        key[0] = AF_INET;
+        memcpy(key + 2, &in->sin_port, 2);
+        memcpy(key + 4, &in->sin_addr, 4);
+        return PyBytes_FromStringAndSize((const char *)key, 8);
+    }
+    const struct sockaddr_in6 *in6 = (const struct sockaddr_in6 *)sa;
+    key[0] = AF_INET6;
+    memcpy(key + 2, &in6->sin6_port, 2);
+    memcpy(key + 4, &in6->sin6_addr, 16);
+    memcpy(key + 20, &in6->sin6_scope_id, 4);
+    return PyBytes_FromStringAndSize((const char *)key, KEY_BYTES);
+}
+
+/* The address tuple Python's socket module gives for sa: (host, port) or (host, port, flowinfo, scope_id). */
+static PyObject *tuple_of(const struct sockaddr *sa) {
+    char host[INET6_ADDRSTRLEN];
+    if (sa->sa_family == AF_INET) {
+        const struct sockaddr_in *in = (const struct sockaddr_in *)sa;
+        if (!inet_ntop(AF_INET, &in->sin_addr, host, sizeof host)) return PyErr_SetFromErrno(PyExc_OSError);
+        return Py_BuildValue("(si)", host, (int)ntohs(in->sin_port));
+    }
+    const struct sockaddr_in6 *in6 = (const struct sockaddr_in6 *)sa;
+    if (!inet_ntop(AF_INET6, &in6->sin6_addr, host, sizeof host)) return PyErr_SetFromErrno(PyExc_OSError);
+    return Py_BuildValue("(siII)", host, (int)ntohs(in6->sin6_port), (unsigned int)ntohl(in6->sin6_flowinfo),
+                         (unsigned int)in6->sin6_scope_id);
+}
+
+/* Parse a Python address tuple of the listener's family into out; -1 with ValueError if it is not one. */
+static int parse_address(Splicer *self, PyObject *address, struct sockaddr_in6 *out, socklen_t *len) {
+    const char *host;
+    int port;
+    unsigned int flowinfo = 0, scope_id = 0;
+    memset(out, 0, sizeof *out);
+    if (!PyTuple_Check(address)) {
+        PyErr_SetString(PyExc_ValueError, "address must be a tuple");
+        return -1;
+    }
+    if (self->family == AF_INET) {
+        struct sockaddr_in *in = (struct sockaddr_in *)out;
+        if (!PyArg_ParseTuple(address, "si", &host, &port)) return -1;
+        if (port < 0 || port > 65535 || inet_pton(AF_INET, host, &in->sin_addr) != 1) {
+            PyErr_Format(PyExc_ValueError, "not an IPv4 address: %R", address);
+            return -1;
+        }
+        in->sin_family = AF_INET;
+        in->sin_port = htons((unsigned short)port);
+        *len = sizeof(struct sockaddr_in);
+        return 0;
+    }
+    if (!PyArg_ParseTuple(address, "si|II", &host, &port, &flowinfo, &scope_id)) return -1;
+    if (port < 0 || port > 65535 || inet_pton(AF_INET6, host, &out->sin6_addr) != 1) {
+        PyErr_Format(PyExc_ValueError, "not an IPv6 address: %R", address);
+        return -1;
+    }
+    out->sin6_family = AF_INET6;
+    out->sin6_port = htons((unsigned short)port);
+    out->sin6_flowinfo = htonl(flowinfo);
+    out->sin6_scope_id = scope_id;
+    *len = sizeof(struct sockaddr_in6);
+    return 0;
+}
+
+/* -- bookkeeping ---------------------------------------------------------------------------- */
+
+static Slot *slot_for_fd(Splicer *self, int fd) {
+    return (fd >= 0 && fd < self->by_fd_len) ? self->by_fd[fd] : NULL;
+}
+
+static Slot *slot_for_address(Splicer *self, const struct sockaddr *sa) {
+    PyObject *key = key_of(sa);
+    if (!key) {
+        PyErr_Clear();
+        return NULL;
+    }
+    PyObject *fd = PyDict_GetItemWithError(self->by_key, key);  /* borrowed */
+    Py_DECREF(key);
+    if (!fd) {
+        PyErr_Clear();
+        return NULL;
+    }
+    return slot_for_fd(self, (int)PyLong_AsLong(fd));
+}
+
+static void touch(Splicer *self, Slot *slot) {
+    if (slot->touched_call != self->call) {
+        slot->touched_call = self->call;
+        self->touched[self->touched_len++] = slot;
+    }
+}
+
+static int add_to_attribute(PyObject *flow, PyObject *name, unsigned long long amount) {
+    PyObject *old = PyObject_GetAttr(flow, name);
+    if (!old) return -1;
+    PyObject *delta = PyLong_FromUnsignedLongLong(amount);
+    PyObject *sum = delta ? PyNumber_Add(old, delta) : NULL;
+    Py_DECREF(old);
+    Py_XDECREF(delta);
+    if (!sum) return -1;
+    int rc = PyObject_SetAttr(flow, name, sum);
+    Py_DECREF(sum);
+    return rc;
+}
+
+/* Write what this call counted into the flow objects: once per flow per call. */
+static int write_counts(Splicer *self, double now, int client_side) {
+    PyObject *when = PyFloat_FromDouble(now);
+    if (!when) return -1;
+    int rc = 0;
+    for (int i = 0; i < self->touched_len && rc == 0; i++) {
+        Slot *slot = self->touched[i];
+        if (!slot->flow) continue;
+        rc = PyObject_SetAttr(slot->flow, s_last_active, when);
+        if (rc == 0 && client_side) {
+            rc = PyObject_SetAttr(slot->flow, s_client_seen_at, when);
+            if (rc == 0 && slot->client_bytes) rc = add_to_attribute(slot->flow, s_client_bytes, slot->client_bytes);
+            slot->client_bytes = 0;
+        } else if (rc == 0) {
+            if (slot->pod_bytes) rc = add_to_attribute(slot->flow, s_pod_bytes, slot->pod_bytes);
+            slot->pod_bytes = 0;
+        }
+    }
+    self->touched_len = 0;
+    Py_DECREF(when);
+    return rc;
+}
+
+static void fail(Splicer *self, Slot *slot, int error) {
+    if (slot->failed) return;
+    slot->failed = 1;
+    PyObject *item = Py_BuildValue("(Oi)", slot->flow, error);
+    if (!item || PyList_Append(self->failures, item) < 0) PyErr_Clear();
+    Py_XDECREF(item);
+}
+
+/* sendmmsg until all count messages are sent or the buffer is full (the rest dropped). A
+ * message the kernel refuses for itself is skipped; on a connected pod socket an error
+ * (ECONNREFUSED) fails the flow. Returns the bytes sent. */
+static unsigned long long send_all(Splicer *self, int fd, struct mmsghdr *msgs, int count, Slot *pod_slot) {
+    unsigned long long bytes = 0;
+    int sent = 0;
+    while (sent < count) {
+        int n = sendmmsg(fd, msgs + sent, (unsigned int)(count - sent), MSG_DONTWAIT);
+        if (n < 0) {
+            if (errno == EINTR) continue;
+            if (errno == EAGAIN || errno == EWOULDBLOCK || errno == ENOBUFS) break;
+            if (pod_slot) {
+                fail(self, pod_slot, errno);
+                break;
+            }
+            sent++;  /* this destination refused it: the others still go */
+            continue;
+        }
+        for (int i = sent; i < sent + n; i++) bytes += msgs[i].msg_len;
+        sent += n;
+    }
+    return bytes;  /* what is left was dropped, as UDP drops behind a full buffer */
+}
+
+/* -- the type ------------------------------------------------------------------------------- */
+
+static int Splicer_init(Splicer *self, PyObject *args, PyObject *kwds) {
+    static char *names[] = {"listener_fd", "batches", "per_pod", NULL};
+    int listener, batches, per_pod;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "iii", names, &listener, &batches, &per_pod)) return -1;
+    if (batches < 1 || per_pod < 1) {
+        PyErr_SetString(PyExc_ValueError, "batches and per_pod must be >= 1");
+        return -1;
+    }
+    if (self->by_key) {
+        PyErr_SetString(PyExc_RuntimeError, "Splicer is already initialised");
+        return -1;
+    }
+    struct sockaddr_storage bound;
+    socklen_t bound_len = sizeof bound;
+    if (getsockname(listener, (struct sockaddr *)&bound, &bound_len) < 0) {
+        PyErr_SetFromErrno(PyExc_OSError);
+        return -1;
+    }
+    if (bound.ss_family != AF_INET && bound.ss_family != AF_INET6) {
+        PyErr_SetString(PyExc_ValueError, "the listener must be an IPv4 or IPv6 UDP socket");
+        return -1;
+    }
+    self->listener = listener;
+    self->family = bound.ss_family;
+    self->batches = batches;
+    self->per_pod = per_pod;
+    self->epoll_fd = epoll_create1(EPOLL_CLOEXEC);
+    if (self->epoll_fd < 0) {
+        PyErr_SetFromErrno(PyExc_OSError);
+        return -1;
+    }
+    size_t size = (size_t)BATCH * BUFFER_BYTES;
+    self->client_buffers = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    self->pod_buffers = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (self->client_buffers == MAP_FAILED || self->pod_buffers == MAP_FAILED) {
+        self->client_buffers = self->client_buffers == MAP_FAILED ? NULL : self->client_buffers;
+        self->pod_buffers = self->pod_buffers == MAP_FAILED ? NULL : self->pod_buffers;
+        PyErr_NoMemory();
+        return -1;
+    }
+    int most = batches * BATCH > BATCH * 2 ? batches * BATCH : BATCH * 2;
+    self->touched = PyMem_Calloc((size_t)most, sizeof(Slot *));
+    self->by_key = PyDict_New();
+    self->failures = PyList_New(0);
+    if (!self->touched || !self->by_key || !self->failures) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    return 0;
+}
+
+static void free_slot(Splicer *self, Slot *slot) {
+    if (slot->fd >= 0 && slot->fd < self->by_fd_len) self->by_fd[slot->fd] = NULL;
+    if (self->epoll_fd >= 0) epoll_ctl(self->epoll_fd, EPOLL_CTL_DEL, slot->fd, NULL);
+    Py_XDECREF(slot->flow);
+    Py_XDECREF(slot->key);
+    PyMem_Free(slot);
+    self->flows--;
+}
+
+static void release_all(Splicer *self) {
+    for (int fd = 0; fd < self->by_fd_len; fd++)
+        if (self->by_fd[fd]) free_slot(self, self->by_fd[fd]);
+    PyMem_Free(self->by_fd);
+    self->by_fd = NULL;
+    self->by_fd_len = 0;
+    if (self->epoll_fd >= 0) close(self->epoll_fd);
+    self->epoll_fd = -1;
+    if (self->client_buffers) munmap(self->client_buffers, (size_t)BATCH * BUFFER_BYTES);
+    if (self->pod_buffers) munmap(self->pod_buffers, (size_t)BATCH * BUFFER_BYTES);
+    self->client_buffers = self->pod_buffers = NULL;
+    if (self->by_key) PyDict_Clear(self->by_key);
+}
+
+static void Splicer_dealloc(Splicer *self) {
+    release_all(self);
+    PyMem_Free(self->touched);
+    Py_XDECREF(self->by_key);
+    Py_XDECREF(self->failures);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *Splicer_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    Splicer *self = (Splicer *)type->tp_alloc(type, 0);
+    if (self) self->epoll_fd = -1;
+    return (PyObject *)self;
+}
+
+static int ready(Splicer *self) {
+    if (!self->by_key || self->epoll_fd < 0) {
+        PyErr_SetString(PyExc_RuntimeError, "Splicer is closed");
+        return 0;
+    }
+    if (self->busy) {
+        PyErr_SetString(PyExc_RuntimeError, "Splicer re-entered");
+        return 0;
+    }
+    return 1;
+}
+
+static PyObject *Splicer_attach(Splicer *self, PyObject *args) {
+    int fd;
+    PyObject *address, *flow;
+    if (!PyArg_ParseTuple(args, "iOO", &fd, &address, &flow) || !ready(self)) return NULL;
+    if (fd < 0 || slot_for_fd(self, fd)) {
+        PyErr_Format(PyExc_ValueError, "pod fd %d is negative or attached already", fd);
+        return NULL;
+    }
+    Slot *slot = PyMem_Calloc(1, sizeof(Slot));
+    if (!slot) return PyErr_NoMemory();
+    slot->fd = fd;
+    if (parse_address(self, address, &slot->client, &slot->client_len) < 0) {
+        PyMem_Free(slot);
+        return NULL;
+    }
+    slot->key = key_of((struct sockaddr *)&slot->client);
+    PyObject *fd_object = PyLong_FromLong(fd);
+    if (!slot->key || !fd_object || PyDict_Contains(self->by_key, slot->key) != 0) {
+        if (slot->key && fd_object && !PyErr_Occurred())
+            PyErr_Format(PyExc_ValueError, "client address %R is attached already", address);
+        Py_XDECREF(slot->key);
+        Py_XDECREF(fd_object);
+        PyMem_Free(slot);
+        return NULL;
+    }
+    if (fd >= self->by_fd_len) {
+        int length = self->by_fd_len ? self->by_fd_len : 64;
+        while (length <= fd) length *= 2;
+        Slot **grown = PyMem_Realloc(self->by_fd, (size_t)length * sizeof(Slot *));
+        if (!grown) {
+            Py_DECREF(slot->key);
+            Py_DECREF(fd_object);
+            PyMem_Free(slot);
+            return PyErr_NoMemory();
+        }
+        memset(grown + self->by_fd_len, 0, (size_t)(length - self->by_fd_len) * sizeof(Slot *));
+        self->by_fd = grown;
+        self->by_fd_len = length;
+    }
+    struct epoll_event event = {.events = EPOLLIN, .data.fd = fd};
+    if (epoll_ctl(self->epoll_fd, EPOLL_CTL_ADD, fd, &event) < 0 ||
+        PyDict_SetItem(self->by_key, slot->key, fd_object) < 0) {
+        if (!PyErr_Occurred()) PyErr_SetFromErrno(PyExc_OSError);
+        epoll_ctl(self->epoll_fd, EPOLL_CTL_DEL, fd, NULL);
+        Py_DECREF(slot->key);
+        Py_DECREF(fd_object);
+        PyMem_Free(slot);
+        return NULL;
+    }
+    Py_DECREF(fd_object);
+    Py_INCREF(flow);
+    slot->flow = flow;
+    self->by_fd[fd] = slot;
+    self->flows++;
+    Py_RETURN_NONE;
+}
+
+static PyObject *Splicer_detach(Splicer *self, PyObject *arg) {
+    int fd = (int)PyLong_AsLong(arg);
+    if ((fd == -1 && PyErr_Occurred()) || !ready(self)) return NULL;
+    Slot *slot = slot_for_fd(self, fd);
+    if (slot) {
+        if (PyDict_DelItem(self->by_key, slot->key) < 0) PyErr_Clear();
+        free_slot(self, slot);
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *Splicer_rekey(Splicer *self, PyObject *args) {
+    int fd;
+    PyObject *address;
+    if (!PyArg_ParseTuple(args, "iO", &fd, &address) || !ready(self)) return NULL;
+    Slot *slot = slot_for_fd(self, fd);
+    if (!slot) {
+        PyErr_Format(PyExc_KeyError, "pod fd %d is not attached", fd);
+        return NULL;
+    }
+    struct sockaddr_in6 client;
+    socklen_t client_len;
+    if (parse_address(self, address, &client, &client_len) < 0) return NULL;
+    PyObject *key = key_of((struct sockaddr *)&client);
+    PyObject *fd_object = PyLong_FromLong(fd);
+    if (!key || !fd_object || PyDict_SetItem(self->by_key, key, fd_object) < 0) {
+        Py_XDECREF(key);
+        Py_XDECREF(fd_object);
+        return NULL;
+    }
+    Py_DECREF(fd_object);
+    if (PyDict_DelItem(self->by_key, slot->key) < 0) PyErr_Clear();
+    Py_DECREF(slot->key);
+    slot->key = key;
+    slot->client = client;
+    slot->client_len = client_len;
+    Py_RETURN_NONE;
+}
+
+/* One batch read from the public socket: send the fast datagrams per flow, return the rest. */
+static int client_batch(Splicer *self, PyObject *slow, struct mmsghdr *msgs, struct sockaddr_in6 *names, int n) {
+    Slot *slots[BATCH];
+    for (int i = 0; i < n; i++) {
+        unsigned char *data = (unsigned char *)msgs[i].msg_hdr.msg_iov->iov_base;
+        unsigned int length = msgs[i].msg_len;
+        Slot *slot = slot_for_address(self, (struct sockaddr *)&names[i]);
+        if (slot && length > 0 && !(data[0] & 0x80) && slot->slow_call != self->call) {
+            slots[i] = slot;
+            continue;
+        }
+        slots[i] = NULL;
+        if (slot) slot->slow_call = self->call;  /* the rest of this flow's datagrams follow it */
+        PyObject *address = tuple_of((struct sockaddr *)&names[i]);
+        PyObject *item = address ? Py_BuildValue("(y#N)", (const char *)data, (Py_ssize_t)length, address) : NULL;
+        if (!item || PyList_Append(slow, item) < 0) {
+            Py_XDECREF(item);
+            return -1;
+        }
+        Py_DECREF(item);
+    }
+    struct mmsghdr out[BATCH];
+    for (int i = 0; i < n; i++) {
+        Slot *slot = slots[i];
+        if (!slot) continue;
+        int count = 0;
+        for (int j = i; j < n; j++) {
+            if (slots[j] != slot) continue;
+            memset(&out[count], 0, sizeof out[count]);
+            out[count].msg_hdr.msg_iov = msgs[j].msg_hdr.msg_iov;
+            out[count].msg_hdr.msg_iov->iov_len = msgs[j].msg_len;
+            out[count].msg_hdr.msg_iovlen = 1;
+            slots[j] = NULL;
+            count++;
+        }
+        if (slot->failed) continue;  /* its end is queued for Python: dropped */
+        unsigned long long bytes = send_all(self, slot->fd, out, count, slot);
+        slot->client_bytes += bytes;
+        self->to_pod_bytes += bytes;
+        touch(self, slot);
+    }
+    return 0;
+}
+
+static PyObject *Splicer_from_clients(Splicer *self, PyObject *arg) {
+    double now = PyFloat_AsDouble(arg);
+    if ((now == -1.0 && PyErr_Occurred()) || !ready(self)) return NULL;
+    PyObject *slow = PyList_New(0);
+    if (!slow) return NULL;
+    self->busy = 1;
+    self->call++;
+    struct mmsghdr msgs[BATCH];
+    struct iovec iov[BATCH];
+    struct sockaddr_in6 names[BATCH];
+    int failed = 0;
+    for (int round = 0; round < self->batches && !failed; round++) {
+        memset(msgs, 0, sizeof msgs);
+        for (int i = 0; i < BATCH; i++) {
+            iov[i].iov_base = self->client_buffers + (size_t)i * BUFFER_BYTES;
+            iov[i].iov_len = BUFFER_BYTES;
+            msgs[i].msg_hdr.msg_iov = &iov[i];
+            msgs[i].msg_hdr.msg_iovlen = 1;
+            msgs[i].msg_hdr.msg_name = &names[i];
+            msgs[i].msg_hdr.msg_namelen = sizeof names[i];
+        }
+        int n = recvmmsg(self->listener, msgs, BATCH, MSG_DONTWAIT, NULL);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) break;  /* EAGAIN, or an error the next readiness will show again */
+        if (client_batch(self, slow, msgs, names, n) < 0) failed = 1;
+        if (n < BATCH) break;
+    }
+    self->busy = 0;
+    if (write_counts(self, now, 1) < 0 || failed) {
+        Py_DECREF(slow);
+        return NULL;
+    }
+    return slow;
+}
+
+static PyObject *Splicer_from_pods(Splicer *self, PyObject *arg) {
+    double now = PyFloat_AsDouble(arg);
+    if ((now == -1.0 && PyErr_Occurred()) || !ready(self)) return NULL;
+    struct epoll_event events[BATCH];
+    int ready_count = epoll_wait(self->epoll_fd, events, BATCH, 0);
+    PyObject *learned = PyList_New(0);
+    if (!learned) return NULL;
+    if (ready_count <= 0) return learned;
+    self->busy = 1;
+    self->call++;
+    struct mmsghdr in[BATCH], out[BATCH];
+    struct iovec iov[BATCH], sent_iov[BATCH];
+    int used = 0, queued = 0, failed = 0;  /* buffers read into; datagrams queued to send */
+    for (int e = 0; e < ready_count && !failed; e++) {
+        Slot *slot = slot_for_fd(self, events[e].data.fd);
+        if (!slot || slot->failed) continue;
+        int budget = self->per_pod;
+        while (budget > 0) {
+            if (used == BATCH) {
+                self->to_client_bytes += send_all(self, self->listener, out, queued, NULL);
+                used = queued = 0;
+            }
+            int want = BATCH - used < budget ? BATCH - used : budget;
+            memset(in + used, 0, (size_t)want * sizeof in[0]);
+            for (int i = used; i < used + want; i++) {
+                iov[i].iov_base = self->pod_buffers + (size_t)i * BUFFER_BYTES;
+                iov[i].iov_len = BUFFER_BYTES;
+                in[i].msg_hdr.msg_iov = &iov[i];
+                in[i].msg_hdr.msg_iovlen = 1;
+            }
+            int n = recvmmsg(slot->fd, in + used, (unsigned int)want, MSG_DONTWAIT, NULL);
+            if (n < 0) {
+                if (errno == EINTR) continue;
+                if (errno != EAGAIN && errno != EWOULDBLOCK) fail(self, slot, errno);
+                break;
+            }
+            touch(self, slot);
+            for (int i = used; i < used + n; i++) {
+                unsigned int length = in[i].msg_len;
+                if (!length || (in[i].msg_hdr.msg_flags & MSG_TRUNC)) continue;
+                unsigned char *data = (unsigned char *)iov[i].iov_base;
+                if (data[0] & 0x80) {  /* a long header: Python learns the pod's CIDs from it */
+                    PyObject *item = Py_BuildValue("(Oy#)", slot->flow, (const char *)data, (Py_ssize_t)length);
+                    if (!item || PyList_Append(learned, item) < 0) failed = 1;
+                    Py_XDECREF(item);
+                }
+                sent_iov[queued].iov_base = data;
+                sent_iov[queued].iov_len = length;
+                memset(&out[queued], 0, sizeof out[queued]);
+                out[queued].msg_hdr.msg_iov = &sent_iov[queued];
+                out[queued].msg_hdr.msg_iovlen = 1;
+                out[queued].msg_hdr.msg_name = &slot->client;
+                out[queued].msg_hdr.msg_namelen = slot->client_len;
+                slot->pod_bytes += length;
+                queued++;
+            }
+            used += n;
+            budget -= n;
+            if (n < want) break;  /* drained */
+        }
+    }
+    if (queued) self->to_client_bytes += send_all(self, self->listener, out, queued, NULL);
+    self->busy = 0;
+    if (write_counts(self, now, 0) < 0 || failed) {
+        Py_DECREF(learned);
+        return NULL;
+    }
+    return learned;
+}
+
+static PyObject *Splicer_take_failures(Splicer *self, PyObject *unused) {
+    PyObject *failures = self->failures;
+    self->failures = PyList_New(0);
+    if (!self->failures) {
+        self->failures = failures;
+        return NULL;
+    }
+    return failures;
+}
+
+static PyObject *Splicer_take_counts(Splicer *self, PyObject *unused) {
+    PyObject *counts = Py_BuildValue("(KK)", self->to_pod_bytes, self->to_client_bytes);
+    if (counts) self->to_pod_bytes = self->to_client_bytes = 0;
+    return counts;
+}
+
+static PyObject *Splicer_close(Splicer *self, PyObject *unused) {
+    if (self->busy) {
+        PyErr_SetString(PyExc_RuntimeError, "Splicer re-entered");
+        return NULL;
+    }
+    release_all(self);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Splicer_get_epoll_fd(Splicer *self, void *closure) { return PyLong_FromLong(self->epoll_fd); }
+static PyObject *Splicer_get_flows(Splicer *self, void *closure) { return PyLong_FromSsize_t(self->flows); }
+static PyObject *Splicer_get_has_failures(Splicer *self, void *closure) {
+    return PyBool_FromLong(self->failures && PyList_GET_SIZE(self->failures) > 0);
+}
+
+static PyMethodDef Splicer_methods[] = {
+    {"attach", (PyCFunction)Splicer_attach, METH_VARARGS, "attach(pod_fd, client_address, flow): splice this flow here."},
+    {"detach", (PyCFunction)Splicer_detach, METH_O, "detach(pod_fd): stop splicing it (before the fd is closed)."},
+    {"rekey", (PyCFunction)Splicer_rekey, METH_VARARGS, "rekey(pod_fd, client_address): the client moved."},
+    {"from_clients", (PyCFunction)Splicer_from_clients, METH_O,
+     "from_clients(now) -> [(datagram, address)]: splice what the public socket holds; return the rest."},
+    {"from_pods", (PyCFunction)Splicer_from_pods, METH_O,
+     "from_pods(now) -> [(flow, long_header_datagram)]: splice what readable pod sockets hold."},
+    {"take_failures", (PyCFunction)Splicer_take_failures, METH_NOARGS, "[(flow, errno)] since the last call."},
+    {"take_counts", (PyCFunction)Splicer_take_counts, METH_NOARGS,
+     "(bytes to pods, bytes to clients) since the last call."},
+    {"close", (PyCFunction)Splicer_close, METH_NOARGS, "Forget every flow and close the epoll set."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef Splicer_getset[] = {
+    {"epoll_fd", (getter)Splicer_get_epoll_fd, NULL, "readable when an attached pod socket is", NULL},
+    {"flows", (getter)Splicer_get_flows, NULL, "attached flows", NULL},
+    {"has_failures", (getter)Splicer_get_has_failures, NULL, "whether take_failures has something", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject SplicerType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "router.udp._splice.Splicer",
+    .tp_basicsize = sizeof(Splicer),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Splices established QUIC flows' datagrams between the public socket and pod sockets.",
+    .tp_new = Splicer_new,
+    .tp_init = (initproc)Splicer_init,
+    .tp_dealloc = (destructor)Splicer_dealloc,
+    .tp_methods = Splicer_methods,
+    .tp_getset = Splicer_getset,
+};
+
+static struct PyModuleDef splice_module = {
+    PyModuleDef_HEAD_INIT, "router.udp._splice", "Established QUIC flows spliced in C (optional).", -1, NULL,
+};
+
+PyMODINIT_FUNC PyInit__splice(void) {
+    s_last_active = PyUnicode_InternFromString("last_active");
+    s_client_seen_at = PyUnicode_InternFromString("client_seen_at");
+    s_client_bytes = PyUnicode_InternFromString("client_bytes");
+    s_pod_bytes = PyUnicode_InternFromString("pod_bytes");
+    if (!s_last_active || !s_client_seen_at || !s_client_bytes || !s_pod_bytes) return NULL;
+    if (PyType_Ready(&SplicerType) < 0) return NULL;
+    PyObject *module = PyModule_Create(&splice_module);
+    if (!module) return NULL;
+    Py_INCREF(&SplicerType);
+    if (PyModule_AddObject(module, "Splicer", (PyObject *)&SplicerType) < 0 ||
+        PyModule_AddIntConstant(module, "BATCH", BATCH) < 0) {
+        Py_DECREF(&SplicerType);
+        Py_DECREF(module);
+        return NULL;
+    }
+    return module;
+}
