@@ -221,6 +221,14 @@ QUIC_OUTBOX_DATAGRAMS: Final = QUIC_GSO_MAX_SEGMENTS
 """Client datagrams a flow collects within one loop iteration before it sends them at once: one
 full GSO run, so a flood holds at most this many per flow between two sends."""
 
+QUIC_SPLICE_BATCHES_PER_CALLBACK: Final = 4
+"""``recvmmsg`` calls of 64 datagrams the C splice makes per readiness of the public socket: a
+burst of 256 is taken in one wake-up, and a flood still yields the loop to timers and pods."""
+
+NO_EXTENSIONS_ENV: Final = "STARGATE_ROUTER_NO_EXTENSIONS"
+"""Set (to anything but empty) to run the pure-Python path although the C splice is built: the
+tests run both, and an operator can rule the extension out (the name follows aiohttp's and yarl's)."""
+
 QUIC_POD_SOCKADDR_CACHE: Final = 4_096
 """Pod endpoints whose resolved socket address is kept, so a new flow skips ``getaddrinfo``: far
 more than one router's pods, and bounded (least recently used first out) when endpoints churn."""

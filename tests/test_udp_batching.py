@@ -1,4 +1,7 @@
-"""router.udp.batching: the bytes helpers, the kernel fallback, and GRO -> GSO through the router."""
+"""router.udp.batching: the bytes helpers, the kernel fallback, and GRO -> GSO through the router.
+
+The tests through the router pin the pure-Python path (they watch its GSO sends and outboxes);
+the same transfers through the C splice are in ``test_udp_splice.py``."""
 
 from __future__ import annotations
 
@@ -30,6 +33,7 @@ from router.udp import batching as b
 from router.udp import pod_link as udp_pod_link
 from router.udp import pod_to_client as udp_replies
 from router.udp.edge import UdpRouter
+from router.udp.settings import UdpRouterSettings
 from tests.support.udp_router import running_udp_router
 
 ROUTER_HOST, POD_HOST = "127.0.0.1", "127.0.0.2"
@@ -321,7 +325,8 @@ async def relay_to(pod_port: int, monkeypatch: pytest.MonkeyPatch) -> AsyncItera
 
     monkeypatch.setattr(udp_pod_link, "send_datagrams", recording_outbox)
     snapshot = TargetSnapshot.of([Target("stargate-0", POD_HOST, 1, pod_port)])
-    async with running_udp_router(lambda: snapshot, host=ROUTER_HOST) as (router, port):
+    python_path = UdpRouterSettings(native=False)
+    async with running_udp_router(lambda: snapshot, python_path, host=ROUTER_HOST) as (router, port):
         yield Relay(router, port, batches, outboxes)
 
 

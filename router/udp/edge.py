@@ -26,28 +26,35 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from discovery.targets import Target, TargetSnapshot
 from quic.clienthello import ClientHelloInfo
 from quic.initial_sniffer import InitialSniffer
 from quic.packet import LongHeader, QuicPacketError
+from router import constants as c
 from router.access_log import AccessLog
 from router.client_limits import ClientSlots
 from router.hostname import HostnameTemplate
 from router.metrics import ProtocolSeries, RouterMetrics
 from router.outcomes import ProtocolLabel, QuicDropReason, QuicOutcome, Termination
 from router.routing import Refusal, Refused, route
+from router.udp import native
 from router.udp.flow_access import FlowAccess
 from router.udp.flow_endings import FlowEndings, Link
 from router.udp.flow_table import Address, Contention, Flow, PendingFlow, UdpFlowTable
-from router.udp.listener import open_listener
+from router.udp.listener import SocketOut, open_listener, open_socket
 from router.udp.pod_link import Outboxes, PodLink, connect_udp
 from router.udp.pod_to_client import ClientReplies
 from router.udp.refusals import QuicRefusals, peer
 from router.udp.settings import UdpRouterSettings
 from router.udp.verdicts import Verdict, classify_on_flow, classify_unrouted
+
+if TYPE_CHECKING:
+    from router.udp._splice import Splicer
 
 log = logging.getLogger("router.udp_router")  # pinned: operators filter logs by this name
 
@@ -77,7 +84,9 @@ class UdpRouter(FlowEndings):
         self._loop: asyncio.AbstractEventLoop | None = None
         self._clock: Callable[[], float] = time.monotonic
         """The loop's clock once started (bound once: the per-datagram path reads it)."""
-        self._transport: asyncio.DatagramTransport | None = None
+        self._transport: asyncio.DatagramTransport | SocketOut | None = None
+        self._splicer: Splicer | None = None
+        """The C splice of established flows (``native``), or None: the pure-Python path."""
         self._accepting = True
         self._sweeper: asyncio.Task[None] | None = None
         self._accepted = metrics.quic_connections.labels(outcome=QuicOutcome.ACCEPTED)
@@ -92,11 +101,22 @@ class UdpRouter(FlowEndings):
         """Bind the listener and start the sweeper; returns the bound (host, port)."""
         self._loop = loop = asyncio.get_running_loop()
         self._clock = loop.time
-        transport, listener = await open_listener(host, port, reuse_port, self)
-        self._transport = transport
-        self._replies.attach(transport, listener)
+        splicer_type = native.splicer_type(self.settings.native)
+        if splicer_type is None:
+            transport, listener = await open_listener(host, port, reuse_port, self)
+            self._transport = transport
+            self._replies.attach(transport, listener)
+            sockname = transport.get_extra_info("sockname")
+        else:
+            sock = open_socket(host, port, reuse_port)
+            self._transport = SocketOut(sock)
+            self._splicer = splicer = splicer_type(
+                sock.fileno(), c.QUIC_SPLICE_BATCHES_PER_CALLBACK, c.QUIC_POD_READS_PER_CALLBACK
+            )
+            loop.add_reader(sock.fileno(), self._splice_from_clients, splicer)
+            loop.add_reader(splicer.epoll_fd, self._splice_from_pods, splicer)
+            sockname = sock.getsockname()
         self._sweeper = loop.create_task(self._sweep_forever(), name="quic-flow-sweeper")
-        sockname = transport.get_extra_info("sockname")
         return str(sockname[0]), int(sockname[1])
 
     def stop_accepting(self) -> None:
@@ -121,6 +141,13 @@ class UdpRouter(FlowEndings):
                 await self._sweeper
         self._sweeper = None
         self._close_flows()
+        self._flush_byte_counters()
+        if self._splicer is not None and self._loop is not None and isinstance(self._transport, SocketOut):
+            with contextlib.suppress(RuntimeError):  # the loop is already closed
+                self._loop.remove_reader(self._transport.sock.fileno())
+                self._loop.remove_reader(self._splicer.epoll_fd)
+            self._splicer.close()
+            self._splicer = None
         if self._transport is not None:
             self._transport.close()
             self._transport = None
@@ -148,6 +175,28 @@ class UdpRouter(FlowEndings):
             self._from_flow_address(flow, data, addr, now)
         else:
             self._to_pod(flow, data, now)
+
+    def _splice_from_clients(self, splicer: Splicer) -> None:
+        """The public socket is readable (C splice): established flows' datagrams are spliced
+        there; what it hands back takes the Python path, in arrival order."""
+        from_client = self._from_client
+        for data, addr in splicer.from_clients(self._clock()):
+            from_client(data, addr)
+        if splicer.has_failures:
+            self._splice_failures(splicer)
+
+    def _splice_from_pods(self, splicer: Splicer) -> None:
+        """Some pod socket is readable (C splice): its datagrams went to the clients; long
+        headers come back so the flow learns the pod's CIDs."""
+        learn = self._learn_from_pod
+        for flow, datagram in splicer.from_pods(self._clock()):
+            learn(flow, datagram)
+        if splicer.has_failures:
+            self._splice_failures(splicer)
+
+    def _splice_failures(self, splicer: Splicer) -> None:
+        for flow, error in splicer.take_failures():
+            self._flow_failed(flow, OSError(error, os.strerror(error)))
 
     def _to_pod(self, flow: Flow[Link], data: bytes, now: float) -> None:
         """Into the flow's outbox, sent with every outbox touched in this loop iteration."""
@@ -205,6 +254,7 @@ class UdpRouter(FlowEndings):
             self._drop(QuicDropReason.NOT_INITIAL)
             return
         log.debug("quic flow to %s moved from %s to %s", flow.pod_name, peer(old), peer(addr))
+        flow.handle.moved(addr)
         self._to_pod(flow, data, now)
 
     def _open(self, header: LongHeader, data: bytes, addr: Address, now: float, contending: bool = False) -> None:
@@ -299,7 +349,7 @@ class UdpRouter(FlowEndings):
             return
         started = self._now()
         try:
-            sock = connect_udp(target.address, target.quic_port)
+            sock = connect_udp(target.address, target.quic_port, gro=self._splicer is None)
         except OSError as exc:
             self._refusals.log.info("quic dial to %s for %s failed: %s", target.quic_endpoint,
                                     peer(pending.address), exc)
@@ -307,12 +357,15 @@ class UdpRouter(FlowEndings):
             return
         now = self._now()
         self._series.dial.observe(now - started)
-        link: Link = PodLink(self._loop, sock, self._flow_failed)
+        link: Link = PodLink(self._loop, sock, self._flow_failed, self._splicer)
         flow = self._table.establish(pending, target.pod_name, link, now)
         self._slots.move(pending, flow)
         link.flow = flow
         self._access.established(pending, flow, target.quic_endpoint)
-        self._loop.add_reader(sock.fileno(), self._replies.readable, link)
+        if self._splicer is not None:
+            self._splicer.attach(sock.fileno(), flow.address, flow)
+        else:
+            self._loop.add_reader(sock.fileno(), self._replies.readable, link)
         self._metrics.pending_flows.set(self._table.pending_count)
         self._accepted.inc()
         self._series.active.inc()
@@ -320,6 +373,7 @@ class UdpRouter(FlowEndings):
         for datagram in pending.datagrams:
             self._to_pod(flow, datagram, now)
         pending.datagrams.clear()
+        self._outboxes.sent_bytes += link.flush()  # now: the C splice may send this flow's next ones first
 
     def _refuse_pending(
         self, pending: PendingFlow[InitialSniffer], hostname: str | None, refusal: Refusal, now: float

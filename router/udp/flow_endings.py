@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from quic.initial_sniffer import InitialSniffer
 from router.client_limits import ClientSlots
@@ -24,6 +25,9 @@ from router.udp.flow_table import Flow, PendingFlow, UdpFlowTable
 from router.udp.pod_link import Outboxes, PodLink
 from router.udp.pod_to_client import ClientReplies
 from router.udp.refusals import peer
+
+if TYPE_CHECKING:
+    from router.udp._splice import Splicer
 
 log = logging.getLogger("router.udp_router")
 """The router's logger: flow failures keep the name operators filter on."""
@@ -45,6 +49,8 @@ class FlowEndings:
     """Set while no flow or pending flow is left: what ``drain`` waits for."""
     _outboxes: Outboxes[Flow[Link]]
     _replies: ClientReplies
+    _splicer: Splicer | None
+    """The C splice, whose byte counts join the pure-Python path's (``native``)."""
 
     def sweep(self, now: float) -> None:
         """Expire pending and idle flows, flush byte counters (the sweeper calls this)."""
@@ -107,5 +113,6 @@ class FlowEndings:
         self._metrics.quic_drop(reason, count)
 
     def _flush_byte_counters(self) -> None:
-        self._series.count_bytes(self._outboxes.sent_bytes, self._replies.sent_bytes)
+        to_pod, to_client = self._splicer.take_counts() if self._splicer is not None else (0, 0)
+        self._series.count_bytes(self._outboxes.sent_bytes + to_pod, self._replies.sent_bytes + to_client)
         self._outboxes.sent_bytes = self._replies.sent_bytes = 0

@@ -1,8 +1,11 @@
 """The QUIC edge's public UDP socket: client datagrams in; pod replies and refusals out.
 
-It stays on the event loop's C receive path (``DatagramProtocol``: uvloop hands over a few
-dozen datagrams per readiness event) with send and receive buffers enlarged for bursts of
-Initials. Its flow control flag tells the pod -> client path when the kernel buffer is full.
+On the pure-Python path it stays on the event loop's C receive path (``DatagramProtocol``:
+uvloop hands over a few dozen datagrams per readiness event); its flow control flag tells the
+pod -> client path when the kernel buffer is full. With the C splice (``native``), the splice
+reads the socket itself (``open_socket``), and the edge's own sends (refusals, version
+negotiation) go through ``SocketOut``. Either way the send and receive buffers are enlarged
+for bursts of Initials.
 """
 
 from __future__ import annotations
@@ -46,6 +49,46 @@ class Listener(asyncio.DatagramProtocol):
         self.paused = False
 
 
+class SocketOut:
+    """The public socket's sends when the C splice reads it (no transport): a full buffer drops,
+    as UDP drops, and other errors are logged like the transport's."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+
+    def sendto(self, data: bytes, addr: Address) -> None:
+        try:
+            self.sock.sendto(data, addr)
+        except BlockingIOError:
+            pass
+        except OSError as exc:
+            log.debug("quic listener socket error: %s", exc)
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def open_socket(host: str, port: int, reuse_port: bool) -> socket.socket:
+    """The public socket for the C splice: bound (SO_REUSEPORT when workers share it), non-blocking, buffers sized."""
+    family, _, _, _, sockaddr = socket.getaddrinfo(host, port, type=socket.SOCK_DGRAM, flags=socket.AI_PASSIVE)[0]
+    sock = socket.socket(family, socket.SOCK_DGRAM | socket.SOCK_NONBLOCK)
+    try:
+        if reuse_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind(sockaddr)
+    except OSError:
+        sock.close()
+        raise
+    _size_buffers(sock)
+    return sock
+
+
+def _size_buffers(sock: socket.socket) -> None:
+    for option in (socket.SO_RCVBUF, socket.SO_SNDBUF):
+        with contextlib.suppress(OSError):  # best effort: the kernel clamps or refuses
+            sock.setsockopt(socket.SOL_SOCKET, option, c.QUIC_SOCKET_BUFFER_BYTES)
+
+
 async def open_listener(
     host: str, port: int, reuse_port: bool, edge: ClientDatagramSink
 ) -> tuple[asyncio.DatagramTransport, Listener]:
@@ -54,8 +97,5 @@ async def open_listener(
     transport, listener = await loop.create_datagram_endpoint(
         lambda: Listener(edge), local_addr=(host, port), reuse_port=reuse_port or None
     )
-    sock = transport.get_extra_info("socket")
-    for option in (socket.SO_RCVBUF, socket.SO_SNDBUF):
-        with contextlib.suppress(OSError):  # best effort: the kernel clamps or refuses
-            sock.setsockopt(socket.SOL_SOCKET, option, c.QUIC_SOCKET_BUFFER_BYTES)
+    _size_buffers(transport.get_extra_info("socket"))
     return transport, listener

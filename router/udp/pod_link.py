@@ -9,6 +9,9 @@ I/O callbacks of that iteration: equal-sized runs go out in one ``UDP_SEGMENT`` 
 wait is within the same loop iteration, so no timer and no added round trip.
 
 The pod side of the socket (replies, errors) is read by the router, which owns the listener.
+With the C splice (``native``), the link is attached to the ``Splicer``, which then moves the
+flow's short-header datagrams both ways; the outbox still carries what the edge itself sends
+(buffered Initials, long headers).
 """
 
 from __future__ import annotations
@@ -18,10 +21,13 @@ import contextlib
 import functools
 import socket
 from collections.abc import Callable
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from router import constants as c
 from router.udp.batching import enable_gro, path_segment_limit, send_datagrams
+
+if TYPE_CHECKING:
+    from router.udp._splice import Splicer
 
 F = TypeVar("F")
 """The flow this link belongs to (the router's ``Flow[PodLink]``)."""
@@ -30,12 +36,18 @@ F = TypeVar("F")
 class PodLink(Generic[F]):
     """A flow's connected, non-blocking socket to its pod, plus its outbox of client datagrams."""
 
-    __slots__ = ("_failed", "flow", "loop", "max_segment", "outbox", "sock")
+    __slots__ = ("_failed", "flow", "loop", "max_segment", "outbox", "sock", "splicer")
 
     def __init__(
-        self, loop: asyncio.AbstractEventLoop, sock: socket.socket, failed: Callable[[F, Exception], None]
+        self,
+        loop: asyncio.AbstractEventLoop,
+        sock: socket.socket,
+        failed: Callable[[F, Exception], None],
+        splicer: Splicer | None = None,
     ) -> None:
         self.loop = loop
+        self.splicer = splicer
+        """The C splice this link's socket is attached to (``attach``), or None: the loop reads it."""
         self.sock: socket.socket | None = sock
         self.flow: F | None = None
         self.outbox: list[bytes] = []
@@ -65,13 +77,21 @@ class PodLink(Generic[F]):
         finally:
             outbox.clear()  # reused: no list per flush
 
+    def moved(self, address: Any) -> None:
+        """The flow's client is at a new address: the C splice sends the pod's datagrams there."""
+        if self.splicer is not None and self.sock is not None:
+            self.splicer.rekey(self.sock.fileno(), address)
+
     def close(self) -> None:
         """Stop reading and close the socket; what the outbox still holds is dropped."""
         self.flow = None
         self.outbox = []
         if self.sock is not None:
-            with contextlib.suppress(RuntimeError):  # the loop is already closed
-                self.loop.remove_reader(self.sock.fileno())
+            with contextlib.suppress(RuntimeError):  # the loop (or the splice) is already closed
+                if self.splicer is not None:
+                    self.splicer.detach(self.sock.fileno())
+                else:
+                    self.loop.remove_reader(self.sock.fileno())
             self.sock.close()
             self.sock = None
 
@@ -111,12 +131,14 @@ class Outboxes(Generic[F]):
             self.sent_bytes += link.flush()
 
 
-def connect_udp(address: str, port: int) -> socket.socket:
-    """A non-blocking UDP socket connected to a pod IP (never a name: no DNS here), GRO on if offered."""
+def connect_udp(address: str, port: int, gro: bool = True) -> socket.socket:
+    """A non-blocking UDP socket connected to a pod IP (never a name: no DNS here), GRO on if
+    offered and ``gro`` (the C splice reads single datagrams: it forwards each read as one)."""
     family, sockaddr = _pod_sockaddr(address, port)
     sock = socket.socket(family, socket.SOCK_DGRAM | socket.SOCK_NONBLOCK)  # no ioctl to unblock it
     try:
-        enable_gro(sock)
+        if gro:
+            enable_gro(sock)
         sock.connect(sockaddr)
     except OSError:
         sock.close()

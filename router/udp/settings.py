@@ -24,6 +24,9 @@ class UdpRouterSettings:
     sweep_interval_s: float = c.QUIC_FLOW_SWEEP_INTERVAL_MS / 1000
     max_flows_per_client: int = c.DEFAULT_MAX_QUIC_FLOWS_PER_CLIENT
     """Routed plus pending flows one client IP (IPv6: /64) may hold; 0 = no limit."""
+    native: bool | None = None
+    """Established flows through the C splice: None when it is built and not switched off by
+    ``NO_EXTENSIONS_ENV``, False never (the pure-Python path), True always (an error if not built)."""
 
     def __post_init__(self) -> None:
         if self.cid_length is not None and not 1 <= self.cid_length <= 20:

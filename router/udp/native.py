@@ -1,0 +1,46 @@
+"""The optional C splice of established QUIC flows (``router/udp/_splice.c``), when it can be used.
+
+``setup.py`` builds it when a C compiler is there; without it, or with ``NO_EXTENSIONS_ENV``
+set, the edge runs the same flows through its pure-Python path (``pod_link``, ``pod_to_client``).
+Both paths are tested, and they differ only in cost: which datagrams reach whom, in which order,
+and what the flows count are the same.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING
+
+from router import constants as c
+
+if TYPE_CHECKING:
+    from router.udp._splice import Splicer
+
+
+class NativeUnavailable(RuntimeError):
+    """``native=True`` was asked for, but the C splice is not built."""
+
+
+def is_built() -> bool:
+    """Whether the C splice is importable (whatever ``NO_EXTENSIONS_ENV`` says)."""
+    try:
+        from router.udp import _splice  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def splicer_type(wanted: bool | None) -> type[Splicer] | None:
+    """The ``Splicer`` class to use, or None for the pure-Python path.
+
+    ``wanted`` None: the C splice if it is built and ``NO_EXTENSIONS_ENV`` is not set; False:
+    never; True: it must be built (``NativeUnavailable`` otherwise), whatever the variable says."""
+    if wanted is False or (wanted is None and os.environ.get(c.NO_EXTENSIONS_ENV)):
+        return None
+    try:
+        from router.udp._splice import Splicer as built
+    except ImportError:
+        if wanted:
+            raise NativeUnavailable("the C splice router.udp._splice is not built (no C compiler at install)") from None
+        return None
+    return built

@@ -1,0 +1,284 @@
+"""router.udp._splice (the optional C splice) on real loopback sockets, alone and in the router.
+
+The splice moves established flows' short-header datagrams both ways and hands everything else
+back in arrival order; these tests hold it to that with real UDP sockets and, through the
+router, real aioquic clients and pods. The pure-Python path's own batching is tested in
+``test_udp_batching.py``; the router-level suites run both paths (``tests/support/udp_paths.py``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+import shutil
+import socket
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from aioquic.asyncio import connect, serve
+from aioquic.quic.configuration import QuicConfiguration
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from discovery.targets import Target, TargetSnapshot
+from router import constants as c
+from router.demo.pki import DemoPki
+from router.demo.quic_pods import ALPN, client_configuration
+from router.udp import native
+from router.udp.flow_table import Flow
+from router.udp.settings import UdpRouterSettings
+from tests.support.udp_router import running_udp_router
+
+pytestmark = pytest.mark.skipif(not native.is_built(), reason="the C splice is not built (no C compiler)")
+
+ROUTER_HOST, POD_HOST = "127.0.0.1", "127.0.0.2"
+SNI = "stargate-0.stargate.external"
+T = 5.0
+
+
+def _udp(host: str, timeout: float | None = T) -> socket.socket:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.bind((host, 0))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 22)
+    sock.settimeout(timeout)
+    return sock
+
+
+def _flow(address: tuple[str, int]) -> Flow[None]:
+    return Flow(address, "stargate-0", None, last_active=0.0)
+
+
+def short(n: int, size: int = 1200) -> bytes:
+    """A short-header-looking datagram numbered ``n``."""
+    return bytes([0x40]) + n.to_bytes(4, "big") + bytes(size - 5)
+
+
+def long_header(n: int) -> bytes:
+    return bytes([0xC0]) + n.to_bytes(4, "big") + bytes(95)
+
+
+@dataclass
+class Spliced:
+    """A splicer on a public socket with one flow attached: ``client`` <-> ``pod`` through ``link``."""
+
+    splicer: native.Splicer
+    public: socket.socket
+    client: socket.socket
+    pod: socket.socket
+    flow: Flow[None]
+    link: socket.socket
+
+
+@contextmanager
+def spliced() -> Iterator[Spliced]:
+    splicer_type = native.splicer_type(True)
+    assert splicer_type is not None
+    with _udp(ROUTER_HOST) as public, _udp(ROUTER_HOST) as client, _udp(POD_HOST) as pod, \
+            socket.socket(socket.AF_INET, socket.SOCK_DGRAM | socket.SOCK_NONBLOCK) as link:
+        public.setblocking(False)
+        link.connect(pod.getsockname())
+        splicer = splicer_type(public.fileno(), 4, 64)
+        flow = _flow(client.getsockname())
+        splicer.attach(link.fileno(), client.getsockname(), flow)
+        try:
+            yield Spliced(splicer, public, client, pod, flow, link)
+        finally:
+            splicer.close()
+
+
+def test_short_headers_from_an_attached_client_reach_its_pod_in_order_and_are_counted() -> None:
+    with spliced() as x:
+        burst = [short(n) for n in range(100)] + [short(100, 300)]
+        for datagram in burst:
+            x.client.sendto(datagram, x.public.getsockname())
+        assert x.splicer.from_clients(12.5) == []
+        assert [x.pod.recv(65536) for _ in burst] == burst
+        assert (x.flow.client_bytes, x.flow.client_seen_at, x.flow.last_active) == (100 * 1200 + 300, 12.5, 12.5)
+        assert x.splicer.take_counts() == (100 * 1200 + 300, 0)
+
+
+def test_what_the_splice_cannot_send_comes_back_in_order_and_a_flow_after_its_long_header_too() -> None:
+    with spliced() as x, _udp(ROUTER_HOST) as stranger:
+        to = x.public.getsockname()
+        x.client.sendto(short(0), to)
+        stranger.sendto(short(1), to)
+        x.client.sendto(long_header(2), to)
+        x.client.sendto(short(3), to)  # after its flow's long header: stays behind it
+        x.client.sendto(b"", to)
+        client = x.client.getsockname()
+        assert x.splicer.from_clients(1.0) == [
+            (short(1), stranger.getsockname()), (long_header(2), client), (short(3), client), (b"", client)
+        ]
+        assert x.pod.recv(65536) == short(0)
+        assert x.flow.client_bytes == 1200
+
+
+def test_pod_datagrams_reach_the_client_and_long_headers_come_back_to_learn_from() -> None:
+    with spliced() as x:
+        answers = [long_header(0)] + [short(n) for n in range(1, 80)] + [short(80, 9000)]
+        for datagram in answers:
+            x.pod.sendto(datagram, x.link.getsockname())
+        learned = x.splicer.from_pods(2.0)
+        learned += x.splicer.from_pods(2.0)  # 64 per pod socket per call: the rest on the next
+        assert learned == [(x.flow, long_header(0))]
+        got = [x.client.recvfrom(65536) for _ in answers]
+        assert [data for data, _ in got] == answers
+        assert {address for _, address in got} == {x.public.getsockname()}
+        assert (x.flow.pod_bytes, x.flow.last_active) == (sum(map(len, answers)), 2.0)
+        assert x.splicer.take_counts() == (0, sum(map(len, answers)))
+
+
+def test_a_moved_client_gets_the_pod_datagrams_at_its_new_address() -> None:
+    with spliced() as x, _udp(ROUTER_HOST) as moved:
+        x.splicer.rekey(x.link.fileno(), moved.getsockname())
+        moved.sendto(short(1), x.public.getsockname())
+        x.client.sendto(short(2), x.public.getsockname())
+        assert x.splicer.from_clients(1.0) == [(short(2), x.client.getsockname())]
+        assert x.pod.recv(65536) == short(1)
+        x.pod.sendto(short(3), x.link.getsockname())
+        x.splicer.from_pods(1.0)
+        assert moved.recv(65536) == short(3)
+
+
+def test_a_pod_that_is_gone_fails_its_flow_once() -> None:
+    with spliced() as x:
+        x.pod.close()  # the port answers ICMP port unreachable: ECONNREFUSED on the next send or read
+        for n in range(3):
+            x.client.sendto(short(n), x.public.getsockname())
+            x.splicer.from_clients(1.0)
+            x.splicer.from_pods(1.0)
+        assert x.splicer.has_failures
+        assert x.splicer.take_failures() == [(x.flow, errno.ECONNREFUSED)]
+        assert not x.splicer.has_failures
+
+
+def test_a_detached_flow_takes_the_python_path_again() -> None:
+    with spliced() as x:
+        x.splicer.detach(x.link.fileno())
+        x.splicer.detach(x.link.fileno())  # idempotent
+        x.client.sendto(short(0), x.public.getsockname())
+        assert x.splicer.from_clients(1.0) == [(short(0), x.client.getsockname())]
+        assert x.splicer.flows == 0
+
+
+def test_wrong_calls_raise_clear_errors() -> None:
+    with spliced() as x:
+        fd = x.link.fileno()
+        with pytest.raises(ValueError, match="attached already"):
+            x.splicer.attach(fd, ("127.0.0.1", 1), x.flow)
+        with pytest.raises(ValueError, match="attached already"):
+            x.splicer.attach(fd + 1000, x.client.getsockname(), x.flow)
+        with pytest.raises(ValueError, match="not an IPv4 address"):
+            x.splicer.attach(fd + 1000, ("stargate-0", 1), x.flow)
+        with pytest.raises(ValueError, match="tuple"):
+            x.splicer.attach(fd + 1000, "127.0.0.1:1", x.flow)  # type: ignore[arg-type]
+        with pytest.raises(KeyError):
+            x.splicer.rekey(fd + 1000, x.client.getsockname())
+        x.splicer.close()
+        with pytest.raises(RuntimeError, match="closed"):
+            x.splicer.from_clients(1.0)
+
+
+datagrams = st.lists(
+    st.tuples(st.sampled_from(["client", "stranger"]), st.binary(min_size=0, max_size=1400)), max_size=150
+)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(datagrams)
+def test_every_datagram_reaches_the_pod_or_python_exactly_once_in_order(sent: list[tuple[str, bytes]]) -> None:
+    """Whatever arrives: the attached client's short headers before its first other datagram go
+    to the pod, everything else comes back, each exactly once and in arrival order."""
+    with spliced() as x, _udp(ROUTER_HOST) as stranger:
+        senders = {"client": x.client, "stranger": stranger}
+        for who, data in sent:
+            senders[who].sendto(data, x.public.getsockname())
+        back: list[tuple[bytes, tuple[str, int]]] = []
+        while len(batch := x.splicer.from_clients(1.0)) or _pending(x.public):
+            back += batch
+        to_pod, to_python, slow = [], [], False
+        for who, data in sent:
+            if who == "client" and not slow and data and not data[0] & 0x80:
+                to_pod.append(data)
+            else:
+                slow = slow or who == "client"
+                to_python.append((data, senders[who].getsockname()))
+        assert back == to_python
+        assert [x.pod.recv(65536) for _ in to_pod] == to_pod
+
+
+def _pending(sock: socket.socket) -> bool:
+    try:
+        sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+    except BlockingIOError:
+        return False
+    return True
+
+
+def test_the_switch_turns_the_splice_off_unless_asked_for(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert native.splicer_type(None) is not None
+    assert native.splicer_type(False) is None
+    monkeypatch.setenv(c.NO_EXTENSIONS_ENV, "1")
+    assert native.splicer_type(None) is None
+    assert native.splicer_type(True) is not None
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="recvmmsg/sendmmsg are Linux's")
+def test_the_splice_is_built_wherever_a_compiler_was() -> None:
+    """CI installs with a compiler: there the splice must be there, or its tests would skip unseen."""
+    assert shutil.which("cc") or shutil.which("gcc")
+    assert native.is_built()
+
+
+# -- through the router, with aioquic on both ends ------------------------------------------
+async def _exchange(pki: DemoPki, request: bytes, answer: bytes) -> tuple[bytes, bytes, int]:
+    """One QUIC stream through a router on the C splice to a real aioquic pod: (what the pod
+    read, what the client read, bytes the splice moved)."""
+    received: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+    tasks: set[asyncio.Task[None]] = set()
+
+    def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        async def serve_stream() -> None:
+            received.set_result(await reader.read())
+            writer.write(answer)
+            writer.write_eof()
+
+        tasks.add(asyncio.get_running_loop().create_task(serve_stream()))
+
+    config = QuicConfiguration(is_client=False, alpn_protocols=[ALPN])
+    config.load_cert_chain(str(pki.cert_path), str(pki.key_path))
+    server = await serve(POD_HOST, 0, configuration=config, stream_handler=handler)
+    try:
+        pod_port = server._transport.get_extra_info("sockname")[1]
+        snapshot = TargetSnapshot.of([Target("stargate-0", POD_HOST, 1, pod_port)])
+        async with running_udp_router(lambda: snapshot, UdpRouterSettings(native=True)) as (router, port):
+            assert router._splicer is not None
+            client_config = client_configuration(SNI, Path(pki.ca_path))
+            async with connect(ROUTER_HOST, port, configuration=client_config) as client:
+                reader, writer = await client.create_stream()
+                writer.write(request)
+                writer.write_eof()
+                got = await asyncio.wait_for(reader.read(), T)
+            moved = sum(router._splicer.take_counts())
+            return await asyncio.wait_for(received, T), got, moved
+    finally:
+        server.close()
+
+
+async def test_a_quic_download_through_the_splice_is_byte_exact(pki: DemoPki) -> None:
+    payload = os.urandom(300_000)
+    _, got, moved = await _exchange(pki, b"download", payload)
+    assert got == payload
+    assert moved >= len(payload)
+
+
+async def test_a_quic_upload_through_the_splice_is_byte_exact(pki: DemoPki) -> None:
+    payload = os.urandom(1_000_000)
+    received, got, moved = await _exchange(pki, payload, b"ok")
+    assert (received, got) == (payload, b"ok")
+    assert moved >= len(payload)
