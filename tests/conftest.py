@@ -11,7 +11,9 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from router import constants as c
 from router.demo.pki import DemoPki, make_pki
+from router.udp import native
 from tests.fake_kube_api import FakeKubeApi
 
 
@@ -28,3 +30,16 @@ async def api() -> AsyncIterator[FakeKubeApi]:
     await server.start()
     yield server
     await server.stop()
+
+
+@pytest.fixture(params=["python", "native"])
+def both_udp_paths(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Run the test on the QUIC edge's pure-Python path, then on the C splice (skipped where it
+    is not built): ``NO_EXTENSIONS_ENV`` reaches in-process routers and router processes alike."""
+    if request.param == "python":
+        monkeypatch.setenv(c.NO_EXTENSIONS_ENV, "1")
+    elif not native.is_built():
+        pytest.skip("the C splice is not built (no C compiler at install)")
+    else:
+        monkeypatch.delenv(c.NO_EXTENSIONS_ENV, raising=False)
+    return str(request.param)

@@ -26,7 +26,8 @@ from tests.support.names import host
 from tests.support.quic_initial_rewriter import client_first_flight
 from tests.support.router_process import RouterProcess, router_args, write_endpoints
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.timeout(60), pytest.mark.usefixtures("both_udp_paths")]
+"""Every test here runs on the pure-Python path and on the C splice, each within 60 s."""
 
 IDLE_TIMEOUT_MS = 1000
 PODS = {"sg-0": "127.0.0.2", "sg-1": "127.0.0.3"}

@@ -7,6 +7,8 @@ import asyncio
 import os
 import socket
 
+import pytest
+
 from discovery.targets import EMPTY_SNAPSHOT
 from router import constants as c
 from router.metrics import RouterMetrics
@@ -16,6 +18,9 @@ from tests.support.initial_packets import protected_initial
 from tests.support.polling import eventually
 from tests.support.quic_frames import crypto_frame
 from tests.support.udp_router import running_udp_router
+
+pytestmark = pytest.mark.usefixtures("both_udp_paths")
+"""Every test here runs on the pure-Python path and on the C splice."""
 
 INCOMPLETE_HELLO = crypto_frame(0, b"\x01\x00\x02\x00" + bytes(60))
 """The start of a 512-byte ClientHello: its flow stays pending until it times out."""

@@ -40,7 +40,8 @@ from tests.support.polling import eventually
 from tests.support.quic_initial_rewriter import BIG_HELLO_ALPN, SERVER_COMPLETABLE, rewrite_flight
 from tests.support.udp_router import running_udp_router
 
-pytestmark = pytest.mark.timeout(30)
+pytestmark = [pytest.mark.timeout(30), pytest.mark.usefixtures("both_udp_paths")]
+"""Every test here runs on the pure-Python path and on the C splice, each within 30 s."""
 
 ROUTER_HOST = "127.0.0.1"
 POD_HOSTS = {"stargate-0": "127.0.0.2", "stargate-1": "127.0.0.3"}

@@ -71,6 +71,9 @@ from tests.support.quic_frames import crypto_frame
 from tests.support.router_process import RouterProcess, router_args, write_endpoints
 from tests.support.udp_router import running_udp_router
 
+pytestmark = pytest.mark.usefixtures("both_udp_paths")
+"""Every test here runs on the pure-Python path and on the C splice."""
+
 
 async def _flood_in_process(
     pki: DemoPki, datagrams: int, min_handshakes: int, legit_floor: float | None = 0.99,
