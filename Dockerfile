@@ -6,8 +6,12 @@
 
 FROM python:3.11-slim AS wheels
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+# A C compiler for the optional splice of QUIC flows (router/udp/_splice.c); only this stage has it.
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends gcc libc6-dev \
+    && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
-# .dockerignore admits only what the wheel needs (pyproject.toml, README.md, the packages).
+# .dockerignore admits only what the wheel needs (pyproject.toml, setup.py, README.md, the packages).
 COPY . .
 RUN pip wheel -w /wheels .
 

@@ -31,6 +31,12 @@ echo "image-smoke: install wheels only into a fresh venv (stage 2)"
 "$work/venv/bin/python" -m pip install --quiet --disable-pip-version-check \
   --no-index --find-links="$work/wheels" "stargate-router[demo]"
 
+if command -v cc >/dev/null 2>&1 && [[ "$(uname -s)" == Linux ]]; then
+  echo "image-smoke: the wheel carries the C splice (a compiler was there)"
+  (cd "$work" && env PYTHONDONTWRITEBYTECODE=1 "$work/venv/bin/python" -c \
+    "from router.udp import native; raise SystemExit(0 if native.is_built() else 'router.udp._splice missing')")
+fi
+
 touch "$work/installed.marker"
 sleep 1  # mtime granularity: anything written after the install is newer than the marker
 run() {

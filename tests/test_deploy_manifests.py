@@ -434,4 +434,11 @@ def test_dockerignore_admits_every_package_the_wheel_needs() -> None:
     admitted = {
         line[1:] for line in (ROOT / ".dockerignore").read_text().splitlines() if line.startswith("!")
     }
-    assert {"pyproject.toml", "router", "quic", "discovery"} <= admitted
+    assert {"pyproject.toml", "setup.py", "router", "quic", "discovery"} <= admitted
+
+
+def test_only_the_wheel_stage_has_a_c_compiler_for_the_optional_splice() -> None:
+    steps = dockerfile_instructions()
+    second_from = [i for i, (op, _) in enumerate(steps) if op == "FROM"][1]
+    installs = [(i, arg) for i, (op, arg) in enumerate(steps) if op == "RUN" and "apt-get install" in arg]
+    assert [i < second_from and "gcc" in arg.split() for i, arg in installs] == [True]
