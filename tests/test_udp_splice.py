@@ -102,6 +102,21 @@ def test_short_headers_from_an_attached_client_reach_its_pod_in_order_and_are_co
         assert x.splicer.take_counts() == (100 * 1200 + 300, 0)
 
 
+SO_NO_CHECK = 11
+"""``<asm-generic/socket.h>``: no UDP checksum on send, which makes the kernel refuse GSO (EINVAL)."""
+
+
+def test_a_burst_the_kernel_refuses_to_segment_goes_datagram_by_datagram() -> None:
+    with spliced() as x:
+        x.link.setsockopt(socket.SOL_SOCKET, SO_NO_CHECK, 1)
+        burst = [short(n) for n in range(40)] + [short(40, 700)]
+        for datagram in burst:
+            x.client.sendto(datagram, x.public.getsockname())
+        assert x.splicer.from_clients(1.0) == []
+        assert [x.pod.recv(65536) for _ in burst] == burst
+        assert x.flow.client_bytes == 40 * 1200 + 700
+
+
 def test_what_the_splice_cannot_send_comes_back_in_order_and_a_flow_after_its_long_header_too() -> None:
     with spliced() as x, _udp(ROUTER_HOST) as stranger:
         to = x.public.getsockname()

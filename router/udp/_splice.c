@@ -26,6 +26,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
+#include <stdint.h>
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/mman.h>
@@ -35,6 +36,21 @@
 #define BATCH 64               /* datagrams per recvmmsg / sendmmsg: one GSO run's worth */
 #define BUFFER_BYTES 65536     /* per datagram buffer: no UDP payload is longer, nothing truncates */
 #define KEY_BYTES 24           /* family, port, address (16), scope id: one client address */
+#define GSO_MAX_SEGMENTS 64    /* datagrams per UDP_SEGMENT send: the kernel's limit before Linux 6.x */
+#define GSO_MAX_BYTES 65507    /* payload of one UDP_SEGMENT send: the largest IPv4 UDP payload */
+#ifndef UDP_SEGMENT
+#define UDP_SEGMENT 103        /* <linux/udp.h>: a u16 segment size; the kernel cuts the payload */
+#endif
+#ifndef SOL_UDP
+#define SOL_UDP 17
+#endif
+
+/* One datagram to send: its bytes and where to (NULL on a connected socket). */
+typedef struct {
+    struct iovec iov;
+    const void *name;
+    socklen_t name_len;
+} Datagram;
 
 typedef struct {
     PyObject *flow;                  /* the Python flow (strong reference) */
@@ -57,6 +73,7 @@ typedef struct {
     int batches;                     /* recvmmsg calls per from_clients at most */
     int per_pod;                     /* datagrams read from one pod socket per from_pods at most */
     int busy;
+    int gso;                         /* the kernel takes UDP_SEGMENT sends (until one says it cannot) */
     unsigned int call;
     Slot **by_fd;
     int by_fd_len;
@@ -213,28 +230,85 @@ static void fail(Splicer *self, Slot *slot, int error) {
     Py_XDECREF(item);
 }
 
-/* sendmmsg until all count messages are sent or the buffer is full (the rest dropped). A
- * message the kernel refuses for itself is skipped; on a connected pod socket an error
- * (ECONNREFUSED) fails the flow. Returns the bytes sent. */
-static unsigned long long send_all(Splicer *self, int fd, struct mmsghdr *msgs, int count, Slot *pod_slot) {
+/* Plan datagrams[0..count) into messages: with GSO on, a run to one destination whose datagrams
+ * all have the first one's size (the last may be shorter, and then ends the run) leaves in one
+ * UDP_SEGMENT message, so the kernel's send path runs once per run instead of once per datagram;
+ * the receiver gets the same datagrams in the same order. first[m] is message m's first datagram. */
+static int plan(Splicer *self, Datagram *d, int count, int gso, struct mmsghdr *msgs, struct iovec *iovs,
+                char (*cmsgs)[CMSG_SPACE(sizeof(uint16_t))], int *first) {
+    int m = 0;
+    for (int i = 0; i < count;) {
+        size_t size = d[i].iov.iov_len, total = size;
+        int j = i + 1;
+        if (gso && size > 0) {
+            while (j < count && j - i < GSO_MAX_SEGMENTS && d[j].name == d[i].name && d[j].iov.iov_len > 0 &&
+                   d[j].iov.iov_len <= size && total + d[j].iov.iov_len <= GSO_MAX_BYTES) {
+                total += d[j].iov.iov_len;
+                j++;
+                if (d[j - 1].iov.iov_len < size) break;
+            }
+        }
+        memset(&msgs[m], 0, sizeof msgs[m]);
+        for (int k = i; k < j; k++) iovs[k] = d[k].iov;
+        msgs[m].msg_hdr.msg_name = (void *)d[i].name;
+        msgs[m].msg_hdr.msg_namelen = d[i].name ? d[i].name_len : 0;
+        msgs[m].msg_hdr.msg_iov = &iovs[i];
+        msgs[m].msg_hdr.msg_iovlen = (size_t)(j - i);
+        if (j - i > 1) {
+            memset(cmsgs[m], 0, sizeof cmsgs[m]);
+            msgs[m].msg_hdr.msg_control = cmsgs[m];
+            msgs[m].msg_hdr.msg_controllen = sizeof cmsgs[m];
+            struct cmsghdr *cmsg = CMSG_FIRSTHDR(&msgs[m].msg_hdr);
+            cmsg->cmsg_level = SOL_UDP;
+            cmsg->cmsg_type = UDP_SEGMENT;
+            cmsg->cmsg_len = CMSG_LEN(sizeof(uint16_t));
+            uint16_t segment = (uint16_t)size;
+            memcpy(CMSG_DATA(cmsg), &segment, sizeof segment);
+        }
+        first[m++] = i;
+        i = j;
+    }
+    first[m] = count;
+    return m;
+}
+
+static int gso_refused(int error) { return error == EINVAL || error == EMSGSIZE || error == EIO ||
+                                           error == ENOPROTOOPT || error == EOPNOTSUPP; }
+
+/* Send datagrams[0..count) (count <= BATCH) in order through fd with sendmmsg, GSO runs where
+ * possible, until all are sent or the socket buffer is full (the rest dropped, as UDP drops). A
+ * GSO message the kernel refuses goes again datagram by datagram (EIO, ENOPROTOOPT, EOPNOTSUPP:
+ * GSO cannot work here, and this splice stops asking). On a connected pod socket another error
+ * (ECONNREFUSED) fails the flow; to a client it drops that message only. Returns the bytes sent. */
+static unsigned long long send_datagrams(Splicer *self, int fd, Datagram *d, int count, int gso, Slot *pod_slot) {
+    struct mmsghdr msgs[BATCH];
+    struct iovec iovs[BATCH];
+    char cmsgs[BATCH][CMSG_SPACE(sizeof(uint16_t))];
+    int first[BATCH + 1];
+    int messages = plan(self, d, count, gso, msgs, iovs, cmsgs, first);
     unsigned long long bytes = 0;
     int sent = 0;
-    while (sent < count) {
-        int n = sendmmsg(fd, msgs + sent, (unsigned int)(count - sent), MSG_DONTWAIT);
+    while (sent < messages) {
+        int n = sendmmsg(fd, msgs + sent, (unsigned int)(messages - sent), MSG_DONTWAIT);
         if (n < 0) {
-            if (errno == EINTR) continue;
-            if (errno == EAGAIN || errno == EWOULDBLOCK || errno == ENOBUFS) break;
-            if (pod_slot) {
-                fail(self, pod_slot, errno);
+            int error = errno;
+            if (error == EINTR) continue;
+            if (error == EAGAIN || error == EWOULDBLOCK || error == ENOBUFS) break;
+            int run = first[sent + 1] - first[sent];
+            if (run > 1 && gso_refused(error)) {
+                if (error == EIO || error == ENOPROTOOPT || error == EOPNOTSUPP) self->gso = 0;
+                bytes += send_datagrams(self, fd, d + first[sent], run, 0, pod_slot);
+            } else if (pod_slot) {
+                fail(self, pod_slot, error);
                 break;
             }
-            sent++;  /* this destination refused it: the others still go */
+            sent++;  /* this message is done with: the others still go */
             continue;
         }
         for (int i = sent; i < sent + n; i++) bytes += msgs[i].msg_len;
         sent += n;
     }
-    return bytes;  /* what is left was dropped, as UDP drops behind a full buffer */
+    return bytes;
 }
 
 /* -- the type ------------------------------------------------------------------------------- */
@@ -265,6 +339,9 @@ static int Splicer_init(Splicer *self, PyObject *args, PyObject *kwds) {
     self->family = bound.ss_family;
     self->batches = batches;
     self->per_pod = per_pod;
+    int segment = 0;
+    socklen_t segment_len = sizeof segment;  /* a kernel before 4.18 lacks UDP_SEGMENT: no GSO */
+    self->gso = getsockopt(listener, SOL_UDP, UDP_SEGMENT, &segment, &segment_len) == 0;
     self->epoll_fd = epoll_create1(EPOLL_CLOEXEC);
     if (self->epoll_fd < 0) {
         PyErr_SetFromErrno(PyExc_OSError);
@@ -456,22 +533,22 @@ static int client_batch(Splicer *self, PyObject *slow, struct mmsghdr *msgs, str
         }
         Py_DECREF(item);
     }
-    struct mmsghdr out[BATCH];
+    Datagram out[BATCH];
     for (int i = 0; i < n; i++) {
         Slot *slot = slots[i];
         if (!slot) continue;
         int count = 0;
         for (int j = i; j < n; j++) {
             if (slots[j] != slot) continue;
-            memset(&out[count], 0, sizeof out[count]);
-            out[count].msg_hdr.msg_iov = msgs[j].msg_hdr.msg_iov;
-            out[count].msg_hdr.msg_iov->iov_len = msgs[j].msg_len;
-            out[count].msg_hdr.msg_iovlen = 1;
+            out[count].iov.iov_base = msgs[j].msg_hdr.msg_iov->iov_base;
+            out[count].iov.iov_len = msgs[j].msg_len;
+            out[count].name = NULL;
+            out[count].name_len = 0;
             slots[j] = NULL;
             count++;
         }
         if (slot->failed) continue;  /* its end is queued for Python: dropped */
-        unsigned long long bytes = send_all(self, slot->fd, out, count, slot);
+        unsigned long long bytes = send_datagrams(self, slot->fd, out, count, self->gso, slot);
         slot->client_bytes += bytes;
         self->to_pod_bytes += bytes;
         touch(self, slot);
@@ -524,8 +601,9 @@ static PyObject *Splicer_from_pods(Splicer *self, PyObject *arg) {
     if (ready_count <= 0) return learned;
     self->busy = 1;
     self->call++;
-    struct mmsghdr in[BATCH], out[BATCH];
-    struct iovec iov[BATCH], sent_iov[BATCH];
+    struct mmsghdr in[BATCH];
+    struct iovec iov[BATCH];
+    Datagram out[BATCH];
     int used = 0, queued = 0, failed = 0;  /* buffers read into; datagrams queued to send */
     for (int e = 0; e < ready_count && !failed; e++) {
         Slot *slot = slot_for_fd(self, events[e].data.fd);
@@ -533,7 +611,7 @@ static PyObject *Splicer_from_pods(Splicer *self, PyObject *arg) {
         int budget = self->per_pod;
         while (budget > 0) {
             if (used == BATCH) {
-                self->to_client_bytes += send_all(self, self->listener, out, queued, NULL);
+                self->to_client_bytes += send_datagrams(self, self->listener, out, queued, self->gso, NULL);
                 used = queued = 0;
             }
             int want = BATCH - used < budget ? BATCH - used : budget;
@@ -560,13 +638,10 @@ static PyObject *Splicer_from_pods(Splicer *self, PyObject *arg) {
                     if (!item || PyList_Append(learned, item) < 0) failed = 1;
                     Py_XDECREF(item);
                 }
-                sent_iov[queued].iov_base = data;
-                sent_iov[queued].iov_len = length;
-                memset(&out[queued], 0, sizeof out[queued]);
-                out[queued].msg_hdr.msg_iov = &sent_iov[queued];
-                out[queued].msg_hdr.msg_iovlen = 1;
-                out[queued].msg_hdr.msg_name = &slot->client;
-                out[queued].msg_hdr.msg_namelen = slot->client_len;
+                out[queued].iov.iov_base = data;
+                out[queued].iov.iov_len = length;
+                out[queued].name = &slot->client;
+                out[queued].name_len = slot->client_len;
                 slot->pod_bytes += length;
                 queued++;
             }
@@ -575,7 +650,7 @@ static PyObject *Splicer_from_pods(Splicer *self, PyObject *arg) {
             if (n < want) break;  /* drained */
         }
     }
-    if (queued) self->to_client_bytes += send_all(self, self->listener, out, queued, NULL);
+    if (queued) self->to_client_bytes += send_datagrams(self, self->listener, out, queued, self->gso, NULL);
     self->busy = 0;
     if (write_counts(self, now, 0) < 0 || failed) {
         Py_DECREF(learned);
