@@ -297,3 +297,33 @@ async def test_a_quic_upload_through_the_splice_is_byte_exact(pki: DemoPki) -> N
     received, got, moved = await _exchange(pki, payload, b"ok")
     assert (received, got) == (payload, b"ok")
     assert moved >= len(payload)
+
+
+def test_an_ipv6_flow_is_spliced_both_ways_with_the_addresses_python_uses() -> None:
+    splicer_type = native.splicer_type(True)
+    assert splicer_type is not None
+    sockets = [socket.socket(socket.AF_INET6, socket.SOCK_DGRAM) for _ in range(4)]
+    public, client, pod, link = sockets
+    try:
+        for sock in (public, client, pod):
+            sock.bind(("::1", 0))
+            sock.settimeout(T)
+        public.setblocking(False)
+        link.setblocking(False)
+        link.connect(pod.getsockname())
+        splicer = splicer_type(public.fileno(), 4, 64)
+        flow = _flow(client.getsockname())
+        splicer.attach(link.fileno(), client.getsockname(), flow)
+        with pytest.raises(ValueError, match="not an IPv6 address"):
+            splicer.attach(link.fileno() + 1000, ("127.0.0.1", 1), flow)
+        client.sendto(short(0), public.getsockname())
+        client.sendto(long_header(1), public.getsockname())
+        assert splicer.from_clients(1.0) == [(long_header(1), client.getsockname())]
+        assert pod.recv(65536) == short(0)
+        pod.sendto(short(2), link.getsockname())
+        splicer.from_pods(1.0)
+        assert client.recvfrom(65536) == (short(2), public.getsockname())
+        splicer.close()
+    finally:
+        for sock in sockets:
+            sock.close()
