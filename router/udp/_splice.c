@@ -660,6 +660,10 @@ static PyObject *Splicer_from_pods(Splicer *self, PyObject *arg) {
 }
 
 static PyObject *Splicer_take_failures(Splicer *self, PyObject *unused) {
+    if (!self->failures) {
+        PyErr_SetString(PyExc_RuntimeError, "Splicer is not initialised");
+        return NULL;
+    }
     PyObject *failures = self->failures;
     self->failures = PyList_New(0);
     if (!self->failures) {
