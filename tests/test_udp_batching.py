@@ -14,12 +14,10 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pytest
 import uvloop
-from aioquic.asyncio import connect, serve
 from aioquic.quic.configuration import QuicConfiguration
 from aioquic.quic.connection import QuicConnection
 from hypothesis import given
@@ -28,12 +26,13 @@ from hypothesis import strategies as st
 from discovery.targets import Target, TargetSnapshot
 from router import constants as c
 from router.demo.pki import DemoPki
-from router.demo.quic_pods import ALPN, client_configuration
+from router.demo.quic_pods import ALPN
 from router.udp import batching as b
 from router.udp import pod_link as udp_pod_link
 from router.udp import pod_to_client as udp_replies
 from router.udp.edge import UdpRouter
 from router.udp.settings import UdpRouterSettings
+from tests.support.quic_exchange import quic_exchange
 from tests.support.udp_router import running_udp_router
 
 ROUTER_HOST, POD_HOST = "127.0.0.1", "127.0.0.2"
@@ -387,32 +386,16 @@ async def _exchange(pki: DemoPki, monkeypatch: pytest.MonkeyPatch, request: byte
                     ) -> tuple[bytes, bytes, Relay]:
     """One QUIC stream through the router to a real aioquic pod: the client sends ``request``,
     the pod answers ``answer``; returns (what the pod read, what the client read, the relay)."""
-    received: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
-    tasks: set[asyncio.Task[None]] = set()
+    relays: list[Relay] = []
 
-    def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        async def serve_stream() -> None:
-            received.set_result(await reader.read())
-            writer.write(answer)
-            writer.write_eof()
-
-        tasks.add(asyncio.get_running_loop().create_task(serve_stream()))
-
-    config = QuicConfiguration(is_client=False, alpn_protocols=[ALPN])
-    config.load_cert_chain(str(pki.cert_path), str(pki.key_path))
-    server = await serve(POD_HOST, 0, configuration=config, stream_handler=handler)
-    try:
-        pod_port = server._transport.get_extra_info("sockname")[1]
+    @asynccontextmanager
+    async def router_to(pod_port: int) -> AsyncIterator[int]:
         async with relay_to(pod_port, monkeypatch) as relay:
-            client_config = client_configuration(SNI, Path(pki.ca_path))
-            async with connect(ROUTER_HOST, relay.port, configuration=client_config) as client:
-                reader, writer = await client.create_stream()
-                writer.write(request)
-                writer.write_eof()
-                got = await asyncio.wait_for(reader.read(), T)
-            return await asyncio.wait_for(received, T), got, relay
-    finally:
-        server.close()
+            relays.append(relay)
+            yield relay.port
+
+    received, got = await quic_exchange(pki, request, answer, router_to)
+    return received, got, relays[0]
 
 
 async def test_a_quic_download_through_the_router_is_byte_exact(pki: DemoPki, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -8,30 +8,26 @@ router, real aioquic clients and pods. The pure-Python path's own batching is te
 
 from __future__ import annotations
 
-import asyncio
 import errno
 import os
 import shutil
 import socket
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
-from aioquic.asyncio import connect, serve
-from aioquic.quic.configuration import QuicConfiguration
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from discovery.targets import Target, TargetSnapshot
 from router import constants as c
 from router.demo.pki import DemoPki
-from router.demo.quic_pods import ALPN, client_configuration
 from router.udp import native
 from router.udp.flow_table import Flow
 from router.udp.settings import UdpRouterSettings
+from tests.support.quic_exchange import quic_exchange
 from tests.support.udp_router import running_udp_router
 
 pytestmark = pytest.mark.skipif(not native.is_built(), reason="the C splice is not built (no C compiler)")
@@ -254,35 +250,18 @@ def test_the_splice_is_built_wherever_a_compiler_was() -> None:
 async def _exchange(pki: DemoPki, request: bytes, answer: bytes) -> tuple[bytes, bytes, int]:
     """One QUIC stream through a router on the C splice to a real aioquic pod: (what the pod
     read, what the client read, bytes the splice moved)."""
-    received: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
-    tasks: set[asyncio.Task[None]] = set()
+    moved: list[int] = []
 
-    def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        async def serve_stream() -> None:
-            received.set_result(await reader.read())
-            writer.write(answer)
-            writer.write_eof()
-
-        tasks.add(asyncio.get_running_loop().create_task(serve_stream()))
-
-    config = QuicConfiguration(is_client=False, alpn_protocols=[ALPN])
-    config.load_cert_chain(str(pki.cert_path), str(pki.key_path))
-    server = await serve(POD_HOST, 0, configuration=config, stream_handler=handler)
-    try:
-        pod_port = server._transport.get_extra_info("sockname")[1]
+    @asynccontextmanager
+    async def router_to(pod_port: int) -> AsyncIterator[int]:
         snapshot = TargetSnapshot.of([Target("stargate-0", POD_HOST, 1, pod_port)])
         async with running_udp_router(lambda: snapshot, UdpRouterSettings(native=True)) as (router, port):
             assert router._splicer is not None
-            client_config = client_configuration(SNI, Path(pki.ca_path))
-            async with connect(ROUTER_HOST, port, configuration=client_config) as client:
-                reader, writer = await client.create_stream()
-                writer.write(request)
-                writer.write_eof()
-                got = await asyncio.wait_for(reader.read(), T)
-            moved = sum(router._splicer.take_counts())
-            return await asyncio.wait_for(received, T), got, moved
-    finally:
-        server.close()
+            yield port
+            moved.append(sum(router._splicer.take_counts()))
+
+    received, got = await quic_exchange(pki, request, answer, router_to)
+    return received, got, moved[0]
 
 
 async def test_a_quic_download_through_the_splice_is_byte_exact(pki: DemoPki) -> None:
