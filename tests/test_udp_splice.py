@@ -306,3 +306,34 @@ def test_an_ipv6_flow_is_spliced_both_ways_with_the_addresses_python_uses() -> N
     finally:
         for sock in sockets:
             sock.close()
+
+
+def test_the_loop_callbacks_hand_back_datagrams_learned_headers_and_failures_in_order() -> None:
+    with spliced() as x, _udp(ROUTER_HOST) as stranger:
+        got: list[tuple[object, object]] = []
+        failed: list[tuple[object, int]] = []
+        to = x.public.getsockname()
+        stranger.sendto(short(0), to)
+        x.client.sendto(long_header(1), to)
+        x.client.sendto(short(2), to)
+
+        def on_datagram(data: bytes, address: tuple[str, int]) -> None:
+            got.append((data, address))
+            if data == long_header(1):  # Python may end the flow from here: the splice is not busy
+                x.splicer.detach(x.link.fileno())
+
+        assert x.splicer.pump_clients(lambda: 3.0, on_datagram, lambda *a: failed.append(a)) is None
+        assert got == [(short(0), stranger.getsockname()), (long_header(1), x.client.getsockname()),
+                       (short(2), x.client.getsockname())]
+        x.splicer.attach(x.link.fileno(), x.client.getsockname(), x.flow)
+        x.pod.sendto(long_header(3), x.link.getsockname())
+        x.splicer.pump_pods(lambda: 4.0, lambda *a: got.append(a), lambda *a: failed.append(a))
+        assert got[-1] == (x.flow, long_header(3))
+        x.pod.close()
+        x.client.sendto(short(4), to)
+        x.splicer.pump_clients(lambda: 4.0, on_datagram, lambda *a: failed.append(a))
+        x.splicer.pump_pods(lambda: 4.0, lambda *a: got.append(a), lambda *a: failed.append(a))
+        assert failed == [(x.flow, errno.ECONNREFUSED)]
+        with pytest.raises(ZeroDivisionError):
+            x.client.sendto(long_header(5), to)
+            x.splicer.pump_clients(lambda: 5.0, lambda *a: 1 / 0, lambda *a: None)

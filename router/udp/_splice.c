@@ -673,6 +673,75 @@ static PyObject *Splicer_take_failures(Splicer *self, PyObject *unused) {
     return failures;
 }
 
+/* Hand each (a, b) item of list to handler(a, b), then each queued failure to on_failure(flow,
+ * errno): after the splice's own work, so Python may attach and detach flows from them. */
+static PyObject *deliver(Splicer *self, PyObject *list, PyObject *handler, PyObject *on_failure) {
+    if (!list) return NULL;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(list); i++) {
+        PyObject *item = PyList_GET_ITEM(list, i);
+        PyObject *result = PyObject_CallFunctionObjArgs(handler, PyTuple_GET_ITEM(item, 0), PyTuple_GET_ITEM(item, 1),
+                                                        NULL);
+        if (!result) {
+            Py_DECREF(list);
+            return NULL;
+        }
+        Py_DECREF(result);
+    }
+    Py_DECREF(list);
+    while (self->failures && PyList_GET_SIZE(self->failures) > 0) {
+        PyObject *failures = Splicer_take_failures(self, NULL);
+        if (!failures) return NULL;
+        list = failures;
+        for (Py_ssize_t i = 0; i < PyList_GET_SIZE(list); i++) {
+            PyObject *item = PyList_GET_ITEM(list, i);
+            PyObject *result = PyObject_CallFunctionObjArgs(on_failure, PyTuple_GET_ITEM(item, 0),
+                                                            PyTuple_GET_ITEM(item, 1), NULL);
+            if (!result) {
+                Py_DECREF(list);
+                return NULL;
+            }
+            Py_DECREF(result);
+        }
+        Py_DECREF(list);
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *now_from(PyObject *clock) {
+    return PyObject_CallNoArgs(clock);
+}
+
+static PyObject *Splicer_from_clients(Splicer *self, PyObject *arg);
+static PyObject *Splicer_from_pods(Splicer *self, PyObject *arg);
+
+/* The loop's reader callbacks (no Python frame of their own): clock() gives the time, the
+ * datagrams the splice hands back go to on_datagram(data, address) in arrival order, long
+ * headers from pods to on_learn(flow, datagram), pod socket errors to on_failure(flow, errno). */
+static PyObject *Splicer_pump_clients(Splicer *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "pump_clients(clock, on_datagram, on_failure)");
+        return NULL;
+    }
+    PyObject *now = now_from(args[0]);
+    if (!now) return NULL;
+    PyObject *list = Splicer_from_clients(self, now);
+    Py_DECREF(now);
+    return deliver(self, list, args[1], args[2]);
+}
+
+static PyObject *Splicer_pump_pods(Splicer *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "pump_pods(clock, on_learn, on_failure)");
+        return NULL;
+    }
+    PyObject *now = now_from(args[0]);
+    if (!now) return NULL;
+    PyObject *list = Splicer_from_pods(self, now);
+    Py_DECREF(now);
+    return deliver(self, list, args[1], args[2]);
+}
+
+
 static PyObject *Splicer_take_counts(Splicer *self, PyObject *unused) {
     PyObject *counts = Py_BuildValue("(KK)", self->to_pod_bytes, self->to_client_bytes);
     if (counts) self->to_pod_bytes = self->to_client_bytes = 0;
@@ -702,6 +771,10 @@ static PyMethodDef Splicer_methods[] = {
      "from_clients(now) -> [(datagram, address)]: splice what the public socket holds; return the rest."},
     {"from_pods", (PyCFunction)Splicer_from_pods, METH_O,
      "from_pods(now) -> [(flow, long_header_datagram)]: splice what readable pod sockets hold."},
+    {"pump_clients", (PyCFunction)(void (*)(void))Splicer_pump_clients, METH_FASTCALL,
+     "pump_clients(clock, on_datagram, on_failure): from_clients(clock()), then the callbacks."},
+    {"pump_pods", (PyCFunction)(void (*)(void))Splicer_pump_pods, METH_FASTCALL,
+     "pump_pods(clock, on_learn, on_failure): from_pods(clock()), then the callbacks."},
     {"take_failures", (PyCFunction)Splicer_take_failures, METH_NOARGS, "[(flow, errno)] since the last call."},
     {"take_counts", (PyCFunction)Splicer_take_counts, METH_NOARGS,
      "(bytes to pods, bytes to clients) since the last call."},

@@ -113,8 +113,11 @@ class UdpRouter(FlowEndings):
             self._splicer = splicer = splicer_type(
                 sock.fileno(), c.QUIC_SPLICE_BATCHES_PER_CALLBACK, c.QUIC_POD_READS_PER_CALLBACK
             )
-            loop.add_reader(sock.fileno(), self._splice_from_clients, splicer)
-            loop.add_reader(splicer.epoll_fd, self._splice_from_pods, splicer)
+            # The splice's own methods are the callbacks: no Python frame per wake-up. What it
+            # cannot splice comes back to _from_client in arrival order; pod long headers teach
+            # the flow the pod's CIDs.
+            loop.add_reader(sock.fileno(), splicer.pump_clients, loop.time, self._from_client, self._splice_failed)
+            loop.add_reader(splicer.epoll_fd, splicer.pump_pods, loop.time, self._learn_from_pod, self._splice_failed)
             sockname = sock.getsockname()
         self._sweeper = loop.create_task(self._sweep_forever(), name="quic-flow-sweeper")
         return str(sockname[0]), int(sockname[1])
@@ -176,27 +179,9 @@ class UdpRouter(FlowEndings):
         else:
             self._to_pod(flow, data, now)
 
-    def _splice_from_clients(self, splicer: Splicer) -> None:
-        """The public socket is readable (C splice): established flows' datagrams are spliced
-        there; what it hands back takes the Python path, in arrival order."""
-        from_client = self._from_client
-        for data, addr in splicer.from_clients(self._clock()):
-            from_client(data, addr)
-        if splicer.has_failures:
-            self._splice_failures(splicer)
-
-    def _splice_from_pods(self, splicer: Splicer) -> None:
-        """Some pod socket is readable (C splice): its datagrams went to the clients; long
-        headers come back so the flow learns the pod's CIDs."""
-        learn = self._learn_from_pod
-        for flow, datagram in splicer.from_pods(self._clock()):
-            learn(flow, datagram)
-        if splicer.has_failures:
-            self._splice_failures(splicer)
-
-    def _splice_failures(self, splicer: Splicer) -> None:
-        for flow, error in splicer.take_failures():
-            self._flow_failed(flow, OSError(error, os.strerror(error)))
+    def _splice_failed(self, flow: Flow[Link], error: int) -> None:
+        """The C splice met an error on the flow's pod socket (ECONNREFUSED: the pod is gone)."""
+        self._flow_failed(flow, OSError(error, os.strerror(error)))
 
     def _to_pod(self, flow: Flow[Link], data: bytes, now: float) -> None:
         """Into the flow's outbox, sent with every outbox touched in this loop iteration."""
