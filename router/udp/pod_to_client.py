@@ -21,6 +21,10 @@ from router.udp.batching import GRO_CMSG_SPACE, SegmentRun, gro_segment_size, se
 from router.udp.pod_link import PodLink
 
 
+MSG_TRUNC = int(socket.MSG_TRUNC)
+"""A plain int: ``flags & socket.MSG_TRUNC`` would build an ``IntFlag`` on every read."""
+
+
 class ListenerState(Protocol):
     """What the replies need of the listener's protocol: its flow control and its error log."""
 
@@ -82,7 +86,7 @@ class ClientReplies:
                 self._failed(flow, exc)
                 return
             flow.last_active = self._clock()
-            if flags & socket.MSG_TRUNC or not length:
+            if flags & MSG_TRUNC or not length:
                 continue
             size = gro_segment_size(ancdata, length)
             if buffer[run.stop] & 0x80:  # a long header: handshake packets are never GRO-batched
