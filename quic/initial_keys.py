@@ -9,15 +9,14 @@ only churn. Crypto is ``cryptography`` (AES-128-GCM, AES-ECB) and stdlib HMAC.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 from dataclasses import dataclass
 
 from cryptography.exceptions import InvalidTag
-from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
-from cryptography.hazmat.primitives.kdf.hkdf import HKDFExpand
 
 from quic.packet import (
     MAX_CID_LENGTH,
@@ -46,6 +45,8 @@ TAG_BYTES = 16
 SAMPLE_BYTES = 16
 """Header protection samples 16 ciphertext bytes, 4 bytes after the packet number start."""
 MAX_PN_BYTES = 4
+_SHA256_BYTES = hashlib.sha256().digest_size
+"""HKDF-SHA256's block: the Initial secret's length, and the most one HKDF-Expand block gives."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,19 +58,29 @@ class InitialKeys:
     hp: bytes
 
 
-def _expand_label(secret: bytes, label: bytes, length: int) -> bytes:
-    """TLS 1.3 HKDF-Expand-Label with an empty context (RFC 8446 section 7.1)."""
+@functools.cache
+def _expand_input(label: bytes, length: int) -> bytes:
+    """HKDF-Expand's only HMAC input for ``label``: the HkdfLabel (RFC 8446 section 7.1, empty
+    context) and the block counter 1. One block, since no Initial secret, key, IV or header
+    protection key is longer than SHA-256's output (RFC 5869 section 2.3: T(1) is the output)."""
+    if not 0 < length <= _SHA256_BYTES:
+        raise ValueError(f"an Initial key is 1..{_SHA256_BYTES} bytes, not {length}")
     full = b"tls13 " + label
-    info = length.to_bytes(2, "big") + bytes((len(full),)) + full + b"\x00"
-    return HKDFExpand(hashes.SHA256(), length, info).derive(secret)
+    return length.to_bytes(2, "big") + bytes((len(full),)) + full + b"\x00" + b"\x01"
+
+
+def _expand_label(secret: bytes, label: bytes, length: int) -> bytes:
+    """TLS 1.3 HKDF-Expand-Label with an empty context, as one one-shot HMAC-SHA256 (OpenSSL's,
+    through ``hmac.digest``): the per-connection key schedule is on every new flow's path."""
+    return hmac.digest(secret, _expand_input(label, length), "sha256")[:length]
 
 
 def _initial_keys(version: int, original_dcid: bytes, direction: bytes) -> InitialKeys:
     salt = _SALTS.get(version)
     if salt is None:
         raise QuicPacketError(f"no Initial keys for QUIC version 0x{version:08x}")
-    initial_secret = hmac.new(salt, original_dcid, hashlib.sha256).digest()  # HKDF-Extract
-    secret = _expand_label(initial_secret, direction, hashlib.sha256().digest_size)
+    initial_secret = hmac.digest(salt, original_dcid, "sha256")  # HKDF-Extract
+    secret = _expand_label(initial_secret, direction, _SHA256_BYTES)
     key_label, iv_label, hp_label = _LABELS[version]
     return InitialKeys(
         key=_expand_label(secret, key_label, KEY_BYTES),
