@@ -337,3 +337,20 @@ def test_the_loop_callbacks_hand_back_datagrams_learned_headers_and_failures_in_
         with pytest.raises(ZeroDivisionError):
             x.client.sendto(long_header(5), to)
             x.splicer.pump_clients(lambda: 5.0, lambda *a: 1 / 0, lambda *a: None)
+
+
+def pod_header(scid: bytes, version: int = 1) -> bytes:
+    """A pod's long header (a Handshake packet's first bytes) with this SCID and an 8-byte DCID."""
+    return bytes([0xE0]) + version.to_bytes(4, "big") + bytes([8]) + bytes(8) + bytes([len(scid)]) + scid + bytes(60)
+
+
+def test_a_pod_scid_python_has_seen_is_not_handed_back_again() -> None:
+    with spliced() as x:
+        sent = [pod_header(b"A" * 8), pod_header(b"A" * 8), pod_header(b"B" * 8), pod_header(b"A" * 8),
+                pod_header(b"A" * 8, version=0x0A0A0A0A), pod_header(b"A" * 8, version=0x0A0A0A0A),
+                bytes([0xC0, 0, 0, 0, 1, 30]) + bytes(10)]  # a DCID longer than the datagram
+        for datagram in sent:
+            x.pod.sendto(datagram, x.link.getsockname())
+        learned = x.splicer.from_pods(1.0)
+        assert [datagram for _, datagram in learned] == [sent[0], sent[2], sent[3], sent[4], sent[5], sent[6]]
+        assert [x.client.recv(65536) for _ in sent] == sent

@@ -36,6 +36,9 @@
 #define BATCH 64               /* datagrams per recvmmsg / sendmmsg: one GSO run's worth */
 #define BUFFER_BYTES 65536     /* per datagram buffer: no UDP payload is longer, nothing truncates */
 #define KEY_BYTES 24           /* family, port, address (16), scope id: one client address */
+#define MAX_CID_BYTES 20        /* RFC 9000 section 17.2: a v1/v2 connection ID is at most 20 bytes */
+#define QUIC_V1 0x00000001u
+#define QUIC_V2 0x6b3343cfu       /* RFC 9369 */
 #define GSO_MAX_SEGMENTS 64    /* datagrams per UDP_SEGMENT send: the kernel's limit before Linux 6.x */
 #define GSO_MAX_BYTES 65507    /* payload of one UDP_SEGMENT send: the largest IPv4 UDP payload */
 #ifndef UDP_SEGMENT
@@ -63,6 +66,8 @@ typedef struct {
     unsigned int slow_call;          /* the call in which this flow went to Python */
     unsigned int touched_call;       /* the call in which it was last counted */
     int failed;                      /* an error is queued for Python: send nothing more */
+    unsigned char scid[MAX_CID_BYTES]; /* the pod's SCID last handed to Python (v1/v2 only) */
+    int scid_len;                    /* -1: none yet */
 } Slot;
 
 typedef struct {
@@ -427,6 +432,7 @@ static PyObject *Splicer_attach(Splicer *self, PyObject *args) {
     Slot *slot = PyMem_Calloc(1, sizeof(Slot));
     if (!slot) return PyErr_NoMemory();
     slot->fd = fd;
+    slot->scid_len = -1;
     if (parse_address(self, address, &slot->client, &slot->client_len) < 0) {
         PyMem_Free(slot);
         return NULL;
@@ -510,6 +516,22 @@ static PyObject *Splicer_rekey(Splicer *self, PyObject *args) {
     slot->client = client;
     slot->client_len = client_len;
     Py_RETURN_NONE;
+}
+
+/* Whether Python needs this pod long header to learn from: not when it is a v1/v2 packet whose
+ * SCID is the one last handed over for this flow (every handshake datagram after the first).
+ * Bounds-checked against the datagram's length; anything unusual goes to Python. */
+static int worth_learning(Slot *slot, const unsigned char *data, unsigned int length) {
+    if (length < 7) return 1;
+    uint32_t version = ((uint32_t)data[1] << 24) | ((uint32_t)data[2] << 16) | ((uint32_t)data[3] << 8) | data[4];
+    unsigned int dcid_len = data[5], at = 6 + dcid_len;
+    if ((version != QUIC_V1 && version != QUIC_V2) || dcid_len > MAX_CID_BYTES || at >= length) return 1;
+    unsigned int scid_len = data[at];
+    if (scid_len > MAX_CID_BYTES || at + 1 + scid_len > length) return 1;
+    if (slot->scid_len == (int)scid_len && memcmp(slot->scid, data + at + 1, scid_len) == 0) return 0;
+    memcpy(slot->scid, data + at + 1, scid_len);
+    slot->scid_len = (int)scid_len;
+    return 1;
 }
 
 /* One batch read from the public socket: send the fast datagrams per flow, return the rest. */
@@ -633,7 +655,7 @@ static PyObject *Splicer_from_pods(Splicer *self, PyObject *arg) {
                 unsigned int length = in[i].msg_len;
                 if (!length || (in[i].msg_hdr.msg_flags & MSG_TRUNC)) continue;
                 unsigned char *data = (unsigned char *)iov[i].iov_base;
-                if (data[0] & 0x80) {  /* a long header: Python learns the pod's CIDs from it */
+                if ((data[0] & 0x80) && worth_learning(slot, data, length)) {  /* Python learns the pod's CIDs */
                     PyObject *item = Py_BuildValue("(Oy#)", slot->flow, (const char *)data, (Py_ssize_t)length);
                     if (!item || PyList_Append(learned, item) < 0) failed = 1;
                     Py_XDECREF(item);
