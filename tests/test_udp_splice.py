@@ -354,3 +354,22 @@ def test_a_pod_scid_python_has_seen_is_not_handed_back_again() -> None:
         learned = x.splicer.from_pods(1.0)
         assert [datagram for _, datagram in learned] == [sent[0], sent[2], sent[3], sent[4], sent[5], sent[6]]
         assert [x.client.recv(65536) for _ in sent] == sent
+
+
+def client_header(dcid: bytes) -> bytes:
+    """A client's Handshake-like long header to this DCID."""
+    return bytes([0xE0, 0, 0, 0, 1, len(dcid)]) + dcid + bytes([8]) + bytes(8) + bytes(50)
+
+
+def test_client_long_headers_to_the_learned_pod_cid_are_spliced_others_come_back() -> None:
+    with spliced() as x:
+        to = x.public.getsockname()
+        x.client.sendto(client_header(b"A" * 8), to)  # nothing learned yet: Python judges it
+        assert x.splicer.from_clients(1.0) == [(client_header(b"A" * 8), x.client.getsockname())]
+        x.pod.sendto(pod_header(b"A" * 8), x.link.getsockname())
+        assert len(x.splicer.from_pods(1.0)) == 1
+        sent = [client_header(b"A" * 8), client_header(b"A" * 7), client_header(b"B" * 8), short(1)]
+        for datagram in sent:
+            x.client.sendto(datagram, to)
+        assert x.splicer.from_clients(2.0) == [(datagram, x.client.getsockname()) for datagram in sent[1:]]
+        assert x.pod.recv(65536) == sent[0]

@@ -6,8 +6,9 @@
  * has attached, and hands Python everything else, in arrival order:
  *
  *   client -> pod: recvmmsg on the public socket; a short-header datagram from an attached
- *     client address is sent to its flow's connected pod socket (one sendmmsg per flow per
- *     batch, in order); any other datagram (a new address, a long header, an empty one) is
+ *     client address, or a long header whose DCID is the pod CID the flow last learned, is
+ *     sent to its flow's connected pod socket (one sendmmsg per flow per batch, in order, runs
+ *     as GSO messages); any other datagram (a new address, another long header, an empty one) is
  *     returned as (bytes, address) for the Python edge, and so are the later datagrams of
  *     that flow in the same call, so a flow's datagrams never overtake each other.
  *   pod -> client: an epoll set holds the attached pod sockets; each readable one is read with
@@ -534,6 +535,14 @@ static int worth_learning(Slot *slot, const unsigned char *data, unsigned int le
     return 1;
 }
 
+/* Whether a client long header names, as its DCID, the pod CID this flow last learned: then it is
+ * one of the flow's own connections (its Initial ACKs and Handshake packets), which the edge
+ * would forward unparsed (router/udp/verdicts.py, _known_dcid), so the splice sends it itself. */
+static int to_learned_cid(Slot *slot, const unsigned char *data, unsigned int length) {
+    return slot->scid_len > 0 && length >= 6 + (unsigned int)slot->scid_len && data[5] == slot->scid_len &&
+           memcmp(data + 6, slot->scid, (size_t)slot->scid_len) == 0;
+}
+
 /* One batch read from the public socket: send the fast datagrams per flow, return the rest. */
 static int client_batch(Splicer *self, PyObject *slow, struct mmsghdr *msgs, struct sockaddr_in6 *names, int n) {
     Slot *slots[BATCH];
@@ -541,7 +550,8 @@ static int client_batch(Splicer *self, PyObject *slow, struct mmsghdr *msgs, str
         unsigned char *data = (unsigned char *)msgs[i].msg_hdr.msg_iov->iov_base;
         unsigned int length = msgs[i].msg_len;
         Slot *slot = slot_for_address(self, (struct sockaddr *)&names[i]);
-        if (slot && length > 0 && !(data[0] & 0x80) && slot->slow_call != self->call) {
+        if (slot && length > 0 && slot->slow_call != self->call &&
+            (!(data[0] & 0x80) || to_learned_cid(slot, data, length))) {
             slots[i] = slot;
             continue;
         }

@@ -116,7 +116,7 @@ class UdpRouter(FlowEndings):
             # The splice's own methods are the callbacks: no Python frame per wake-up. What it
             # cannot splice comes back to _from_client in arrival order; pod long headers teach
             # the flow the pod's CIDs.
-            loop.add_reader(sock.fileno(), splicer.pump_clients, loop.time, self._from_client, self._splice_failed)
+            loop.add_reader(sock.fileno(), splicer.pump_clients, loop.time, self._handed_back, self._splice_failed)
             loop.add_reader(splicer.epoll_fd, splicer.pump_pods, loop.time, self._learn_from_pod, self._splice_failed)
             sockname = sock.getsockname()
         self._sweeper = loop.create_task(self._sweep_forever(), name="quic-flow-sweeper")
@@ -178,6 +178,11 @@ class UdpRouter(FlowEndings):
             self._from_flow_address(flow, data, addr, now)
         else:
             self._to_pod(flow, data, now)
+
+    def _handed_back(self, data: bytes, addr: Address) -> None:
+        """A datagram the C splice did not send: ``_from_client`` looked up per datagram, as the
+        listener protocol does, so it may be wrapped (the flood audit does)."""
+        self._from_client(data, addr)
 
     def _splice_failed(self, flow: Flow[Link], error: int) -> None:
         """The C splice met an error on the flow's pod socket (ECONNREFUSED: the pod is gone)."""

@@ -20,7 +20,6 @@ from router import constants as c
 from router.udp.batching import GRO_CMSG_SPACE, SegmentRun, gro_segment_size, send_segments, split_segments
 from router.udp.pod_link import PodLink
 
-
 MSG_TRUNC = int(socket.MSG_TRUNC)
 """A plain int: ``flags & socket.MSG_TRUNC`` would build an ``IntFlag`` on every read."""
 
