@@ -24,7 +24,7 @@ class NativeUnavailable(RuntimeError):
 def is_built() -> bool:
     """Whether the C splice is importable (whatever ``NO_EXTENSIONS_ENV`` says)."""
     try:
-        from router.udp import _splice  # noqa: F401
+        import router.udp._splice  # noqa: F401
     except ImportError:
         return False
     return True

@@ -1,0 +1,55 @@
+"""The optional C splice is built where it can be, and the router runs without it where it is not."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import pytest
+
+from discovery.targets import Target, TargetSnapshot
+from router.demo.pki import DemoPki
+from router.udp import native
+from router.udp.settings import UdpRouterSettings
+from tests.support.quic_exchange import POD_HOST, quic_exchange
+from tests.support.udp_router import running_udp_router
+
+
+@pytest.mark.skipif(sys.platform != "linux" or not (shutil.which("cc") or shutil.which("gcc")),
+                    reason="no C compiler here, or not Linux (recvmmsg/sendmmsg are Linux's)")
+def test_the_splice_is_built_wherever_a_compiler_was() -> None:
+    """CI installs with a compiler: there the splice must be built, or its tests would skip unseen."""
+    assert native.is_built()
+
+
+@pytest.fixture
+def no_extension(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As if the install had no compiler: importing the extension fails."""
+    monkeypatch.setitem(sys.modules, "router.udp._splice", None)
+
+
+@pytest.mark.usefixtures("no_extension")
+def test_without_the_extension_the_pure_python_path_is_chosen_and_requiring_it_says_why() -> None:
+    assert not native.is_built()
+    assert native.splicer_type(None) is None
+    with pytest.raises(native.NativeUnavailable, match="not built"):
+        native.splicer_type(True)
+
+
+@pytest.mark.usefixtures("no_extension")
+async def test_without_the_extension_a_quic_stream_still_goes_through_the_router(pki: DemoPki) -> None:
+    splicers: list[object] = []
+
+    @asynccontextmanager
+    async def router_to(pod_port: int) -> AsyncIterator[int]:
+        snapshot = TargetSnapshot.of([Target("stargate-0", POD_HOST, 1, pod_port)])
+        async with running_udp_router(lambda: snapshot, UdpRouterSettings()) as (router, port):
+            splicers.append(router._splicer)
+            yield port
+
+    payload = bytes(range(256)) * 400
+    received, got = await quic_exchange(pki, payload, b"ok", router_to)
+    assert (received, got) == (payload, b"ok")
+    assert splicers == [None]
