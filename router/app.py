@@ -181,8 +181,8 @@ class RouterApp:
         )
         self._source_task = asyncio.create_task(self.source.run(), name="discovery")
         log.info(
-            "listening grpc=%s:%d quic=%s:%d health=%s:%d",
-            *self.tcp_addr[:2], *self.udp_addr[:2], *self.health_addr[:2],
+            "listening grpc=%s:%d quic=%s:%d health=%s:%d quic_datapath=%s",
+            *self.tcp_addr[:2], *self.udp_addr[:2], *self.health_addr[:2], self.udp.datapath,
         )
 
     async def run(self) -> int:

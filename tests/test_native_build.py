@@ -6,15 +6,20 @@ import shutil
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 import pytest
 
 from discovery.targets import Target, TargetSnapshot
+from router import constants as c
 from router.demo.pki import DemoPki
 from router.udp import native
 from router.udp.settings import UdpRouterSettings
 from tests.support.quic_exchange import POD_HOST, quic_exchange
+from tests.support.router_process import RouterProcess, router_args
 from tests.support.udp_router import running_udp_router
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "deploy" / "examples" / "endpoints.yaml"
 
 
 @pytest.mark.skipif(sys.platform != "linux" or not (shutil.which("cc") or shutil.which("gcc")),
@@ -53,3 +58,13 @@ async def test_without_the_extension_a_quic_stream_still_goes_through_the_router
     received, got = await quic_exchange(pki, payload, b"ok", router_to)
     assert (received, got) == (payload, b"ok")
     assert splicers == [None]
+
+
+@pytest.mark.parametrize("switched_off", [False, True])
+def test_the_router_says_at_start_which_datapath_carries_quic_flows(switched_off: bool) -> None:
+    env = {c.NO_EXTENSIONS_ENV: "1" if switched_off else ""}
+    expected = "python" if switched_off or not native.is_built() else "c_splice"
+    with RouterProcess(router_args(EXAMPLE, "--target-namespace", "stargate"), env=env) as router:
+        router.wait_listening()
+        assert any(f"quic_datapath={expected}" in line for line in router.lines)
+        assert router.stop() == 0

@@ -158,6 +158,11 @@ class UdpRouter(FlowEndings):
         self._flush_byte_counters()
 
     @property
+    def datapath(self) -> str:
+        """What moves established flows' datagrams: ``c_splice`` or ``python`` (logged at start)."""
+        return "c_splice" if self._splicer is not None else "python"
+
+    @property
     def active_flows(self) -> int:
         return self._table.flow_count
 
