@@ -705,37 +705,30 @@ static PyObject *Splicer_take_failures(Splicer *self, PyObject *unused) {
     return failures;
 }
 
-/* Hand each (a, b) item of list to handler(a, b), then each queued failure to on_failure(flow,
- * errno): after the splice's own work, so Python may attach and detach flows from them. */
-static PyObject *deliver(Splicer *self, PyObject *list, PyObject *handler, PyObject *on_failure) {
-    if (!list) return NULL;
+/* fn(a, b) for each (a, b) item of list, in order; -1 as soon as one raises. */
+static int call_each(PyObject *list, PyObject *fn) {
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(list); i++) {
         PyObject *item = PyList_GET_ITEM(list, i);
-        PyObject *result = PyObject_CallFunctionObjArgs(handler, PyTuple_GET_ITEM(item, 0), PyTuple_GET_ITEM(item, 1),
-                                                        NULL);
-        if (!result) {
-            Py_DECREF(list);
-            return NULL;
-        }
+        PyObject *result = PyObject_CallFunctionObjArgs(fn, PyTuple_GET_ITEM(item, 0), PyTuple_GET_ITEM(item, 1), NULL);
+        if (!result) return -1;
         Py_DECREF(result);
     }
+    return 0;
+}
+
+/* Hand each (a, b) item of list (stolen) to handler(a, b), then each queued failure to
+ * on_failure(flow, errno): after the splice's own work, so Python may attach and detach flows. */
+static PyObject *deliver(Splicer *self, PyObject *list, PyObject *handler, PyObject *on_failure) {
+    if (!list) return NULL;
+    int rc = call_each(list, handler);
     Py_DECREF(list);
-    while (self->failures && PyList_GET_SIZE(self->failures) > 0) {
+    while (rc == 0 && self->failures && PyList_GET_SIZE(self->failures) > 0) {
         PyObject *failures = Splicer_take_failures(self, NULL);
         if (!failures) return NULL;
-        list = failures;
-        for (Py_ssize_t i = 0; i < PyList_GET_SIZE(list); i++) {
-            PyObject *item = PyList_GET_ITEM(list, i);
-            PyObject *result = PyObject_CallFunctionObjArgs(on_failure, PyTuple_GET_ITEM(item, 0),
-                                                            PyTuple_GET_ITEM(item, 1), NULL);
-            if (!result) {
-                Py_DECREF(list);
-                return NULL;
-            }
-            Py_DECREF(result);
-        }
-        Py_DECREF(list);
+        rc = call_each(failures, on_failure);
+        Py_DECREF(failures);
     }
+    if (rc < 0) return NULL;
     Py_RETURN_NONE;
 }
 
