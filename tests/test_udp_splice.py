@@ -109,6 +109,11 @@ def test_a_burst_the_kernel_refuses_to_segment_goes_datagram_by_datagram() -> No
         assert x.splicer.from_clients(1.0) == []
         assert [x.pod.recv(65536) for _ in burst] == burst
         assert x.flow.client_bytes == 40 * 1200 + 700
+        for datagram in burst:  # the flow's next burst: datagram by datagram at once, all of it again
+            x.client.sendto(datagram, x.public.getsockname())
+        assert x.splicer.from_clients(2.0) == []
+        assert [x.pod.recv(65536) for _ in burst] == burst
+        assert x.flow.client_bytes == 2 * (40 * 1200 + 700)
 
 
 def test_what_the_splice_cannot_send_comes_back_in_order_and_a_flow_after_its_long_header_too() -> None:

@@ -69,6 +69,8 @@ typedef struct {
     int failed;                      /* an error is queued for Python: send nothing more */
     unsigned char scid[MAX_CID_BYTES]; /* the pod's SCID last handed to Python (v1/v2 only) */
     int scid_len;                    /* -1: none yet */
+    int no_gso;                      /* the kernel refused a GSO send to this pod (a segment over the
+                                        route's MTU): its runs go datagram by datagram from then on */
 } Slot;
 
 typedef struct {
@@ -303,6 +305,7 @@ static unsigned long long send_datagrams(Splicer *self, int fd, Datagram *d, int
             int run = first[sent + 1] - first[sent];
             if (run > 1 && gso_refused(error)) {
                 if (error == EIO || error == ENOPROTOOPT || error == EOPNOTSUPP) self->gso = 0;
+                if (pod_slot) pod_slot->no_gso = 1;
                 bytes += send_datagrams(self, fd, d + first[sent], run, 0, pod_slot);
             } else if (pod_slot) {
                 fail(self, pod_slot, error);
@@ -580,7 +583,7 @@ static int client_batch(Splicer *self, PyObject *slow, struct mmsghdr *msgs, str
             count++;
         }
         if (slot->failed) continue;  /* its end is queued for Python: dropped */
-        unsigned long long bytes = send_datagrams(self, slot->fd, out, count, self->gso, slot);
+        unsigned long long bytes = send_datagrams(self, slot->fd, out, count, self->gso && !slot->no_gso, slot);
         slot->client_bytes += bytes;
         self->to_pod_bytes += bytes;
         touch(self, slot);
