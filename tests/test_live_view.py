@@ -17,9 +17,6 @@ from router.live_view import (
     targets_view,
 )
 
-pytestmark = pytest.mark.usefixtures("both_udp_paths")
-"""Every test here runs on the pure-Python path and on the C splice."""
-
 
 def test_connections_are_listed_newest_first_with_their_current_bytes() -> None:
     live = LiveConnections()
