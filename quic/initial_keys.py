@@ -69,18 +69,33 @@ def _expand_input(label: bytes, length: int) -> bytes:
     return length.to_bytes(2, "big") + bytes((len(full),)) + full + b"\x00" + b"\x01"
 
 
-def _expand_label(secret: bytes, label: bytes, length: int) -> bytes:
-    """TLS 1.3 HKDF-Expand-Label with an empty context, as one one-shot HMAC-SHA256 (OpenSSL's,
-    through ``hmac.digest``): the per-connection key schedule is on every new flow's path."""
-    return hmac.digest(secret, _expand_input(label, length), "sha256")[:length]
+def _sha256(data: bytes = b"") -> hashlib._Hash:
+    """SHA-256 as a Python-level constructor: given one, ``hmac.HMAC`` keys its own inner and outer
+    hashlib objects instead of calling OpenSSL's HMAC, which fetches the HMAC implementation from
+    the provider on every call (OpenSSL 3: most of an Initial key schedule's cost in the router,
+    where it runs with cold caches; and a keyed object can be copied per label)."""
+    return hashlib.sha256(data)
+
+
+_EXTRACTORS = {version: hmac.HMAC(salt, digestmod=_sha256) for version, salt in _SALTS.items()}
+"""HKDF-Extract's HMAC keyed with each version's salt, copied per connection."""
+
+
+def _expand_label(keyed: hmac.HMAC, label: bytes, length: int) -> bytes:
+    """TLS 1.3 HKDF-Expand-Label with an empty context, from the secret's keyed HMAC (one block)."""
+    mac = keyed.copy()
+    mac.update(_expand_input(label, length))
+    return mac.digest()[:length]
 
 
 def _initial_keys(version: int, original_dcid: bytes, direction: bytes) -> InitialKeys:
-    salt = _SALTS.get(version)
-    if salt is None:
+    extractor = _EXTRACTORS.get(version)
+    if extractor is None:
         raise QuicPacketError(f"no Initial keys for QUIC version 0x{version:08x}")
-    initial_secret = hmac.digest(salt, original_dcid, "sha256")  # HKDF-Extract
-    secret = _expand_label(initial_secret, direction, _SHA256_BYTES)
+    extract = extractor.copy()
+    extract.update(original_dcid)
+    initial_secret = hmac.HMAC(extract.digest(), digestmod=_sha256)  # HKDF-Extract
+    secret = hmac.HMAC(_expand_label(initial_secret, direction, _SHA256_BYTES), digestmod=_sha256)
     key_label, iv_label, hp_label = _LABELS[version]
     return InitialKeys(
         key=_expand_label(secret, key_label, KEY_BYTES),
