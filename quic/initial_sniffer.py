@@ -35,6 +35,7 @@ from quic.packet import (
     QUIC_MIN_INITIAL_DATAGRAM_BYTES,
     QUIC_VERSION_NEGOTIATION,
     SUPPORTED_VERSIONS,
+    LongHeader,
     PacketType,
     QuicPacketError,
     UnsupportedVersion,
@@ -76,12 +77,13 @@ class InitialSniffer:
         # it keeps one 1200-byte datagram from costing a 64 KiB reassembly buffer per flow.
         self._crypto = CryptoReassembler(min(max_crypto_bytes, MAX_TLS_CLIENT_HELLO_BYTES))
 
-    def feed(self, datagram: bytes) -> ClientHelloInfo | None:
-        """Take one client datagram; the ClientHello facts once complete, else None."""
+    def feed(self, datagram: bytes, first: LongHeader | None = None) -> ClientHelloInfo | None:
+        """Take one client datagram; the ClientHello facts once complete, else None. ``first`` is
+        the datagram's first long header if the caller parsed it already."""
         if self.client_hello is not None:
             return self.client_hello
         try:
-            payloads = self._open(datagram)
+            payloads = self._open(datagram, first)
         except QuicPacketError:
             if self.version is None:
                 raise
@@ -91,13 +93,13 @@ class InitialSniffer:
                 self._crypto.add(offset, data)
         return self._complete_client_hello()
 
-    def _open(self, datagram: bytes) -> list[bytes]:
+    def _open(self, datagram: bytes, first: LongHeader | None) -> list[bytes]:
         """Decrypted payloads of this flow's Initials in ``datagram``; raises if none."""
         if not is_long_header(datagram):
             raise NotInitial("short header packet")
         payloads: list[bytes] = []
         failure: QuicPacketError | None = None
-        for header in iter_long_headers(datagram):
+        for header in iter_long_headers(datagram, first):
             if header.version not in SUPPORTED_VERSIONS:
                 if header.offset:
                     break  # a coalesced packet of another version: trailing junk

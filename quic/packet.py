@@ -182,14 +182,15 @@ def _cid(data: bytes, pos: int, known: bool, what: str) -> tuple[bytes, int]:
     return data[pos : pos + length], pos + length
 
 
-def iter_long_headers(datagram: bytes) -> Iterator[LongHeader]:
+def iter_long_headers(datagram: bytes, first: LongHeader | None = None) -> Iterator[LongHeader]:
     """Every coalesced long-header packet of a datagram (RFC 9000 section 12.2).
 
     A malformed first packet raises QuicPacketError. Iteration stops quietly at a short
     header, at padding/junk that does not parse, and after a packet that runs to the end
     of the datagram (Retry, VN, unknown versions): receivers discard such trailing bytes.
+    ``first`` is ``parse_long_header(datagram)`` when the caller has it already (not parsed twice).
     """
-    header = parse_long_header(datagram, 0)
+    header = parse_long_header(datagram, 0) if first is None else first
     while True:
         yield header
         if header.packet_type in (None, PacketType.RETRY) or header.end >= len(datagram):

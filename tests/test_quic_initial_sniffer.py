@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from quic.clienthello import ClientHelloError, ClientHelloInfo
 from quic.initial_sniffer import InitialSniffer, InvalidClientHello, NotInitial, ShortInitial
-from quic.packet import QUIC_V1, QUIC_V2, QuicPacketError, UnsupportedVersion, encode_varint
+from quic.packet import QUIC_V1, QUIC_V2, QuicPacketError, UnsupportedVersion, encode_varint, parse_long_header
 from router.demo.pki import DemoPki
 from tests.support.initial_packets import protected_initial
 from tests.support.quic_frames import ack, crypto_frame
@@ -230,3 +230,25 @@ def test_fuzz_feed_raises_only_quic_packet_error(datagrams: list[bytes]) -> None
             sniffer.feed(datagram)
         except QuicPacketError:
             return
+
+
+def _outcome(sniffer: InitialSniffer, datagram: bytes, first: bool) -> object:
+    try:
+        header = parse_long_header(datagram) if first else None
+    except QuicPacketError:
+        header = None  # the edge never opens a flow on a header it could not parse
+    try:
+        return sniffer.feed(datagram, header)
+    except QuicPacketError as exc:
+        return type(exc), str(exc)
+
+
+@settings(max_examples=200, deadline=None)
+@given(datagrams=st.lists(st.one_of(*_hostile_datagrams()), min_size=1, max_size=4))
+def test_a_first_header_parsed_by_the_caller_changes_nothing(datagrams: list[bytes]) -> None:
+    """The edge hands the sniffer the header it parsed to classify the datagram: same answers."""
+    plain, given_header = InitialSniffer(), InitialSniffer()
+    for datagram in [*datagrams, V1_CLIENT_INITIAL]:
+        assert _outcome(plain, datagram, False) == _outcome(given_header, datagram, True)
+        assert (plain.version, plain.original_dcid, plain.client_scid) == (
+            given_header.version, given_header.original_dcid, given_header.client_scid)

@@ -272,10 +272,13 @@ class UdpRouter(FlowEndings):
         self._slots.move(header, opened)
         self._metrics.pending_flows.set(self._table.pending_count)
         self._access.open(opened, now)
-        self._feed(opened, data, now)
+        self._feed(opened, data, now, header)
 
-    def _feed(self, pending: PendingFlow[InitialSniffer], data: bytes, now: float) -> None:
-        """One more datagram of a pending flow: buffer it and look for the ClientHello."""
+    def _feed(
+        self, pending: PendingFlow[InitialSniffer], data: bytes, now: float, header: LongHeader | None = None
+    ) -> None:
+        """One more datagram of a pending flow: buffer it and look for the ClientHello (``header``:
+        its first long header, when the edge parsed it already)."""
         if not self._table.can_buffer(pending, len(data)):
             self._drop(QuicDropReason.PENDING_FULL)
             if not pending.datagrams:  # opened by this very datagram: hold no slot for nothing
@@ -285,7 +288,7 @@ class UdpRouter(FlowEndings):
             self._table.buffer(pending, data)
             return
         try:
-            info = pending.sniffer.feed(data)
+            info = pending.sniffer.feed(data, header)
         except QuicPacketError as exc:
             log.debug("quic Initial from %s unusable: %s", peer(pending.address), exc)
             self._drop(QuicDropReason.MALFORMED, 1 + len(pending.datagrams))
