@@ -203,6 +203,24 @@ def iter_long_headers(datagram: bytes, first: LongHeader | None = None) -> Itera
             return
 
 
+def long_header_scid(datagram: bytes) -> bytes | None:
+    """The SCID of a v1/v2 long header, read by the invariants alone (RFC 8999 section 5.1: the
+    DCID length at byte 5, the SCID's length after the DCID); None for anything else. What a pod's
+    long header teaches about its connection IDs, without building a ``LongHeader``."""
+    n = len(datagram)
+    if n < _LONG_HEADER_MIN or not datagram[0] & _LONG_FORM:
+        return None
+    if int.from_bytes(datagram[1:5], "big") not in SUPPORTED_VERSIONS:
+        return None
+    at = 6 + datagram[5]
+    if datagram[5] > MAX_CID_LENGTH or at >= n:
+        return None
+    length = datagram[at]
+    if length > MAX_CID_LENGTH or at + 1 + length > n:
+        return None
+    return datagram[at + 1 : at + 1 + length]
+
+
 def short_header_dcid(datagram: bytes, cid_length: int) -> bytes:
     """The DCID of a short-header (1-RTT) packet, whose length only the receiver knows."""
     if not 0 <= cid_length <= MAX_CID_LENGTH:

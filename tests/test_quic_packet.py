@@ -21,6 +21,7 @@ from quic.packet import (
     encode_varint,
     is_long_header,
     iter_long_headers,
+    long_header_scid,
     packet_type_bits,
     parse_long_header,
     short_header_dcid,
@@ -230,3 +231,16 @@ def test_fuzz_header_parsing_raises_only_quic_packet_error(datagram: bytes, offs
 @pytest.mark.parametrize("code", list(QuicErrorCode))
 def test_error_codes_are_the_rfc_values_aioquic_uses(code: QuicErrorCode) -> None:
     assert code == AioquicErrorCode[code.name]
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.binary(max_size=80))
+def test_long_header_scid_is_the_parsed_scid_of_every_v1_v2_header(tail: bytes) -> None:
+    """The invariants-only SCID read agrees with the full parse wherever that succeeds."""
+    for datagram in (tail, b"\xc0" + QUIC_V1.to_bytes(4, "big") + tail, b"\xd0" + QUIC_V2.to_bytes(4, "big") + tail):
+        scid = long_header_scid(datagram)
+        try:
+            header = parse_long_header(datagram)
+        except QuicPacketError:
+            continue
+        assert scid == (header.scid if header.packet_type is not None else None)

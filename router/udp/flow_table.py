@@ -28,11 +28,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Generic, TypeVar
 
-from quic.packet import (
-    QuicPacketError,
-    parse_long_header,
-    short_header_dcid,
-)
+from quic.packet import QuicPacketError, long_header_scid, short_header_dcid
 from router import constants as c
 from router.outcomes import QuicDropReason
 
@@ -272,16 +268,9 @@ class UdpFlowTable(Generic[S, H]):
 
     def learn_from_pod(self, flow: Flow[H], datagram: bytes, cid_length: int | None) -> None:
         """Learn the SCID of a pod's v1/v2 long header: a migrated client's DCID will be it."""
-        if len(datagram) > 6:  # already learned (every handshake datagram after the first): no parse
-            at = 6 + datagram[5]
-            if at < len(datagram) and self._by_cid.get(datagram[at + 1 : at + 1 + datagram[at]]) is flow:
-                return
-        try:
-            header = parse_long_header(datagram)
-        except QuicPacketError:
-            return
-        if header.packet_type is not None and (cid_length is None or len(header.scid) == cid_length):
-            self.learn_cid(flow, header.scid)
+        scid = long_header_scid(datagram)
+        if scid is not None and (cid_length is None or len(scid) == cid_length):
+            self.learn_cid(flow, scid)
 
     def migrate(self, flow: Flow[H], address: Address) -> bool:
         """Re-key ``flow`` to the client's new address; False if that address is taken."""
