@@ -26,47 +26,15 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 from bench.context import POD, POD_HOST, SNI
-from bench.procs import CLK_TCK, Agent, Haproxy, Router, call_all, process_tree
+from bench.procs import Agent, Haproxy, call_all, cpu_split, router_from
 from bench.tcp_load import connection_rate, start_echo_pod, tls_client_hello
 from bench.tcp_scenarios import ECHO_BYTES, RATE_CLIENTS, RATE_CONCURRENCY
 
 Box = tuple[tuple[str, int], int]
 """(address the clients dial, pid of the middle box)."""
-
-
-def cpu_split(pid: int) -> tuple[float, float]:
-    """User and system CPU seconds of ``pid``'s process tree."""
-    user = system = 0
-    for p in process_tree(pid):
-        with contextlib.suppress(OSError):
-            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
-            user, system = user + int(fields[11]), system + int(fields[12])
-    return user / CLK_TCK, system / CLK_TCK
-
-
-@contextlib.contextmanager
-def _router_from(tree: Path | None, workdir: Path, port: int, extra: list[str]) -> Iterator[Router]:
-    """A router from ``tree`` (None: this one): ``python -m router`` imports from its cwd."""
-    saved_cwd, saved_path = os.getcwd(), os.environ.get("PYTHONPATH")
-    if tree is not None:
-        os.chdir(tree)
-        os.environ["PYTHONPATH"] = str(tree)
-    try:
-        router = Router(workdir, [(POD, POD_HOST, port, 1)], extra=extra)
-    finally:
-        os.chdir(saved_cwd)
-        if saved_path is None:
-            os.environ.pop("PYTHONPATH", None)
-        else:
-            os.environ["PYTHONPATH"] = saved_path
-    try:
-        yield router
-    finally:
-        router.close()
 
 
 def _run(clients: list[Agent], box: Box, seconds: float, message: bytes) -> tuple[int, float, float]:
@@ -114,10 +82,11 @@ def main(argv: list[str] | None = None) -> int:
         port = pod.call(start_echo_pod, POD_HOST)
         with contextlib.ExitStack() as stack:
             extra = args.router_args.split()
-            router = stack.enter_context(_router_from(None, workdir, port, extra))
+            rows = [(POD, POD_HOST, port, 1)]
+            router = stack.enter_context(router_from(None, workdir, rows, extra))
             boxes: dict[str, Box] = {"router": (("127.0.0.1", router.tcp_port), router.pid)}
             if args.baseline is not None:
-                base = stack.enter_context(_router_from(args.baseline.resolve(), workdir, port, extra))
+                base = stack.enter_context(router_from(args.baseline.resolve(), workdir, rows, extra))
                 boxes["baseline"] = (("127.0.0.1", base.tcp_port), base.pid)
             haproxy = Haproxy(workdir, sni_routes=[(SNI, POD_HOST, port)])
             stack.callback(haproxy.close)

@@ -7,8 +7,12 @@ callback that spent it (thread CPU clock around each one, wrapped by a ``sitecus
 written into the scratch directory: the router's code is unchanged); ``--py-spy FILE`` records
 a py-spy profile (raw collapsed stacks) of the router meanwhile, ``--strace FILE`` its system
 call counts (deterministic, unlike CPU time on a shared machine); ``--peer nginx`` measures
-nginx's worker instead.
+nginx's worker instead. ``--rounds N`` runs the router, nginx and (``--baseline TREE``) the router
+of another source tree side by side, ``--seconds`` each in turn, N times, and prints each one's
+median and the medians of the per-round ratios (CPU from the scheduler's nanosecond counts): on a
+shared 2-core machine one run's CPU figure moves by +-10%, the ratio of neighbouring runs less.
 
+    python -m bench.quic_profile --rounds 6 --seconds 4 --baseline /tmp/main-tree
     python -m bench.quic_profile --seconds 10 --callbacks
     python -m bench.quic_profile --seconds 10 --py-spy /tmp/hs.txt
     python -m bench.quic_profile --seconds 10 --strace /tmp/hs-syscalls.txt
@@ -17,9 +21,11 @@ nginx's worker instead.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -27,7 +33,7 @@ import time
 from pathlib import Path
 
 from bench.context import POD, POD_HOST, SNI
-from bench.procs import Agent, Nginx, Router, call_all, process_tree
+from bench.procs import Agent, Nginx, Router, call_all, cpu_exact, process_tree, router_from
 from bench.quic_load import quic_handshakes, start_quic_pod_thread
 from router.demo.pki import make_pki
 
@@ -127,7 +133,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--py-spy", type=Path, help="record a py-spy raw profile of the middle box here")
     p.add_argument("--strace", type=Path, help="count the middle box's system calls (strace -c) into this file")
     p.add_argument("--peer", choices=("router", "nginx"), default="router")
+    p.add_argument("--rounds", type=int, default=0, help="interleaved rounds of router, nginx (and baseline)")
+    p.add_argument("--baseline", type=Path, help="with --rounds: also the router of this source tree")
     args = p.parse_args(argv)
+    if args.rounds or args.baseline:
+        return _rounds(max(args.rounds, 1), args.seconds, args.baseline)
     with tempfile.TemporaryDirectory(prefix="stargate-qprof-") as tmp:
         workdir = Path(tmp)
         if args.callbacks:
@@ -187,6 +197,50 @@ def main(argv: list[str] | None = None) -> int:
               f"system {(sys1 - sys0) * per:.0f}); load average {os.getloadavg()[0]:.2f}")
         if args.callbacks and args.peer == "router":
             _print_callbacks(json.loads((workdir / "callbacks.json").read_text()), done)
+    return 0
+
+
+def _rounds(rounds: int, seconds: float, baseline: Path | None) -> int:
+    """Router, nginx (and the baseline router) in turn, ``seconds`` each, ``rounds`` times."""
+    results: dict[str, list[float]] = {}
+    with tempfile.TemporaryDirectory(prefix="stargate-qprof-") as tmp, contextlib.ExitStack() as stack:
+        workdir = Path(tmp)
+        pki = make_pki(workdir / "pki")
+        pod = Agent("quic-pod")
+        stack.callback(pod.close)
+        clients = [Agent(f"quic-client-{i}") for i in range(2)]
+        for client in clients:
+            stack.callback(client.close)
+        port = pod.call(start_quic_pod_thread, POD, POD_HOST, str(pki.cert_path), str(pki.key_path))
+        rows = [(POD, POD_HOST, 1, port)]
+        router = stack.enter_context(router_from(None, workdir, rows))
+        boxes = {"router": (router.udp_port, router.pid)}
+        if baseline is not None:
+            base = stack.enter_context(router_from(baseline.resolve(), workdir, rows))
+            boxes["baseline"] = (base.udp_port, base.pid)
+        nginx = Nginx(workdir, POD_HOST, port)
+        stack.callback(nginx.close)
+        boxes["nginx"] = (nginx.port, nginx.pid)
+        for udp_port, _ in boxes.values():  # warm-up: imports, first flows
+            call_all(clients, quic_handshakes, [("127.0.0.1", udp_port, SNI, str(pki.ca_path), 1.0, 4)] * 2)
+        names = list(boxes)
+        for r in range(rounds):
+            for name in names[r % len(names):] + names[: r % len(names)]:
+                udp_port, pid = boxes[name]
+                cpu0 = cpu_exact(pid)
+                answers = call_all(clients, quic_handshakes,
+                                   [("127.0.0.1", udp_port, SNI, str(pki.ca_path), seconds, 4)] * 2)
+                cpu1 = cpu_exact(pid)
+                done = max(sum(a[0] for a in answers), 1)
+                results.setdefault(name, []).append((cpu1 - cpu0) / done * 1e6)
+    print(f"{rounds} rounds x {seconds:g} s per box, load average {os.getloadavg()[0]:.2f}")
+    for name, per_conn in results.items():
+        print(f"{name:9s} {statistics.median(per_conn):6.0f} us CPU per connection (rounds: "
+              f"{', '.join(f'{v:.0f}' for v in per_conn)})")
+    for name in ("nginx", "baseline"):
+        if name in results:
+            ratios = [a / b for a, b in zip(results["router"], results[name], strict=True)]
+            print(f"router/{name} CPU per connection, median of the rounds: {statistics.median(ratios):.3f}")
     return 0
 
 
