@@ -112,6 +112,12 @@ if sys.orig_argv[sys.orig_argv.index("-m") + 1:][:1] == ["router"] if "-m" in sy
     hook(edge, "classify_unrouted", "  of which: classify_unrouted")
     hook(edge, "classify_on_flow", "  of which: classify_on_flow")
     hook(pod_to_client.ClientReplies, "_send", "  of which: send to client")
+    # Names the sniffer and the edge imported: hooked where they are looked up.
+    hook(initial_sniffer, "client_initial_keys", "    of which: Initial keys")
+    hook(initial_sniffer, "decrypt_initial", "    of which: decrypt_initial")
+    hook(initial_sniffer, "parse_client_hello", "    of which: parse_client_hello")
+    hook(edge, "connect_udp", "  of which: connect_udp (socket, connect)")
+    hook(edge.UdpRouter, "_learn_from_pod", "pod long header handed back")
 
 '''
 """Timing hooks for the router process (a hook whose target this version lacks is skipped)."""
