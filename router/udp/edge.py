@@ -277,8 +277,7 @@ class UdpRouter(FlowEndings):
     def _feed(
         self, pending: PendingFlow[InitialSniffer], data: bytes, now: float, header: LongHeader | None = None
     ) -> None:
-        """One more datagram of a pending flow: buffer it and look for the ClientHello (``header``:
-        its first long header, when the edge parsed it already)."""
+        """One more datagram of a pending flow (``header``: its first, if parsed): buffer, find the hello."""
         if not self._table.can_buffer(pending, len(data)):
             self._drop(QuicDropReason.PENDING_FULL)
             if not pending.datagrams:  # opened by this very datagram: hold no slot for nothing
