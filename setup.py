@@ -1,8 +1,10 @@
-"""Build hook for the optional C extension ``router.udp._splice``; everything else is in pyproject.toml.
+"""Build hook for the optional C extensions; everything else is in pyproject.toml.
 
-The extension splices established QUIC flows' datagrams in C (``recvmmsg``/``sendmmsg``, Linux
-only). It is optional: without a C compiler (or off Linux) the build goes on without it and the
-router uses its pure-Python path, which behaves the same.
+``router.udp._splice`` splices established QUIC flows' datagrams in C (``recvmmsg``/``sendmmsg``,
+Linux only); ``quic._initial_protection`` derives a client Initial's keys and opens it over
+libcrypto (OpenSSL 3 headers: ``libssl-dev``). Both are optional: without a C compiler (or the
+headers, or off Linux) the build goes on without them and the router uses its pure-Python paths,
+which behave the same.
 """
 
 from setuptools import Extension, setup
@@ -25,9 +27,13 @@ class OptionalBuildExt(build_ext):
             print(f"warning: {ext.name} was not built ({exc}); using the pure-Python path")
 
 
+_WARNINGS = ["-O2", "-Wall", "-Wextra", "-Wno-unused-parameter", "-Wno-missing-field-initializers"]
+
 setup(
-    ext_modules=[Extension("router.udp._splice", ["router/udp/_splice.c"], optional=True,
-                           extra_compile_args=["-O2", "-Wall", "-Wextra", "-Wno-unused-parameter",
-                                               "-Wno-missing-field-initializers"])],
+    ext_modules=[
+        Extension("router.udp._splice", ["router/udp/_splice.c"], optional=True, extra_compile_args=_WARNINGS),
+        Extension("quic._initial_protection", ["quic/_initial_protection.c"], optional=True,
+                  libraries=["crypto"], extra_compile_args=_WARNINGS),
+    ],
     cmdclass={"build_ext": OptionalBuildExt},
 )

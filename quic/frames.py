@@ -128,6 +128,11 @@ class CryptoReassembler:
         ranges[lo:hi] = [(merged_start, merged_end)]
 
     @property
+    def max_bytes(self) -> int:
+        """The stream's bound: CRYPTO data past it is refused."""
+        return self._max
+
+    @property
     def contiguous_length(self) -> int:
         """Bytes available from offset 0 without a gap."""
         if self._ranges and self._ranges[0][0] == 0:

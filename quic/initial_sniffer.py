@@ -30,7 +30,7 @@ from quic.clienthello import (
     parse_client_hello,
 )
 from quic.frames import QUIC_MAX_CRYPTO_BYTES, CryptoReassembler, walk_initial_frames
-from quic.initial_keys import InitialKeys, client_initial_keys, decrypt_initial
+from quic.initial_keys import InitialKeys, client_initial_keys, decrypt_initial, sniff_first_payload
 from quic.packet import (
     QUIC_MIN_INITIAL_DATAGRAM_BYTES,
     QUIC_VERSION_NEGOTIATION,
@@ -82,12 +82,19 @@ class InitialSniffer:
         the datagram's first long header if the caller parsed it already."""
         if self.client_hello is not None:
             return self.client_hello
+        opening = self.version is None
         try:
             payloads = self._open(datagram, first)
         except QuicPacketError:
-            if self.version is None:
+            if opening:
                 raise
             return None
+        if opening and len(payloads) == 1:
+            # The usual first datagram: one Initial whose CRYPTO frames hold the whole hello, in order.
+            found = sniff_first_payload(payloads[0], self._crypto.max_bytes)
+            if found is not None:
+                self.client_hello = ClientHelloInfo(*found)
+                return self.client_hello
         for payload in payloads:
             for offset, data in walk_initial_frames(payload):
                 self._crypto.add(offset, data)

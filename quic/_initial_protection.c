@@ -1,0 +1,465 @@
+/* quic._initial_protection: a client Initial's keys and its opening, over OpenSSL's libcrypto.
+ *
+ * Why C: the router opens one client Initial per new QUIC connection, in a process whose caches
+ * the peers have just evicted. Through `cryptography` and `hashlib` that is a dozen OpenSSL
+ * objects made and fetched from the provider per connection (a fresh cipher context per AESGCM
+ * and Cipher object, a digest context per hash object), which costs 6-9x its warm time there
+ * (bench/README, "Where the router's CPU per QUIC connection goes"). Here HMAC-SHA256,
+ * AES-128-ECB and AES-128-GCM are fetched once and their contexts re-keyed per connection.
+ * No primitive is written here: HKDF is RFC 5869's two HMAC steps, the rest is RFC 9001
+ * section 5.4 (header protection) and 5.3 (AEAD nonce), the same steps as quic/initial_keys.py,
+ * which stays the reference and the fallback (a property test keeps the two equal).
+ *
+ * The GIL is held throughout, so the shared contexts need no lock; `--workers` are processes.
+ * Every input is bounds-checked; a datagram that does not authenticate returns None.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <openssl/core_names.h>
+#include <openssl/err.h>
+#include <openssl/evp.h>
+#include <openssl/params.h>
+
+#define KEY_BYTES 16
+#define IV_BYTES 12
+#define HP_BYTES 16
+#define TAG_BYTES 16
+#define SAMPLE_BYTES 16
+#define MAX_PN_BYTES 4
+#define SHA256_BYTES 32
+#define STACK_AAD_BYTES 256 /* a long header without a big token fits; longer ones use the heap */
+#define PN_LIMIT ((int64_t)1 << 62) /* RFC 9000 section 12.3: packet numbers are below 2^62 */
+
+static EVP_MAC_CTX *hmac_sha256;  /* re-keyed by every EVP_MAC_init */
+static EVP_CIPHER_CTX *aes_ecb;   /* header protection mask */
+static EVP_CIPHER_CTX *aes_gcm;   /* payload */
+
+static int
+setup_contexts(void)
+{
+    EVP_MAC *mac = EVP_MAC_fetch(NULL, "HMAC", NULL);
+    if (mac == NULL) return 0;
+    hmac_sha256 = EVP_MAC_CTX_new(mac);
+    EVP_MAC_free(mac); /* the context keeps its own reference */
+    if (hmac_sha256 == NULL) return 0;
+    OSSL_PARAM params[] = {
+        OSSL_PARAM_construct_utf8_string(OSSL_MAC_PARAM_DIGEST, (char *)"SHA256", 0),
+        OSSL_PARAM_construct_end(),
+    };
+    if (!EVP_MAC_CTX_set_params(hmac_sha256, params)) return 0;
+
+    EVP_CIPHER *ecb = EVP_CIPHER_fetch(NULL, "AES-128-ECB", NULL);
+    EVP_CIPHER *gcm = EVP_CIPHER_fetch(NULL, "AES-128-GCM", NULL);
+    aes_ecb = EVP_CIPHER_CTX_new();
+    aes_gcm = EVP_CIPHER_CTX_new();
+    int ok = ecb != NULL && gcm != NULL && aes_ecb != NULL && aes_gcm != NULL &&
+             EVP_EncryptInit_ex2(aes_ecb, ecb, NULL, NULL, NULL) &&
+             EVP_CIPHER_CTX_set_padding(aes_ecb, 0) &&
+             EVP_DecryptInit_ex2(aes_gcm, gcm, NULL, NULL, NULL);
+    EVP_CIPHER_free(ecb); /* the contexts keep their own references */
+    EVP_CIPHER_free(gcm);
+    return ok;
+}
+
+/* HMAC-SHA256(key, msg) into out (32 bytes); 0 on a libcrypto failure. */
+static int
+hmac(const unsigned char *key, size_t key_len, const unsigned char *msg, size_t msg_len,
+     unsigned char out[SHA256_BYTES])
+{
+    size_t n = 0;
+    return EVP_MAC_init(hmac_sha256, key, key_len, NULL) && EVP_MAC_update(hmac_sha256, msg, msg_len) &&
+           EVP_MAC_final(hmac_sha256, out, &n, SHA256_BYTES) && n == SHA256_BYTES;
+}
+
+static PyObject *
+crypto_failure(const char *what)
+{
+    ERR_clear_error();
+    PyErr_Format(PyExc_RuntimeError, "libcrypto failed in %s", what);
+    return NULL;
+}
+
+PyDoc_STRVAR(initial_keys_doc,
+"initial_keys(salt, dcid, secret_info, key_info, iv_info, hp_info) -> (key, iv, hp)\n\n"
+"HKDF-Extract(salt, dcid), HKDF-Expand of the direction's secret with ``secret_info``, then of\n"
+"the key, IV and header protection key with their ``*_info`` (each an HkdfLabel followed by the\n"
+"block counter 1: one HMAC block each, so no output is longer than 32 bytes).");
+
+static PyObject *
+initial_keys(PyObject *self, PyObject *args)
+{
+    Py_buffer salt, dcid, secret_info, key_info, iv_info, hp_info;
+    if (!PyArg_ParseTuple(args, "y*y*y*y*y*y*:initial_keys", &salt, &dcid, &secret_info, &key_info, &iv_info,
+                          &hp_info))
+        return NULL;
+    unsigned char initial_secret[SHA256_BYTES], secret[SHA256_BYTES], key[SHA256_BYTES], iv[SHA256_BYTES],
+        hp[SHA256_BYTES];
+    int ok = hmac(salt.buf, (size_t)salt.len, dcid.buf, (size_t)dcid.len, initial_secret) &&
+             hmac(initial_secret, SHA256_BYTES, secret_info.buf, (size_t)secret_info.len, secret) &&
+             hmac(secret, SHA256_BYTES, key_info.buf, (size_t)key_info.len, key) &&
+             hmac(secret, SHA256_BYTES, iv_info.buf, (size_t)iv_info.len, iv) &&
+             hmac(secret, SHA256_BYTES, hp_info.buf, (size_t)hp_info.len, hp);
+    PyBuffer_Release(&salt);
+    PyBuffer_Release(&dcid);
+    PyBuffer_Release(&secret_info);
+    PyBuffer_Release(&key_info);
+    PyBuffer_Release(&iv_info);
+    PyBuffer_Release(&hp_info);
+    if (!ok) return crypto_failure("initial_keys");
+    return Py_BuildValue("(y#y#y#)", key, (Py_ssize_t)KEY_BYTES, iv, (Py_ssize_t)IV_BYTES, hp,
+                         (Py_ssize_t)HP_BYTES);
+}
+
+/* RFC 9000 appendix A.3, as quic.initial_keys.decode_packet_number. */
+static int64_t
+decode_packet_number(int64_t truncated, int pn_bits, int64_t largest_pn)
+{
+    int64_t expected = largest_pn + 1;
+    int64_t win = (int64_t)1 << pn_bits;
+    int64_t hwin = win >> 1;
+    int64_t candidate = (expected & ~(win - 1)) | truncated;
+    if (candidate <= expected - hwin && candidate < PN_LIMIT - win) return candidate + win;
+    if (candidate > expected + hwin && candidate >= win) return candidate - win;
+    return candidate;
+}
+
+PyDoc_STRVAR(open_initial_doc,
+"open_initial(datagram, key, iv, hp, offset, pn_offset, end, largest_pn) -> (packet_number, payload) | None\n\n"
+"Remove header protection from the Initial whose first byte is at ``offset``, whose packet number\n"
+"is at ``pn_offset`` and which ends at ``end``, then open its payload; None if it does not\n"
+"authenticate. ValueError for positions or key sizes the caller should not have passed.");
+
+static PyObject *
+open_initial(PyObject *self, PyObject *args)
+{
+    Py_buffer datagram, key, iv, hp;
+    Py_ssize_t offset, pn_offset, end;
+    long long largest_pn;
+    if (!PyArg_ParseTuple(args, "y*y*y*y*nnnL:open_initial", &datagram, &key, &iv, &hp, &offset, &pn_offset, &end,
+                          &largest_pn))
+        return NULL;
+    PyObject *result = NULL;
+    unsigned char *aad = NULL;
+    unsigned char stack_aad[STACK_AAD_BYTES];
+    const unsigned char *d = datagram.buf;
+    if (key.len != KEY_BYTES || iv.len != IV_BYTES || hp.len != HP_BYTES) {
+        PyErr_SetString(PyExc_ValueError, "Initial keys are a 16-byte key, a 12-byte IV and a 16-byte hp key");
+        goto done;
+    }
+    if (offset < 0 || pn_offset <= offset || end > datagram.len ||
+        pn_offset > end - MAX_PN_BYTES - SAMPLE_BYTES || largest_pn < -1 || largest_pn >= PN_LIMIT) {
+        PyErr_SetString(PyExc_ValueError, "Initial positions out of the datagram");
+        goto done;
+    }
+
+    unsigned char mask[SAMPLE_BYTES];
+    int n = 0;
+    if (!EVP_EncryptInit_ex2(aes_ecb, NULL, hp.buf, NULL, NULL) ||
+        !EVP_EncryptUpdate(aes_ecb, mask, &n, d + pn_offset + MAX_PN_BYTES, SAMPLE_BYTES) || n != SAMPLE_BYTES) {
+        crypto_failure("header protection");
+        goto done;
+    }
+    unsigned char first = d[offset] ^ (mask[0] & 0x0F); /* long header: 4 protected bits */
+    int pn_length = (first & 0x03) + 1;
+    unsigned char pn_bytes[MAX_PN_BYTES];
+    int64_t truncated = 0;
+    for (int i = 0; i < pn_length; i++) {
+        pn_bytes[i] = d[pn_offset + i] ^ mask[1 + i];
+        truncated = (truncated << 8) | pn_bytes[i];
+    }
+    int64_t packet_number = decode_packet_number(truncated, pn_length * 8, (int64_t)largest_pn);
+
+    unsigned char nonce[IV_BYTES];
+    memcpy(nonce, iv.buf, IV_BYTES);
+    for (int i = 0; i < 8; i++) nonce[IV_BYTES - 1 - i] ^= (unsigned char)((uint64_t)packet_number >> (8 * i));
+
+    Py_ssize_t aad_len = pn_offset + pn_length - offset;
+    aad = aad_len <= STACK_AAD_BYTES ? stack_aad : PyMem_Malloc((size_t)aad_len);
+    if (aad == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    memcpy(aad, d + offset, (size_t)(aad_len - pn_length));
+    aad[0] = first;
+    memcpy(aad + aad_len - pn_length, pn_bytes, (size_t)pn_length);
+
+    /* pn_offset + 4 + 16 <= end: at least a tag's worth of bytes follows the packet number. */
+    const unsigned char *sealed = d + pn_offset + pn_length;
+    Py_ssize_t plain_len = end - (pn_offset + pn_length) - TAG_BYTES;
+    PyObject *payload = PyBytes_FromStringAndSize(NULL, plain_len);
+    if (payload == NULL) goto done;
+    unsigned char *out = (unsigned char *)PyBytes_AS_STRING(payload);
+    int written = 0, last = 0;
+    if (!EVP_DecryptInit_ex2(aes_gcm, NULL, key.buf, nonce, NULL) ||
+        !EVP_DecryptUpdate(aes_gcm, NULL, &n, aad, (int)aad_len) ||
+        !EVP_DecryptUpdate(aes_gcm, out, &written, sealed, (int)plain_len) ||
+        !EVP_CIPHER_CTX_ctrl(aes_gcm, EVP_CTRL_AEAD_SET_TAG, TAG_BYTES, (void *)(sealed + plain_len))) {
+        Py_DECREF(payload);
+        crypto_failure("AEAD");
+        goto done;
+    }
+    if (EVP_DecryptFinal_ex(aes_gcm, out + written, &last) <= 0) { /* the tag did not match */
+        Py_DECREF(payload);
+        ERR_clear_error();
+        result = Py_NewRef(Py_None);
+        goto done;
+    }
+    result = Py_BuildValue("(LN)", (long long)packet_number, payload);
+
+done:
+    if (aad != NULL && aad != stack_aad) PyMem_Free(aad);
+    PyBuffer_Release(&datagram);
+    PyBuffer_Release(&key);
+    PyBuffer_Release(&iv);
+    PyBuffer_Release(&hp);
+    return result;
+}
+
+/* ---- The first Initial's ClientHello, when it is all there: the common case, in one call ----
+ * Everything below only ever answers "here it is" or "not simple" (None): any error, any
+ * unusual shape (CRYPTO out of order or overlapping, another packet coalesced after this one,
+ * a hello spread over datagrams) goes back to quic/initial_sniffer.py, which reads it the
+ * reference way and raises the precise error. So a success must be exactly the Python path's
+ * answer (tests/test_quic_initial_native.py checks that on hostile bytes); a None costs only time. */
+
+typedef struct {
+    const unsigned char *p;
+    size_t n;
+} span;
+
+/* QUIC varint at *pos; 0 if truncated. */
+static int
+varint(span s, size_t *pos, uint64_t *value)
+{
+    if (*pos >= s.n) return 0;
+    size_t size = (size_t)1 << (s.p[*pos] >> 6);
+    if (size > s.n - *pos) return 0;
+    uint64_t v = s.p[*pos] & 0x3F;
+    for (size_t i = 1; i < size; i++) v = (v << 8) | s.p[*pos + i];
+    *pos += size;
+    *value = v;
+    return 1;
+}
+
+/* Big-endian length prefix of `bytes` bytes at *pos, then a sub-span of that length; 0 if truncated. */
+static int
+vector(span s, size_t *pos, size_t bytes, span *out)
+{
+    if (bytes > s.n - *pos) return 0;
+    size_t n = 0;
+    for (size_t i = 0; i < bytes; i++) n = (n << 8) | s.p[*pos + i];
+    *pos += bytes;
+    if (n > s.n - *pos) return 0;
+    out->p = s.p + *pos;
+    out->n = n;
+    *pos += n;
+    return 1;
+}
+
+#define MAX_CRYPTO_PIECES 16 /* CRYPTO frames of one first payload read here; more go the reference way */
+
+/* RFC 9000 section 12.4: PADDING, PING, ACK, CRYPTO, CONNECTION_CLOSE; CRYPTO frames in order from
+ * offset 0, each starting where the last ended. On success `pieces` (pointing into the payload)
+ * hold the CRYPTO stream's first `*have` bytes, in `*count` pieces. */
+static int
+initial_crypto(span payload, uint64_t max_crypto, span pieces[MAX_CRYPTO_PIECES], int *count, uint64_t *have)
+{
+    size_t pos = 0;
+    *count = 0;
+    *have = 0;
+    while (pos < payload.n) {
+        if (payload.p[pos] == 0x00) { /* PADDING */
+            pos++;
+            continue;
+        }
+        uint64_t type, a, b, c;
+        if (!varint(payload, &pos, &type)) return 0;
+        if (type == 0x01) continue; /* PING */
+        if (type == 0x06) {         /* CRYPTO */
+            if (!varint(payload, &pos, &a) || !varint(payload, &pos, &b)) return 0;
+            if (b > payload.n - pos || a != *have || a + b > max_crypto) return 0;
+            if (b) {
+                if (*count == MAX_CRYPTO_PIECES) return 0;
+                pieces[(*count)++] = (span){payload.p + pos, (size_t)b};
+                *have += b;
+            }
+            pos += (size_t)b;
+        } else if (type == 0x02 || type == 0x03) { /* ACK, ACK_ECN */
+            uint64_t count_of_ranges;
+            if (!varint(payload, &pos, &a) || !varint(payload, &pos, &b) || !varint(payload, &pos, &count_of_ranges) ||
+                !varint(payload, &pos, &c))
+                return 0;
+            if (count_of_ranges > (payload.n - pos) / 2) return 0;
+            for (uint64_t i = 0; i < count_of_ranges; i++)
+                if (!varint(payload, &pos, &a) || !varint(payload, &pos, &b)) return 0;
+            if (type == 0x03)
+                for (int i = 0; i < 3; i++)
+                    if (!varint(payload, &pos, &a)) return 0;
+        } else if (type == 0x1C) { /* CONNECTION_CLOSE */
+            if (!varint(payload, &pos, &a) || !varint(payload, &pos, &b) || !varint(payload, &pos, &c)) return 0;
+            if (c > payload.n - pos) return 0;
+            pos += (size_t)c;
+        } else {
+            return 0;
+        }
+    }
+    return *count > 0;
+}
+
+/* quic/clienthello.py's parse_client_hello over a complete message; 0 if it would raise. */
+static int
+client_hello(span hello, PyObject **server_name, PyObject **alpn)
+{
+    size_t pos = 4, n;
+    span v, extensions;
+    if (hello.n < pos + 2 + 32) return 0; /* legacy_version, random */
+    pos += 2 + 32;
+    if (!vector(hello, &pos, 1, &v) || v.n > 32) return 0;             /* legacy_session_id */
+    if (!vector(hello, &pos, 2, &v) || v.n < 2 || v.n % 2) return 0;   /* cipher_suites */
+    if (!vector(hello, &pos, 1, &v) || v.n < 1) return 0;              /* legacy_compression_methods */
+    *server_name = Py_NewRef(Py_None);
+    *alpn = PyTuple_New(0);
+    if (*alpn == NULL) return -1;
+    if (pos == hello.n) return 1; /* no extensions (TLS 1.2) */
+    if (!vector(hello, &pos, 2, &extensions) || pos != hello.n) return 0;
+    static unsigned char seen[65536 / 8];
+    memset(seen, 0, sizeof seen);
+    size_t at = 0;
+    while (at < extensions.n) {
+        if (extensions.n - at < 4) return 0;
+        unsigned int type = ((unsigned int)extensions.p[at] << 8) | extensions.p[at + 1];
+        n = ((size_t)extensions.p[at + 2] << 8) | extensions.p[at + 3];
+        at += 4;
+        if (n > extensions.n - at) return 0;
+        if (seen[type >> 3] & (1u << (type & 7))) return 0;
+        seen[type >> 3] |= (unsigned char)(1u << (type & 7));
+        span body = {extensions.p + at, n}, list;
+        size_t b = 0, l = 0;
+        at += n;
+        if (type == 0) { /* server_name: at most one host_name */
+            if (!vector(body, &b, 2, &list) || b != body.n) return 0;
+            PyObject *host = NULL;
+            while (l < list.n) {
+                unsigned char name_type = list.p[l++];
+                span name;
+                if (!vector(list, &l, 2, &name)) {
+                    Py_XDECREF(host);
+                    return 0;
+                }
+                if (name_type != 0) continue;
+                if (host != NULL) {
+                    Py_DECREF(host);
+                    return 0;
+                }
+                host = PyUnicode_DecodeASCII((const char *)name.p, (Py_ssize_t)name.n, "replace");
+                if (host == NULL) return -1;
+            }
+            if (host != NULL) Py_SETREF(*server_name, host);
+        } else if (type == 16) { /* ALPN: a non-empty list of non-empty names */
+            if (!vector(body, &b, 2, &list) || b != body.n) return 0;
+            PyObject *names = PyList_New(0);
+            if (names == NULL) return -1;
+            while (l < list.n) {
+                span name;
+                if (!vector(list, &l, 1, &name) || name.n == 0) {
+                    Py_DECREF(names);
+                    return 0;
+                }
+                PyObject *text = PyUnicode_DecodeASCII((const char *)name.p, (Py_ssize_t)name.n, "replace");
+                if (text == NULL || PyList_Append(names, text) < 0) {
+                    Py_XDECREF(text);
+                    Py_DECREF(names);
+                    return -1;
+                }
+                Py_DECREF(text);
+            }
+            if (PyList_GET_SIZE(names) == 0) {
+                Py_DECREF(names);
+                return 0;
+            }
+            Py_SETREF(*alpn, PyList_AsTuple(names));
+            Py_DECREF(names);
+            if (*alpn == NULL) return -1;
+        }
+    }
+    return 1;
+}
+
+PyDoc_STRVAR(sniff_initial_doc,
+"sniff_initial(payload, max_crypto, max_hello) -> (server_name, alpn) | None\n\n"
+"The ClientHello facts of an opened first Initial payload when its CRYPTO frames, in order from\n"
+"offset 0 and within ``max_crypto``, hold a whole, well-formed ClientHello of at most\n"
+"``max_hello`` bytes; None for anything else (the caller then takes the reference path).");
+
+static PyObject *
+sniff_initial(PyObject *self, PyObject *args)
+{
+    Py_buffer payload;
+    unsigned long long max_crypto, max_hello;
+    if (!PyArg_ParseTuple(args, "y*KK:sniff_initial", &payload, &max_crypto, &max_hello)) return NULL;
+    PyObject *result = NULL, *server_name = NULL, *alpn = NULL;
+    unsigned char *joined = NULL;
+    span pieces[MAX_CRYPTO_PIECES], hello = {NULL, 0};
+    int count;
+    uint64_t have;
+    if (!initial_crypto((span){payload.buf, (size_t)payload.len}, max_crypto, pieces, &count, &have) || have < 4) {
+        result = Py_NewRef(Py_None);
+        goto done;
+    }
+    if (count == 1) {
+        hello = pieces[0];
+    } else { /* several frames: one copy of the stream (at most max_crypto bytes) */
+        joined = PyMem_Malloc((size_t)have);
+        if (joined == NULL) {
+            PyErr_NoMemory();
+            goto done;
+        }
+        size_t at = 0;
+        for (int i = 0; i < count; i++) {
+            memcpy(joined + at, pieces[i].p, pieces[i].n);
+            at += pieces[i].n;
+        }
+        hello = (span){joined, (size_t)have};
+    }
+    size_t total = 4 + (((size_t)hello.p[1] << 16) | ((size_t)hello.p[2] << 8) | hello.p[3]);
+    if (hello.p[0] != 1 || total > max_hello || total > hello.n) {
+        result = Py_NewRef(Py_None);
+        goto done;
+    }
+    hello.n = total;
+    int found = client_hello(hello, &server_name, &alpn);
+    if (found < 0) goto done;
+    result = found ? PyTuple_Pack(2, server_name, alpn) : Py_NewRef(Py_None);
+done:
+    Py_XDECREF(server_name);
+    Py_XDECREF(alpn);
+    PyMem_Free(joined);
+    PyBuffer_Release(&payload);
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"initial_keys", initial_keys, METH_VARARGS, initial_keys_doc},
+    {"open_initial", open_initial, METH_VARARGS, open_initial_doc},
+    {"sniff_initial", sniff_initial, METH_VARARGS, sniff_initial_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "quic._initial_protection",
+    "A client Initial's keys and its opening over libcrypto (quic/_initial_protection.c).", -1, methods,
+};
+
+PyMODINIT_FUNC
+PyInit__initial_protection(void)
+{
+    if (hmac_sha256 == NULL && !setup_contexts()) {
+        ERR_clear_error();
+        PyErr_SetString(PyExc_ImportError, "libcrypto has no HMAC-SHA256, AES-128-ECB or AES-128-GCM here");
+        return NULL;
+    }
+    return PyModule_Create(&module);
+}

@@ -1,0 +1,9 @@
+"""Types of the optional C extension ``quic/_initial_protection.c``."""
+
+def initial_keys(
+    salt: bytes, dcid: bytes, secret_info: bytes, key_info: bytes, iv_info: bytes, hp_info: bytes
+) -> tuple[bytes, bytes, bytes]: ...
+def open_initial(
+    datagram: bytes, key: bytes, iv: bytes, hp: bytes, offset: int, pn_offset: int, end: int, largest_pn: int
+) -> tuple[int, bytes] | None: ...
+def sniff_initial(payload: bytes, max_crypto: int, max_hello: int) -> tuple[str | None, tuple[str, ...]] | None: ...

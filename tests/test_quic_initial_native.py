@@ -1,0 +1,183 @@
+"""The C Initial path (``quic/_initial_protection.c``) answers exactly as the reference path does.
+
+The reference is ``cryptography`` + ``hashlib`` for keys and opening, ``quic.frames`` and
+``quic.clienthello`` for the ClientHello. The C path may decline (``sniff_first_payload`` None:
+the sniffer then walks the payload the reference way), but whatever it answers must be the
+reference's answer, on real Initials and on hostile bytes alike.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from quic import initial_keys
+from quic.clienthello import (
+    HANDSHAKE_HEADER_BYTES,
+    MAX_TLS_CLIENT_HELLO_BYTES,
+    ClientHelloError,
+    ClientHelloInfo,
+    client_hello_length,
+    parse_client_hello,
+)
+from quic.frames import QUIC_MAX_CRYPTO_BYTES, CryptoReassembler, walk_initial_frames
+from quic.initial_keys import (
+    client_initial_keys,
+    decrypt_initial,
+    encrypt_initial,
+    server_initial_keys,
+    sniff_first_payload,
+)
+from quic.packet import QUIC_V1, QUIC_V2, QuicPacketError, parse_long_header
+from tests.support.quic_frames import ack, close, crypto_frame
+from tests.support.quic_vectors import RFC_CLIENT_HELLO, V1_CLIENT_INITIAL, V2_CLIENT_INITIAL
+
+pytestmark = pytest.mark.skipif(not initial_keys.native_built(), reason="quic._initial_protection is not built")
+
+VERSIONS = st.sampled_from([QUIC_V1, QUIC_V2])
+
+
+@pytest.fixture(autouse=True)
+def native_again() -> Iterator[None]:
+    yield
+    initial_keys.use_native(True)
+
+
+def both(call: object, *args: object) -> tuple[object, object]:
+    """``call(*args)`` on the C path and on the reference path: its result or its error."""
+    outcomes = []
+    for native in (True, False):
+        initial_keys.use_native(native)
+        try:
+            outcomes.append(call(*args))  # type: ignore[operator]
+        except QuicPacketError as exc:
+            outcomes.append((type(exc), str(exc)))
+    return outcomes[0], outcomes[1]
+
+
+@settings(max_examples=200, deadline=None)
+@given(version=VERSIONS, dcid=st.binary(max_size=20))
+def test_keys_agree(version: int, dcid: bytes) -> None:
+    c_keys, reference = both(client_initial_keys, version, dcid)
+    assert c_keys == reference
+    c_keys, reference = both(server_initial_keys, version, dcid)
+    assert c_keys == reference
+
+
+@pytest.mark.parametrize("datagram", [V1_CLIENT_INITIAL, V2_CLIENT_INITIAL])
+def test_the_rfc_initials_open_alike(datagram: bytes) -> None:
+    header = parse_long_header(datagram)
+    keys = client_initial_keys(header.version, header.dcid)
+    opened, reference = both(lambda: decrypt_initial(datagram, header, keys))
+    assert opened == reference
+    assert isinstance(opened, tuple) and opened[1].startswith(b"\x06\x00")  # a CRYPTO frame at offset 0
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    version=VERSIONS,
+    dcid=st.binary(max_size=20),
+    token=st.binary(max_size=300),
+    pn=st.integers(0, 2**31 - 1),
+    pn_length=st.sampled_from([None, 1, 2, 3, 4]),
+    payload=st.binary(min_size=0, max_size=1300),
+    largest_pn=st.one_of(st.just(-1), st.integers(0, 2**40)),
+    flips=st.lists(st.tuples(st.integers(0, 2000), st.integers(1, 255)), max_size=3),
+    cut=st.integers(0, 40),
+)
+def test_opening_agrees_on_any_initial_and_its_damage(
+    version: int, dcid: bytes, token: bytes, pn: int, pn_length: int | None, payload: bytes, largest_pn: int,
+    flips: list[tuple[int, int]], cut: int,
+) -> None:
+    keys = client_initial_keys(version, dcid)
+    size = pn_length if pn_length is not None and pn < 1 << (8 * pn_length) else None
+    packet = bytearray(encrypt_initial(version, dcid, b"s" * 8, pn, payload, keys, token=token, pn_length=size))
+    for at, xor in flips:
+        packet[at % len(packet)] ^= xor
+    datagram = bytes(packet[: len(packet) - cut])
+    try:
+        header = parse_long_header(datagram)
+    except QuicPacketError:
+        return
+    opened, reference = both(lambda: decrypt_initial(datagram, header, keys, largest_pn))
+    assert opened == reference
+    if not flips and not cut and largest_pn == -1:
+        assert isinstance(opened, tuple) and opened[0] == pn and opened[1].startswith(payload)
+
+
+def reference_hello(payload: bytes, max_crypto: int = QUIC_MAX_CRYPTO_BYTES) -> object:
+    """What ``InitialSniffer`` makes of one first payload the reference way: facts, None, or an error."""
+    crypto = CryptoReassembler(min(max_crypto, MAX_TLS_CLIENT_HELLO_BYTES))
+    try:
+        for offset, data in walk_initial_frames(payload):
+            crypto.add(offset, data)
+        available = crypto.contiguous_length
+        if not available:
+            return None
+        total = client_hello_length(crypto.contiguous(HANDSHAKE_HEADER_BYTES))
+        if total is None or available < total:
+            return None
+        return parse_client_hello(crypto.contiguous(total))
+    except (QuicPacketError, ClientHelloError) as exc:
+        return type(exc)
+
+
+def agree(payload: bytes, max_crypto: int = QUIC_MAX_CRYPTO_BYTES) -> tuple[str | None, tuple[str, ...]] | None:
+    found = sniff_first_payload(payload, min(max_crypto, MAX_TLS_CLIENT_HELLO_BYTES))
+    if found is not None:
+        assert reference_hello(payload, max_crypto) == ClientHelloInfo(*found)
+    return found
+
+
+HELLO = RFC_CLIENT_HELLO
+"""The RFC 9001 A.2 ClientHello: one whole handshake message (example.com, ALPN "alpn")."""
+
+
+@pytest.mark.parametrize("payload", [
+    crypto_frame(0, HELLO) + bytes(300),
+    ack(3, ecn=True) + b"\x01" + crypto_frame(0, HELLO),
+    crypto_frame(0, HELLO[:100]) + crypto_frame(100, HELLO[100:]) + bytes(5),
+    crypto_frame(0, HELLO[:100]) + b"\x01" + crypto_frame(100, HELLO[100:150]) + crypto_frame(150, HELLO[150:]),
+    crypto_frame(0, HELLO) + crypto_frame(len(HELLO), b"more crypto after the hello") + close(b"bye"),
+])
+def test_the_usual_first_payloads_are_read_in_c(payload: bytes) -> None:
+    assert agree(payload) == ("example.com", ("alpn",))
+
+
+@pytest.mark.parametrize("payload", [
+    crypto_frame(100, HELLO[100:]) + crypto_frame(0, HELLO[:100]),  # out of order
+    crypto_frame(0, HELLO[:100]),  # not all there yet
+    crypto_frame(0, HELLO) + b"\x08",  # a STREAM frame: not allowed in an Initial
+    crypto_frame(0, HELLO[:38] + b"\x21" + HELLO[39:]),  # a 33-byte legacy_session_id
+])
+def test_anything_else_goes_the_reference_way(payload: bytes) -> None:
+    assert agree(payload) is None
+
+
+def _payloads() -> st.SearchStrategy[bytes]:
+    cuts = st.lists(st.integers(0, len(HELLO)), max_size=4).map(lambda c: sorted({0, *c, len(HELLO)}))
+    in_order = cuts.map(lambda c: b"".join(crypto_frame(a, HELLO[a:b]) for a, b in itertools.pairwise(c)))
+    other = st.sampled_from([b"", b"\x00" * 7, b"\x01", ack(9), ack(2, [(1, 1)], ecn=True), close(b"x"), b"\x1e"])
+    damaged = st.tuples(st.integers(0, len(HELLO) - 1), st.integers(1, 255)).map(
+        lambda f: crypto_frame(0, HELLO[: f[0]] + bytes((HELLO[f[0]] ^ f[1],)) + HELLO[f[0] + 1 :])
+    )
+    pieces = st.one_of(in_order, other, damaged, st.binary(max_size=40),
+                       st.builds(crypto_frame, st.integers(0, 70_000), st.binary(max_size=30)))
+    return st.lists(pieces, min_size=1, max_size=5).map(b"".join)
+
+
+@settings(max_examples=1500, deadline=None)
+@given(payload=_payloads(), max_crypto=st.sampled_from([QUIC_MAX_CRYPTO_BYTES, 200, 300]))
+def test_whatever_c_reads_of_a_hostile_payload_is_the_reference_reading(payload: bytes, max_crypto: int) -> None:
+    agree(payload, max_crypto)
+
+
+@settings(max_examples=500, deadline=None)
+@given(hello=st.binary(min_size=0, max_size=400), junk=st.binary(max_size=8))
+def test_random_hellos_never_read_otherwise(hello: bytes, junk: bytes) -> None:
+    agree(crypto_frame(0, b"\x01" + len(hello).to_bytes(3, "big") + hello) + junk)
+    agree(crypto_frame(0, hello))
