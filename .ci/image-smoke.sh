@@ -35,6 +35,11 @@ if command -v cc >/dev/null 2>&1 && [[ "$(uname -s)" == Linux ]]; then
   echo "image-smoke: the wheel carries the C splice (a compiler was there)"
   (cd "$work" && env PYTHONDONTWRITEBYTECODE=1 "$work/venv/bin/python" -c \
     "from router.udp import native; raise SystemExit(0 if native.is_built() else 'router.udp._splice missing')")
+  if [[ -f /usr/include/openssl/evp.h ]]; then
+    echo "image-smoke: the wheel carries the C Initial protection (OpenSSL headers were there)"
+    (cd "$work" && env PYTHONDONTWRITEBYTECODE=1 "$work/venv/bin/python" -c \
+      "from quic import initial_keys; raise SystemExit(0 if initial_keys.native_built() else 'quic._initial_protection missing')")
+  fi
 fi
 
 touch "$work/installed.marker"

@@ -30,6 +30,7 @@ from router.health import HealthServer
 from router.hostname import HostnameTemplate, TemplateError
 from router.metrics import RouterMetrics
 from router.tcp.edge import TcpRouter, TcpRouterSettings
+from router.udp import native
 from router.udp.edge import UdpRouter
 from router.udp.flow_table import FlowLimits
 from router.udp.settings import UdpRouterSettings
@@ -174,6 +175,7 @@ class RouterApp:
 
     async def start(self) -> None:
         cfg = self.config
+        initials = native.initial_protection()  # before the first Initial can arrive
         self.health_addr = await self.health.start(cfg.health_listen_addr.host, cfg.health_listen_addr.port)
         self.tcp_addr = await self.tcp.start(cfg.listen_addr.host, cfg.listen_addr.port)
         self.udp_addr = await self.udp.start(
@@ -181,8 +183,8 @@ class RouterApp:
         )
         self._source_task = asyncio.create_task(self.source.run(), name="discovery")
         log.info(
-            "listening grpc=%s:%d quic=%s:%d health=%s:%d quic_datapath=%s",
-            *self.tcp_addr[:2], *self.udp_addr[:2], *self.health_addr[:2], self.udp.datapath,
+            "listening grpc=%s:%d quic=%s:%d health=%s:%d quic_datapath=%s quic_initials=%s",
+            *self.tcp_addr[:2], *self.udp_addr[:2], *self.health_addr[:2], self.udp.datapath, initials,
         )
 
     async def run(self) -> int:

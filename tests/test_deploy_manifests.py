@@ -442,3 +442,4 @@ def test_only_the_wheel_stage_has_a_c_compiler_for_the_optional_splice() -> None
     second_from = [i for i, (op, _) in enumerate(steps) if op == "FROM"][1]
     installs = [(i, arg) for i, (op, arg) in enumerate(steps) if op == "RUN" and "apt-get install" in arg]
     assert [i < second_from and "gcc" in arg.split() for i, arg in installs] == [True]
+    assert "libssl-dev" in installs[0][1].split()  # OpenSSL's headers for quic/_initial_protection.c

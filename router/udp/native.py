@@ -1,9 +1,11 @@
-"""The optional C splice of established QUIC flows (``router/udp/_splice.c``), when it can be used.
+"""The optional C extensions of the QUIC edge, when they can be used.
 
-``setup.py`` builds it when a C compiler is there; without it, or with ``NO_EXTENSIONS_ENV``
-set, the edge runs the same flows through its pure-Python path (``pod_link``, ``pod_to_client``).
-Both paths are tested, and they differ only in cost: which datagrams reach whom, in which order,
-and what the flows count are the same.
+``router/udp/_splice.c`` splices established flows; ``quic/_initial_protection.c`` opens a new
+flow's first Initial. ``setup.py`` builds them when a C compiler (and, for the second, OpenSSL's
+headers) is there; without them, or with ``NO_EXTENSIONS_ENV`` set, the edge runs the same flows
+through its pure-Python paths (``pod_link``, ``pod_to_client``; ``cryptography`` and
+``quic.clienthello``). Both paths are tested, and they differ only in cost: which datagrams reach
+whom, in which order, what the flows count and which pod an Initial names are the same.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
+from quic import initial_keys
 from router import constants as c
 
 if TYPE_CHECKING:
@@ -44,3 +47,9 @@ def splicer_type(wanted: bool | None) -> type[Splicer] | None:
             raise NativeUnavailable("the C splice router.udp._splice is not built (no C compiler at install)") from None
         return None
     return built
+
+
+def initial_protection() -> str:
+    """Open new flows' client Initials in C when ``quic._initial_protection`` is built and
+    ``NO_EXTENSIONS_ENV`` is not set (process-wide); ``c`` or ``python``, for the start line."""
+    return "c" if initial_keys.use_native(not os.environ.get(c.NO_EXTENSIONS_ENV)) else "python"
