@@ -17,14 +17,10 @@ from hypothesis import strategies as st
 
 from quic import initial_keys
 from quic.clienthello import (
-    HANDSHAKE_HEADER_BYTES,
     MAX_TLS_CLIENT_HELLO_BYTES,
-    ClientHelloError,
     ClientHelloInfo,
-    client_hello_length,
-    parse_client_hello,
 )
-from quic.frames import QUIC_MAX_CRYPTO_BYTES, CryptoReassembler, walk_initial_frames
+from quic.frames import QUIC_MAX_CRYPTO_BYTES
 from quic.initial_keys import (
     client_initial_keys,
     decrypt_initial,
@@ -33,6 +29,7 @@ from quic.initial_keys import (
     sniff_first_payload,
 )
 from quic.packet import QUIC_V1, QUIC_V2, QuicPacketError, parse_long_header
+from tests.support.initial_reference import reference_hello
 from tests.support.quic_frames import ack, close, crypto_frame
 from tests.support.quic_vectors import RFC_CLIENT_HELLO, V1_CLIENT_INITIAL, V2_CLIENT_INITIAL
 
@@ -107,23 +104,6 @@ def test_opening_agrees_on_any_initial_and_its_damage(
     assert opened == reference
     if not flips and not cut and largest_pn == -1:
         assert isinstance(opened, tuple) and opened[0] == pn and opened[1].startswith(payload)
-
-
-def reference_hello(payload: bytes, max_crypto: int = QUIC_MAX_CRYPTO_BYTES) -> object:
-    """What ``InitialSniffer`` makes of one first payload the reference way: facts, None, or an error."""
-    crypto = CryptoReassembler(min(max_crypto, MAX_TLS_CLIENT_HELLO_BYTES))
-    try:
-        for offset, data in walk_initial_frames(payload):
-            crypto.add(offset, data)
-        available = crypto.contiguous_length
-        if not available:
-            return None
-        total = client_hello_length(crypto.contiguous(HANDSHAKE_HEADER_BYTES))
-        if total is None or available < total:
-            return None
-        return parse_client_hello(crypto.contiguous(total))
-    except (QuicPacketError, ClientHelloError) as exc:
-        return type(exc)
 
 
 def agree(payload: bytes, max_crypto: int = QUIC_MAX_CRYPTO_BYTES) -> tuple[str | None, tuple[str, ...]] | None:

@@ -17,6 +17,7 @@ tls_peek           ``ClientHelloReader.feed``, whole and chunked must agree     
 h2_request         ``H2RequestReader.feed``, whole and chunked must agree            H2PeekError
 settings_ack       ``SettingsAckStripper.feed``: input minus exactly one ACK out     H2PeekError
 initial_frames     ``walk_initial_frames`` into a ``CryptoReassembler``              QuicPacketError
+initial_native     ``sniff_first_payload`` (C) declines or equals the reference       (none)
 sniffer_payloads   ``InitialSniffer.feed`` on re-encrypted mutated frames            QuicPacketError
 sniffer_datagrams  ``InitialSniffer.feed`` on mutated protected datagrams            QuicPacketError
 udp_router         ``UdpRouter``'s datagram path (no sockets): answers never         (none)

@@ -10,8 +10,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from discovery.targets import Target, TargetSnapshot
-from quic.frames import CryptoReassembler, walk_initial_frames
-from quic.initial_keys import client_initial_keys, encrypt_initial
+from quic.clienthello import ClientHelloInfo
+from quic.frames import QUIC_MAX_CRYPTO_BYTES, CryptoReassembler, walk_initial_frames
+from quic.initial_keys import client_initial_keys, encrypt_initial, sniff_first_payload
 from quic.initial_sniffer import InitialSniffer
 from quic.packet import QUIC_V1, QUIC_V2, QuicPacketError, encode_varint
 from router.metrics import RouterMetrics
@@ -21,6 +22,7 @@ from router.udp.settings import UdpRouterSettings
 from tests.fuzz.seed_flights import first_flight, quic_hellos
 from tests.fuzz.target import SEPARATOR, TEMPLATE, FuzzTarget, check
 from tests.fuzz.targets_tls import hellos, mutate_hello
+from tests.support.initial_reference import reference_hello
 from tests.support.quic_frames import crypto_frame
 from tests.support.quic_initial_rewriter import CASES, rewrite_flight
 
@@ -40,6 +42,15 @@ def run_initial_frames(data: bytes) -> str:
         count += 1
     check(len(crypto.contiguous()) == crypto.contiguous_length, "contiguous length")
     return f"crypto-frames-{min(count, 3)}"
+
+
+def run_initial_native(data: bytes) -> str:
+    """The C reading of a first Initial payload (when built) is the reference reading, or declines."""
+    found = sniff_first_payload(data, QUIC_MAX_CRYPTO_BYTES)
+    if found is None:
+        return "declined"
+    check(reference_hello(data) == ClientHelloInfo(*found), "the C reading differs from the reference")
+    return "read"
 
 
 def _sniff(datagrams: Sequence[bytes]) -> str:
@@ -263,6 +274,7 @@ def mutate_router_input(data: bytes, rng: random.Random) -> bytes | None:
 
 QUIC_TARGETS = (
     FuzzTarget("initial_frames", run_initial_frames, (QuicPacketError,), frames_seeds, 20_000, QUIC_DICTIONARY),
+    FuzzTarget("initial_native", run_initial_native, (), frames_seeds, 20_000, QUIC_DICTIONARY),
     FuzzTarget("sniffer_payloads", run_sniffer_payloads, (QuicPacketError,), payload_seeds, 20_000,
                QUIC_DICTIONARY, mutate_payload_input),
     FuzzTarget("sniffer_datagrams", run_sniffer_datagrams, (QuicPacketError,), sniffer_datagram_seeds,
