@@ -25,4 +25,3 @@ def ack(largest: int, ranges: Sequence[tuple[int, int]] = (), ecn: bool = False)
 def close(reason: bytes) -> bytes:
     """CONNECTION_CLOSE (0x1c), PROTOCOL_VIOLATION about a CRYPTO frame, with ``reason``."""
     return b"\x1c" + encode_uint_var(0x0A) + encode_uint_var(0x06) + encode_uint_var(len(reason)) + reason
-
