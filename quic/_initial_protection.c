@@ -1,4 +1,5 @@
-/* quic._initial_protection: a client Initial's keys and its opening, over OpenSSL's libcrypto.
+/* quic._initial_protection: a client Initial's keys and its opening, over OpenSSL's libcrypto;
+ * and the ClientHello facts of a usual first Initial payload or of a whole handshake message.
  *
  * Why C: the router opens one client Initial per new QUIC connection, in a process whose caches
  * the peers have just evicted. Through `cryptography` and `hashlib` that is a dozen OpenSSL
@@ -441,10 +442,38 @@ done:
     return result;
 }
 
+PyDoc_STRVAR(client_hello_facts_doc,
+"client_hello_facts(handshake, max_hello) -> (server_name, alpn) | None\n\n"
+"The facts of one whole, well-formed ClientHello handshake message of at most ``max_hello``\n"
+"bytes (TLS over TCP's peek); None for anything else: quic.clienthello then walks it itself.");
+
+static PyObject *
+client_hello_facts(PyObject *self, PyObject *args)
+{
+    Py_buffer handshake;
+    unsigned long long max_hello;
+    if (!PyArg_ParseTuple(args, "y*K:client_hello_facts", &handshake, &max_hello)) return NULL;
+    PyObject *result = NULL, *server_name = NULL, *alpn = NULL;
+    span hello = {handshake.buf, (size_t)handshake.len};
+    if (hello.n < 4 || hello.p[0] != 1 ||
+        4 + (((size_t)hello.p[1] << 16) | ((size_t)hello.p[2] << 8) | hello.p[3]) != hello.n || hello.n > max_hello) {
+        result = Py_NewRef(Py_None);
+        goto done;
+    }
+    int found = client_hello(hello, &server_name, &alpn);
+    if (found >= 0) result = found ? PyTuple_Pack(2, server_name, alpn) : Py_NewRef(Py_None);
+done:
+    Py_XDECREF(server_name);
+    Py_XDECREF(alpn);
+    PyBuffer_Release(&handshake);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"initial_keys", initial_keys, METH_VARARGS, initial_keys_doc},
     {"open_initial", open_initial, METH_VARARGS, open_initial_doc},
     {"sniff_initial", sniff_initial, METH_VARARGS, sniff_initial_doc},
+    {"client_hello_facts", client_hello_facts, METH_VARARGS, client_hello_facts_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import IntEnum
 
+from quic import native
+
 HANDSHAKE_HEADER_BYTES = 4
 """msg_type(1) + uint24 length (RFC 8446 section 4)."""
 
@@ -116,7 +118,18 @@ def client_hello_length(prefix: bytes) -> int | None:
 
 
 def parse_client_hello(handshake: bytes) -> ClientHelloInfo:
-    """Walk one complete handshake message (type 1, uint24 length, body) to its facts."""
+    """Walk one complete handshake message (type 1, uint24 length, body) to its facts: in C when
+    ``quic.native`` is active and the hello is well formed, else (and to name what is wrong) here."""
+    extension = native.active()
+    if extension is not None:
+        found = extension.client_hello_facts(handshake, MAX_TLS_CLIENT_HELLO_BYTES)
+        if found is not None:
+            return ClientHelloInfo(*found)
+    return walk_client_hello(handshake)
+
+
+def walk_client_hello(handshake: bytes) -> ClientHelloInfo:
+    """``parse_client_hello``'s reference walk, in Python (what the C walk must agree with)."""
     total = client_hello_length(handshake)
     if total is None:
         raise ClientHelloError("truncated handshake header")

@@ -6,7 +6,7 @@ without terminating QUIC, and answer a refused client the way its server would.
 Keys are derived per flow and never cached: a cache keyed by spoofable DCIDs would
 only churn. Crypto is ``cryptography`` (AES-128-GCM, AES-ECB) and stdlib HMAC; a client Initial's
 keys and opening go through the optional C extension ``quic/_initial_protection.c`` (the same
-steps over libcrypto, with the ciphers fetched once) when it is built and ``use_native`` allows.
+steps over libcrypto, with the ciphers fetched once) when ``quic.native`` says it is active.
 """
 
 from __future__ import annotations
@@ -20,11 +20,7 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-try:
-    from quic import _initial_protection as _c
-except ImportError:  # not built (no compiler or OpenSSL headers at install): cryptography alone
-    _c = None  # type: ignore[assignment]
-
+from quic import native
 from quic.clienthello import MAX_TLS_CLIENT_HELLO_BYTES
 from quic.packet import (
     MAX_CID_LENGTH,
@@ -98,31 +94,15 @@ def _expand_label(keyed: hmac.HMAC, label: bytes, length: int) -> bytes:
     return mac.digest()[:length]
 
 
-_native = _c is not None
-"""Whether the C extension is used (built, and ``use_native`` allows it)."""
-
-
-def use_native(enabled: bool) -> bool:
-    """Derive client Initial keys and open client Initials in C when it is built and ``enabled``,
-    else through ``cryptography`` and ``hashlib``; returns whether C is used from now on."""
-    global _native
-    _native = enabled and _c is not None
-    return _native
-
-
-def native_built() -> bool:
-    """Whether the C extension ``quic._initial_protection`` is importable."""
-    return _c is not None
-
-
 def sniff_first_payload(payload: bytes, max_crypto: int) -> tuple[str | None, tuple[str, ...]] | None:
     """The ClientHello facts (server name, ALPN) of a flow's first opened Initial payload, in C,
     when its CRYPTO frames hold a whole well-formed hello in order from offset 0 (the usual case);
     None otherwise, or without the C extension: then ``InitialSniffer`` walks it the reference way
     (``quic.frames``, ``quic.clienthello``), which also names whatever is wrong."""
-    if not _native:
+    extension = native.active()
+    if extension is None:
         return None
-    return _c.sniff_initial(payload, max_crypto, MAX_TLS_CLIENT_HELLO_BYTES)
+    return extension.sniff_initial(payload, max_crypto, MAX_TLS_CLIENT_HELLO_BYTES)
 
 
 def _initial_keys(version: int, original_dcid: bytes, direction: bytes) -> InitialKeys:
@@ -130,8 +110,9 @@ def _initial_keys(version: int, original_dcid: bytes, direction: bytes) -> Initi
     if extractor is None:
         raise QuicPacketError(f"no Initial keys for QUIC version 0x{version:08x}")
     key_label, iv_label, hp_label = _LABELS[version]
-    if _native:
-        key, iv, hp = _c.initial_keys(
+    extension = native.active()
+    if extension is not None:
+        key, iv, hp = extension.initial_keys(
             _SALTS[version], original_dcid, _expand_input(direction, _SHA256_BYTES),
             _expand_input(key_label, KEY_BYTES), _expand_input(iv_label, IV_BYTES), _expand_input(hp_label, KEY_BYTES),
         )
@@ -193,8 +174,9 @@ def decrypt_initial(
     end = header.end
     if end > len(datagram) or pn_offset + MAX_PN_BYTES + SAMPLE_BYTES > end:
         raise QuicPacketError("Initial too short to sample for header protection")
-    if _native and -1 <= largest_pn < _PN_LIMIT:
-        opened = _c.open_initial(datagram, keys.key, keys.iv, keys.hp, header.offset, pn_offset, end, largest_pn)
+    extension = native.active()
+    if extension is not None and -1 <= largest_pn < _PN_LIMIT:
+        opened = extension.open_initial(datagram, keys.key, keys.iv, keys.hp, header.offset, pn_offset, end, largest_pn)
         if opened is None:
             raise QuicPacketError("Initial packet failed authentication")
         return opened

@@ -4,21 +4,34 @@ from __future__ import annotations
 
 import contextlib
 import ssl
+from collections.abc import Iterator
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from quic import native as quic_native
 from quic.clienthello import (
     MAX_TLS_CLIENT_HELLO_BYTES,
     ClientHelloError,
     ClientHelloInfo,
     client_hello_length,
     parse_client_hello,
+    walk_client_hello,
 )
 from tests.support.tls import HOST, aioquic_client_hello, alpn_ext, build_hello, sni_ext, ssl_client_hello, u16
 
 # --- real hellos -------------------------------------------------------------
+
+
+@pytest.fixture(autouse=True, params=["c", "python"])
+def hello_path(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Every walker test on the C walk (when built) and on the Python walk alone."""
+    if request.param == "c" and not quic_native.built():
+        pytest.skip("quic._initial_protection is not built")
+    quic_native.use(request.param == "c")
+    yield
+    quic_native.use(True)
 
 
 def test_openssl_hello_with_sni_and_alpn() -> None:
@@ -171,3 +184,33 @@ def test_fuzz_mutated_real_hello(mutations: list[tuple[int, int]]) -> None:
 )
 def test_fuzz_structured_extensions(extensions: list[tuple[int, bytes]], session_id: bytes) -> None:
     _parse_or_own_error(build_hello(extensions, session_id=session_id))
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    st.sampled_from([
+        REAL_HELLO,
+        aioquic_client_hello(),
+        build_hello([sni_ext((0, b"pod-0.stargate.external")), alpn_ext(b"a", b"bc")]),
+    ]),
+    st.lists(st.tuples(st.integers(0, 2000), st.integers(0, 255)), max_size=3),
+    st.integers(0, 20),
+)
+def test_the_c_walk_answers_as_the_python_walk_or_declines(hello: bytes, mutations: list[tuple[int, int]],
+                                                           cut: int) -> None:
+    data = bytearray(hello)
+    for pos, value in mutations:
+        data[pos % len(data)] = value
+    handshake = bytes(data[: len(data) - cut])
+    extension = quic_native.active()
+    if extension is None:
+        return
+    found = extension.client_hello_facts(handshake, MAX_TLS_CLIENT_HELLO_BYTES)
+    try:
+        reference: object = walk_client_hello(handshake)
+    except ClientHelloError:
+        reference = None
+    if found is not None:
+        assert reference == ClientHelloInfo(*found)
+    if not mutations and not cut:
+        assert found is not None  # a real hello is read in C, not declined

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from discovery.targets import Target, TargetSnapshot
-from quic import initial_keys
+from quic import native as quic_native
 from router import constants as c
 from router.demo.pki import DemoPki
 from router.udp import native
@@ -35,7 +35,7 @@ def test_the_splice_is_built_wherever_a_compiler_was() -> None:
                     reason="no C compiler or no OpenSSL headers (libssl-dev) here")
 def test_the_initial_protection_is_built_wherever_a_compiler_and_openssl_headers_were() -> None:
     """CI installs libssl-dev: there the C Initial path must be built, or its tests would skip unseen."""
-    assert initial_keys.native_built()
+    assert quic_native.built()
 
 
 @pytest.fixture
@@ -73,7 +73,7 @@ async def test_without_the_extension_a_quic_stream_still_goes_through_the_router
 def test_the_router_says_at_start_which_datapath_carries_quic_flows(switched_off: bool) -> None:
     env = {c.NO_EXTENSIONS_ENV: "1" if switched_off else ""}
     expected = "python" if switched_off or not native.is_built() else "c_splice"
-    initials = "python" if switched_off or not initial_keys.native_built() else "c"
+    initials = "python" if switched_off or not quic_native.built() else "c"
     with RouterProcess(router_args(EXAMPLE, "--target-namespace", "stargate"), env=env) as router:
         router.wait_listening()
         assert any(f"quic_datapath={expected} quic_initials={initials}" in line for line in router.lines)

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from quic import initial_keys
+from quic import native as quic_native
 from quic.clienthello import (
     MAX_TLS_CLIENT_HELLO_BYTES,
     ClientHelloInfo,
@@ -33,7 +33,7 @@ from tests.support.initial_reference import reference_hello
 from tests.support.quic_frames import ack, close, crypto_frame
 from tests.support.quic_vectors import RFC_CLIENT_HELLO, V1_CLIENT_INITIAL, V2_CLIENT_INITIAL
 
-pytestmark = pytest.mark.skipif(not initial_keys.native_built(), reason="quic._initial_protection is not built")
+pytestmark = pytest.mark.skipif(not quic_native.built(), reason="quic._initial_protection is not built")
 
 VERSIONS = st.sampled_from([QUIC_V1, QUIC_V2])
 
@@ -41,14 +41,14 @@ VERSIONS = st.sampled_from([QUIC_V1, QUIC_V2])
 @pytest.fixture(autouse=True)
 def native_again() -> Iterator[None]:
     yield
-    initial_keys.use_native(True)
+    quic_native.use(True)
 
 
 def both(call: object, *args: object) -> tuple[object, object]:
     """``call(*args)`` on the C path and on the reference path: its result or its error."""
     outcomes = []
     for native in (True, False):
-        initial_keys.use_native(native)
+        quic_native.use(native)
         try:
             outcomes.append(call(*args))  # type: ignore[operator]
         except QuicPacketError as exc:

@@ -13,7 +13,7 @@ from aioquic.quic.connection import QuicConnection
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from quic import initial_keys
+from quic import native as quic_native
 from quic.clienthello import ClientHelloError, ClientHelloInfo
 from quic.initial_sniffer import InitialSniffer, InvalidClientHello, NotInitial, ShortInitial
 from quic.packet import QUIC_V1, QUIC_V2, QuicPacketError, UnsupportedVersion, encode_varint, parse_long_header
@@ -45,11 +45,11 @@ initial = functools.partial(protected_initial, dcid=DCID, scid=SCID)
 @pytest.fixture(autouse=True, params=["c", "python"])
 def initial_path(request: pytest.FixtureRequest) -> Iterator[None]:
     """Every sniffer test on the C Initial path (when built) and on the reference path."""
-    if request.param == "c" and not initial_keys.native_built():
+    if request.param == "c" and not quic_native.built():
         pytest.skip("quic._initial_protection is not built")
-    initial_keys.use_native(request.param == "c")
+    quic_native.use(request.param == "c")
     yield
-    initial_keys.use_native(True)
+    quic_native.use(True)
 
 
 def feed_all(sniffer: InitialSniffer, datagrams: Sequence[bytes]) -> list[ClientHelloInfo | None]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
-from quic import initial_keys
+from quic import native as quic_native
 from router import constants as c
 
 if TYPE_CHECKING:
@@ -52,4 +52,4 @@ def splicer_type(wanted: bool | None) -> type[Splicer] | None:
 def initial_protection() -> str:
     """Open new flows' client Initials in C when ``quic._initial_protection`` is built and
     ``NO_EXTENSIONS_ENV`` is not set (process-wide); ``c`` or ``python``, for the start line."""
-    return "c" if initial_keys.use_native(not os.environ.get(c.NO_EXTENSIONS_ENV)) else "python"
+    return "c" if quic_native.use(not os.environ.get(c.NO_EXTENSIONS_ENV)) else "python"
