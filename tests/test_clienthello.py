@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import ssl
-from collections.abc import Iterator
 
 import pytest
 from hypothesis import given, settings
@@ -24,14 +23,7 @@ from tests.support.tls import HOST, aioquic_client_hello, alpn_ext, build_hello,
 # --- real hellos -------------------------------------------------------------
 
 
-@pytest.fixture(autouse=True, params=["c", "python"])
-def hello_path(request: pytest.FixtureRequest) -> Iterator[None]:
-    """Every walker test on the C walk (when built) and on the Python walk alone."""
-    if request.param == "c" and not quic_native.built():
-        pytest.skip("quic._initial_protection is not built")
-    quic_native.use(request.param == "c")
-    yield
-    quic_native.use(True)
+pytestmark = pytest.mark.usefixtures("both_quic_readings")
 
 
 def test_openssl_hello_with_sni_and_alpn() -> None:

@@ -13,7 +13,6 @@ from aioquic.quic.connection import QuicConnection
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from quic import native as quic_native
 from quic.clienthello import ClientHelloError, ClientHelloInfo
 from quic.initial_sniffer import InitialSniffer, InvalidClientHello, NotInitial, ShortInitial
 from quic.packet import QUIC_V1, QUIC_V2, QuicPacketError, UnsupportedVersion, encode_varint, parse_long_header
@@ -42,14 +41,7 @@ initial = functools.partial(protected_initial, dcid=DCID, scid=SCID)
 """A client Initial carrying ``frames`` (this file's connection IDs unless told otherwise)."""
 
 
-@pytest.fixture(autouse=True, params=["c", "python"])
-def initial_path(request: pytest.FixtureRequest) -> Iterator[None]:
-    """Every sniffer test on the C Initial path (when built) and on the reference path."""
-    if request.param == "c" and not quic_native.built():
-        pytest.skip("quic._initial_protection is not built")
-    quic_native.use(request.param == "c")
-    yield
-    quic_native.use(True)
+pytestmark = pytest.mark.usefixtures("both_quic_readings")
 
 
 def feed_all(sniffer: InitialSniffer, datagrams: Sequence[bytes]) -> list[ClientHelloInfo | None]:
