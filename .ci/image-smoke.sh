@@ -38,7 +38,7 @@ if command -v cc >/dev/null 2>&1 && [[ "$(uname -s)" == Linux ]]; then
   if [[ -f /usr/include/openssl/evp.h ]]; then
     echo "image-smoke: the wheel carries the C Initial protection (OpenSSL headers were there)"
     (cd "$work" && env PYTHONDONTWRITEBYTECODE=1 "$work/venv/bin/python" -c \
-      "from quic import initial_keys; raise SystemExit(0 if initial_keys.native_built() else 'quic._initial_protection missing')")
+      "from quic import native; raise SystemExit(0 if native.built() else 'quic._initial_protection missing')")
   fi
 fi
 
