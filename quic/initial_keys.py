@@ -50,9 +50,9 @@ SAMPLE_BYTES = 16
 """Header protection samples 16 ciphertext bytes, 4 bytes after the packet number start."""
 MAX_PN_BYTES = 4
 _SHA256_BYTES = hashlib.sha256().digest_size
+"""HKDF-SHA256's block: the Initial secret's length, and the most one HKDF-Expand block gives."""
 _PN_LIMIT = 1 << 62
 """RFC 9000 section 12.3: packet numbers are below 2^62."""
-"""HKDF-SHA256's block: the Initial secret's length, and the most one HKDF-Expand block gives."""
 
 
 @dataclass(frozen=True, slots=True)
