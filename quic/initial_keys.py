@@ -21,7 +21,6 @@ from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from quic import native
-from quic.clienthello import MAX_TLS_CLIENT_HELLO_BYTES
 from quic.packet import (
     MAX_CID_LENGTH,
     QUIC_V1,
@@ -92,17 +91,6 @@ def _expand_label(keyed: hmac.HMAC, label: bytes, length: int) -> bytes:
     mac = keyed.copy()
     mac.update(_expand_input(label, length))
     return mac.digest()[:length]
-
-
-def sniff_first_payload(payload: bytes, max_crypto: int) -> tuple[str | None, tuple[str, ...]] | None:
-    """The ClientHello facts (server name, ALPN) of a flow's first opened Initial payload, in C,
-    when its CRYPTO frames hold a whole well-formed hello in order from offset 0 (the usual case);
-    None otherwise, or without the C extension: then ``InitialSniffer`` walks it the reference way
-    (``quic.frames``, ``quic.clienthello``), which also names whatever is wrong."""
-    extension = native.active()
-    if extension is None:
-        return None
-    return extension.sniff_initial(payload, max_crypto, MAX_TLS_CLIENT_HELLO_BYTES)
 
 
 def _initial_keys(version: int, original_dcid: bytes, direction: bytes) -> InitialKeys:

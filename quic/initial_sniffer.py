@@ -21,6 +21,7 @@ Error policy, so that an off-path injector cannot kill a flow it does not own:
 
 from __future__ import annotations
 
+from quic import native
 from quic.clienthello import (
     HANDSHAKE_HEADER_BYTES,
     MAX_TLS_CLIENT_HELLO_BYTES,
@@ -30,7 +31,7 @@ from quic.clienthello import (
     parse_client_hello,
 )
 from quic.frames import QUIC_MAX_CRYPTO_BYTES, CryptoReassembler, walk_initial_frames
-from quic.initial_keys import InitialKeys, client_initial_keys, decrypt_initial, sniff_first_payload
+from quic.initial_keys import InitialKeys, client_initial_keys, decrypt_initial
 from quic.packet import (
     QUIC_MIN_INITIAL_DATAGRAM_BYTES,
     QUIC_VERSION_NEGOTIATION,
@@ -42,6 +43,18 @@ from quic.packet import (
     is_long_header,
     iter_long_headers,
 )
+
+
+def sniff_first_payload(payload: bytes, max_crypto: int) -> tuple[str | None, tuple[str, ...]] | None:
+    """The ClientHello facts (server name, ALPN) of a flow's first opened Initial payload, in C,
+    when its CRYPTO frames hold a whole well-formed hello in order from offset 0 (the usual case);
+    None otherwise, or without the C extension: then ``InitialSniffer`` walks it the reference way
+    (``quic.frames``, ``quic.clienthello``), which also names whatever is wrong."""
+    extension = native.active()
+    if extension is None:
+        return None
+    return extension.sniff_initial(payload, max_crypto, MAX_TLS_CLIENT_HELLO_BYTES)
+
 
 
 class NotInitial(QuicPacketError):

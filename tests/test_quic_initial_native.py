@@ -26,8 +26,8 @@ from quic.initial_keys import (
     decrypt_initial,
     encrypt_initial,
     server_initial_keys,
-    sniff_first_payload,
 )
+from quic.initial_sniffer import sniff_first_payload
 from quic.packet import QUIC_V1, QUIC_V2, QuicPacketError, parse_long_header
 from tests.support.initial_reference import reference_hello
 from tests.support.quic_frames import ack, close, crypto_frame

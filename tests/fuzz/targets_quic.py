@@ -12,8 +12,8 @@ from typing import Any
 from discovery.targets import Target, TargetSnapshot
 from quic.clienthello import ClientHelloInfo
 from quic.frames import QUIC_MAX_CRYPTO_BYTES, CryptoReassembler, walk_initial_frames
-from quic.initial_keys import client_initial_keys, encrypt_initial, sniff_first_payload
-from quic.initial_sniffer import InitialSniffer
+from quic.initial_keys import client_initial_keys, encrypt_initial
+from quic.initial_sniffer import InitialSniffer, sniff_first_payload
 from quic.packet import QUIC_V1, QUIC_V2, QuicPacketError, encode_varint
 from router.metrics import RouterMetrics
 from router.udp.edge import UdpRouter
