@@ -16,6 +16,7 @@ import io
 import json
 import logging
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
@@ -171,27 +172,32 @@ class _RouterLogHandler(logging.StreamHandler[TextIO]):
     On the event loop's thread the lines of one loop iteration are flushed together right after
     it: a busy router ends thousands of connections a second, and a ``write()`` per access line
     (each waking whoever reads the log) cost more than the line itself. Anywhere else (before the
-    loop runs, other threads, at exit) a line is flushed at once.
+    loop runs, other threads, at exit) a line is flushed at once, or with the batch already due.
     """
 
     def __init__(self, stream: TextIO, formatter: _EventFormatter) -> None:
         super().__init__(stream)
         self.setFormatter(formatter)
         self._events = formatter
-        self._flush_scheduled = False
+        self._batch_loop: asyncio.AbstractEventLoop | None = None
+        """The loop whose batch flush is due, if one is."""
+        self._batch_thread = -1
 
     def flush(self) -> None:
+        batch = self._batch_loop
+        if batch is not None and threading.get_ident() == self._batch_thread and not batch.is_closed():
+            return  # the batch due will write it (asking for the running loop costs a getpid())
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
             super().flush()
             return
-        if not self._flush_scheduled:
-            self._flush_scheduled = True
+        if batch is None or batch.is_closed():  # none due (or its loop closed before its turn)
+            self._batch_loop, self._batch_thread = loop, threading.get_ident()
             loop.call_later(LOG_FLUSH_INTERVAL_S, self._flush_batch)
 
     def _flush_batch(self) -> None:
-        self._flush_scheduled = False
+        self._batch_loop = None
         super().flush()
 
     def write_event(self, logger_name: str, msg: str, fields: Mapping[str, object]) -> None:

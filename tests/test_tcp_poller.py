@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import uvloop
 
-from router.tcp.poller import FdPoller, poller_for
+from router.tcp.poller import FdPoller, poller_for, recv, sendall
 from router.tcp.relay import RelayOutcome, RelayProbe, relay
 
 pytestmark = pytest.mark.timeout(30)
@@ -130,6 +130,40 @@ def test_a_closed_and_reused_fd_number_can_be_watched_again(run: Runner) -> None
         poller.remove_reader(c.fileno())
         c.close()
         d.close()
+
+    run(main())
+
+
+def test_recv_and_sendall_wait_through_the_poller_and_leave_no_watch(run: Runner) -> None:
+    """The peek's and the dial's waits: bytes that come later, a send bigger than the socket
+    buffer, a wait cut by a timeout; none leaves its fd watched."""
+
+    async def main() -> None:
+        client, server = tcp_pair()
+        poller = poller_for(asyncio.get_running_loop())
+        try:
+            later = asyncio.get_running_loop().call_later(0.05, client.send, b"hello")
+            assert await recv(poller, server, 100) == b"hello"
+            later.cancel()
+            assert poller.watched == 0
+            big = bytes(range(256)) * 16384  # 4 MiB: more than both socket buffers hold
+            got = bytearray()
+
+            async def drain() -> None:
+                while len(got) < len(big):
+                    got.extend(await recv(poller, client, 65536))
+
+            await asyncio.gather(sendall(poller, server, big), drain())
+            assert got == big
+            with pytest.raises(TimeoutError):
+                async with asyncio.timeout(0.05):
+                    await recv(poller, server, 100)
+            assert poller.watched == 0
+            client.shutdown(socket.SHUT_WR)
+            assert await recv(poller, server, 100) == b""
+        finally:
+            client.close()
+            server.close()
 
     run(main())
 

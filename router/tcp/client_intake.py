@@ -23,6 +23,7 @@ from discovery.targets import host_port
 from router import constants as c
 from router.client_limits import ClientSlots
 from router.config import IPNetwork
+from router.tcp.poller import poller_for, recv
 from router.tcp.proxy_protocol import ProxyHeaderError, ProxyHeaderReader, client_address
 
 Peer = tuple[str, int]
@@ -75,10 +76,10 @@ async def read_proxy_header(conn: socket.socket, peer: Peer) -> Intake:
     Reads at most what the peek would (``MAX_PEEK_BYTES``); the header is found incrementally,
     so one slow byte at a time works (the caller's timeout bounds it).
     """
-    loop = asyncio.get_running_loop()
+    poller = poller_for(asyncio.get_running_loop())
     reader = ProxyHeaderReader()
     while True:
-        data = await loop.sock_recv(conn, c.MAX_PEEK_BYTES)
+        data = await recv(poller, conn, c.MAX_PEEK_BYTES)
         if not data:
             raise ProxyHeaderError("connection closed before the end of the PROXY header")
         header = reader.feed(data)

@@ -17,6 +17,7 @@ import socket
 from typing import Final
 
 from discovery.targets import Target
+from router.tcp.poller import poller_for
 
 _TCP_ESTABLISHED: Final = 1
 """``tcpi_state`` of a connected socket (``TCP_ESTABLISHED`` in linux/tcp_states.h)."""
@@ -27,22 +28,6 @@ _NONBLOCKING: Final = getattr(socket, "SOCK_NONBLOCK", 0)
 
 class DialError(Exception):
     """The pod could not be reached; the message says how (``dial ip:port timed out``)."""
-
-
-async def _writable(loop: asyncio.AbstractEventLoop, sock: socket.socket) -> None:
-    """Wait until a connecting socket is writable (connected or failed)."""
-    writable: asyncio.Future[None] = loop.create_future()
-    fd = sock.fileno()
-
-    def on_writable() -> None:
-        if not writable.done():
-            writable.set_result(None)
-
-    loop.add_writer(fd, on_writable)
-    try:
-        await writable
-    finally:
-        loop.remove_writer(fd)
 
 
 def _established(sock: socket.socket) -> bool:
@@ -74,7 +59,7 @@ async def dial(target: Target, timeout_s: float) -> socket.socket:
             return pod
         if err in (errno.EINPROGRESS, errno.EAGAIN):
             async with asyncio.timeout(timeout_s):
-                await _writable(asyncio.get_running_loop(), pod)
+                await poller_for(asyncio.get_running_loop()).wait(pod.fileno(), write=True)
             err = pod.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
         if err:
             raise OSError(err, os.strerror(err))

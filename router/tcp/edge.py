@@ -34,6 +34,7 @@ from router.tcp.first_bytes import FirstBytes
 from router.tcp.first_bytes import Peeked as _Peeked  # edge-private names kept
 from router.tcp.first_bytes import Rejected as _Rejected
 from router.tcp.h2_frames import EMPTY_SETTINGS_FRAME
+from router.tcp.poller import poller_for, recv, sendall
 from router.tcp.proxy_protocol import ProxyHeaderError
 from router.tcp.rejection import answer_and_close, rejection_bytes
 from router.tcp.relay import RelayOutcome, RelayProbe, relay
@@ -249,17 +250,17 @@ class TcpRouter:
 
     async def _peek(self, conn: socket.socket, first: FirstBytes, peeked: _Peeked | None) -> _Peeked:
         """Wait for the rest of the first request, answering h2c's preface with SETTINGS."""
-        loop = self._loop
-        assert loop is not None
+        assert self._loop is not None
+        poller = poller_for(self._loop)
         while True:
             if first.settings_due:
                 # grpcio waits for the server's SETTINGS before its first HEADERS.
-                await loop.sock_sendall(conn, EMPTY_SETTINGS_FRAME)
+                await sendall(poller, conn, EMPTY_SETTINGS_FRAME)
                 first.settings_due = False
                 first.progress.answered += len(EMPTY_SETTINGS_FRAME)
             if peeked is not None:
                 return peeked
-            peeked = first.feed(await loop.sock_recv(conn, c.MAX_PEEK_BYTES))
+            peeked = first.feed(await recv(poller, conn, c.MAX_PEEK_BYTES))
 
     def _decide(self, peeked: _Peeked) -> Target:
         request = peeked.h2_request

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import select
+import socket
 from collections.abc import Callable
 from typing import Final
 
@@ -91,6 +92,28 @@ class FdPoller:
                 if callback is not None:
                     callback()
 
+    async def wait(self, fd: int, *, write: bool = False) -> None:
+        """Until ``fd`` is readable (or writable): for a connection not yet relayed, one watch on
+        this set instead of the loop's own (uvloop's ``sock_recv`` costs a poll handle, an
+        ``ioctl`` and three ``epoll_ctl``)."""
+        future: asyncio.Future[None] = self._loop.create_future()
+
+        def on_ready() -> None:
+            if not future.done():
+                future.set_result(None)
+
+        if write:
+            self.add_writer(fd, on_ready)
+        else:
+            self.add_reader(fd, on_ready)
+        try:
+            await future
+        finally:
+            if write:
+                self.remove_writer(fd)
+            else:
+                self.remove_reader(fd)
+
     @property
     def watched(self) -> int:
         """Fds with a reader or a writer (tests: nothing outlives its relay)."""
@@ -117,3 +140,22 @@ def poller_for(loop: asyncio.AbstractEventLoop) -> FdPoller:
             _POLLERS.pop(old).close()
         poller = _POLLERS[loop] = FdPoller(loop)
     return poller
+
+
+async def recv(poller: FdPoller, sock: socket.socket, size: int) -> bytes:
+    """``loop.sock_recv`` through ``poller``: up to ``size`` bytes, b"" at end of stream."""
+    while True:
+        try:
+            return sock.recv(size)
+        except (BlockingIOError, InterruptedError):
+            await poller.wait(sock.fileno())
+
+
+async def sendall(poller: FdPoller, sock: socket.socket, data: bytes) -> None:
+    """``loop.sock_sendall`` through ``poller``."""
+    view = memoryview(data)
+    while view:
+        try:
+            view = view[sock.send(view):]
+        except (BlockingIOError, InterruptedError):
+            await poller.wait(sock.fileno(), write=True)
