@@ -14,6 +14,7 @@ from router import constants as c
 from router.outcomes import ProtocolLabel
 from router.routing import REFUSAL_ANSWERS, Refusal
 from router.tcp.grpc_rejection import grpc_rejection
+from router.tcp.poller import poller_for, recv, sendall
 from router.tcp.tls_peek import tls_alert
 
 
@@ -35,16 +36,15 @@ async def answer_and_close(conn: socket.socket, answer: bytes | None) -> tuple[i
         conn.close()
         return sent, received
     loop = asyncio.get_running_loop()
+    poller = poller_for(loop)
     try:
-        await asyncio.wait_for(loop.sock_sendall(conn, answer), c.REJECT_LINGER_S)
+        async with asyncio.timeout(c.REJECT_LINGER_S):
+            await sendall(poller, conn, answer)
         sent = len(answer)
         conn.shutdown(socket.SHUT_WR)
-        deadline = loop.time() + c.REJECT_LINGER_S
-        while loop.time() < deadline:
-            chunk = await asyncio.wait_for(loop.sock_recv(conn, 4096), max(0.0, deadline - loop.time()))
-            if not chunk:
-                break
-            received += len(chunk)
+        async with asyncio.timeout(c.REJECT_LINGER_S):  # the client's own close, or the linger's end
+            while chunk := await recv(poller, conn, 4096):
+                received += len(chunk)
     except (OSError, TimeoutError):
         pass
     finally:
