@@ -7,19 +7,24 @@ same rounds, interleaved, and prints each one's CPU per connection, user and sys
 commit to compare with): the per-round CPU ratio of the two routers is the figure that
 survives a shared machine's noise. ``--strace`` counts the system calls per connection of
 the router (and HAProxy), which is deterministic; ``--py-spy FILE`` records a py-spy profile
-(raw collapsed stacks) of the router meanwhile. ``--router-args`` adds flags to both routers
-(``--router-args=--access-log=off``: the path without its access line).
+(raw collapsed stacks) of the router meanwhile; ``--callbacks`` runs the router alone and splits
+its main thread's CPU by the callback that spent it (``bench.callback_hooks``: thread CPU clock
+around each, so unlike py-spy's wall-clock samples it is not skewed by waits for a core).
+``--router-args`` adds flags to both routers (``--router-args=--access-log=off``: the path
+without its access line).
 
     python -m bench.conn_profile --rounds 6
     python -m bench.conn_profile --rounds 6 --baseline /tmp/main-tree
     python -m bench.conn_profile --strace
     python -m bench.conn_profile --py-spy /tmp/conn.txt
+    python -m bench.conn_profile --callbacks --rounds 4
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import statistics
 import subprocess
@@ -28,10 +33,29 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench import callback_hooks
 from bench.context import POD, POD_HOST, SNI
 from bench.procs import Agent, Haproxy, call_all, cpu_split, router_from
 from bench.tcp_load import connection_rate, start_echo_pod, tls_client_hello
 from bench.tcp_scenarios import ECHO_BYTES, RATE_CLIENTS, RATE_CONCURRENCY
+
+CALLBACK_HOOKS = '''
+    from router import access_log, logging_setup
+    from router.tcp import acceptor, edge, poller, relay
+
+    hook(acceptor.Acceptor, "_on_acceptable", "accept batches (accept4, socket objects, tasks)")
+    hook(edge.TcpRouter, "_serve", "connection task steps")
+    hook(edge, "_read_now", "  of which: first read and peek (recv, ClientHello)")
+    hook(edge.TcpRouter, "_decide", "  of which: routing decision")
+    hook(edge, "dial", "  of which: dial (socket, connect)")
+    hook(edge, "relay", "  of which: relay set-up and end (first send, result)")
+    hook(access_log.AccessLog, "end", "  of which: access line and end metrics")
+    hook(poller.FdPoller, "_dispatch", "relay pumps (epoll dispatch: recv, send, shutdown)")
+    hook(relay._Relay, "finish", "  of which: relay finish (close both sockets)")
+    hook(relay, "_arm_young", "relay timers armed (deferred, shared)")
+    hook(logging_setup._RouterLogHandler, "_flush_batch", "log batch flush (write)")
+'''
+"""The TCP edge's callbacks timed by ``--callbacks`` (``bench.callback_hooks``)."""
 
 Box = tuple[tuple[str, int], int]
 """(address the clients dial, pid of the middle box)."""
@@ -64,6 +88,18 @@ def _strace(clients: list[Agent], box: Box, message: bytes) -> dict[str, float]:
     return counts
 
 
+def _callbacks(clients: list[Agent], box: Box, seconds: float, message: bytes, counts: Path) -> int:
+    """The router's main-thread CPU per connection, split by callback (``--callbacks``)."""
+    _run(clients, box, 0.5, message)  # warm up
+    callback_hooks.start(box[1])
+    done, user, system = _run(clients, box, seconds, message)
+    callback_hooks.stop(box[1])
+    print(f"router: {done} connections, CPU per connection {(user + system) / done * 1e6:.1f} us "
+          f"(user {user / done * 1e6:.1f}); the hooks add their own cost to each line")
+    callback_hooks.print_split(json.loads(counts.read_text()), done)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.conn_profile", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -73,8 +109,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--strace", action="store_true", help="system calls per connection instead of CPU")
     p.add_argument("--py-spy", type=Path, help="record a py-spy raw profile of the router here")
     p.add_argument("--router-args", default="", help="extra router flags, space-separated")
+    p.add_argument("--callbacks", action="store_true", help="the router alone: its CPU split by callback")
     args = p.parse_args(argv)
     workdir = Path(tempfile.mkdtemp(prefix="conn-profile-"))
+    counts = callback_hooks.install(workdir, CALLBACK_HOOKS) if args.callbacks else None
     message = tls_client_hello(SNI) + bytes(ECHO_BYTES)
     pod = Agent("echo-pod")
     clients = [Agent(f"rate-client-{i}") for i in range(RATE_CLIENTS)]
@@ -91,6 +129,8 @@ def main(argv: list[str] | None = None) -> int:
             haproxy = Haproxy(workdir, sni_routes=[(SNI, POD_HOST, port)])
             stack.callback(haproxy.close)
             boxes["haproxy"] = (("127.0.0.1", haproxy.ports[0]), haproxy.pid)
+            if counts is not None:
+                return _callbacks(clients, boxes["router"], args.rounds * args.seconds, message, counts)
             for box in boxes.values():
                 _run(clients, box, 0.5, message)  # warm up
             if args.strace:

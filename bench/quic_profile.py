@@ -32,6 +32,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench import callback_hooks
 from bench.context import POD, POD_HOST, SNI
 from bench.procs import Agent, Nginx, Router, call_all, cpu_exact, process_tree, router_from
 from bench.quic_load import quic_handshakes, start_quic_pod_thread
@@ -41,61 +42,8 @@ NGINX_ROUND_CONNECTIONS = 16_000
 """nginx's worker_connections in ``--rounds``: 8,000 UDP sessions, ~30 rounds of 4 s of handshakes."""
 
 CALLBACK_HOOKS = '''
-import inspect, json, os, signal, sys, time
-if sys.orig_argv[sys.orig_argv.index("-m") + 1:][:1] == ["router"] if "-m" in sys.orig_argv else False:
-    spent, clock, began = {}, time.thread_time_ns, [time.thread_time_ns()]
-
-    def restart(*_):
-        spent.clear()
-        began[0] = clock()
-
-    def dump(*_):
-        with open(os.environ["STARGATE_BENCH_CALLBACKS"], "w") as out:
-            json.dump({"main thread": [clock() - began[0], 1], **spent}, out)
-
-    # Installed first: a hook that fails to install must not leave SIGUSR2 fatal.
-    signal.signal(signal.SIGUSR2, restart)
-    signal.signal(signal.SIGUSR1, dump)
     from router.udp import edge, pod_link, pod_to_client
     from quic import initial_sniffer
-
-    def note(key, ns):
-        entry = spent.setdefault(key, [0, 0])
-        entry[0] += ns
-        entry[1] += 1
-
-    def hook(owner, name, label, split=None):
-        original = getattr(owner, name, None)
-        if original is None:  # a name this version of the router does not have
-            return
-        if inspect.iscoroutinefunction(original):
-            async def stepped(*args, **kwargs):  # each step timed, the awaits in between not
-                coro, value = original(*args, **kwargs), None
-                while True:
-                    started = clock()
-                    try:
-                        awaited = coro.send(value)
-                    except StopIteration as stop:
-                        note(label, clock() - started)
-                        return stop.value
-                    note(label, clock() - started)
-                    value = await _Await(awaited)
-            setattr(owner, name, stepped)
-            return
-        def timed(*args, **kwargs):
-            key = split(*args) if split else label  # before the call changes what it looks at
-            started = clock()
-            try:
-                return original(*args, **kwargs)
-            finally:
-                note(key, clock() - started)
-        setattr(owner, name, timed)
-
-    class _Await:
-        def __init__(self, yielded):
-            self.yielded = yielded
-        def __await__(self):
-            return (yield self.yielded)
 
     def client_kind(router, data, addr):
         table = router._table
@@ -121,9 +69,8 @@ if sys.orig_argv[sys.orig_argv.index("-m") + 1:][:1] == ["router"] if "-m" in sy
     hook(initial_sniffer, "parse_client_hello", "    of which: parse_client_hello")
     hook(edge, "connect_udp", "  of which: connect_udp (socket, connect)")
     hook(edge.UdpRouter, "_learn_from_pod", "pod long header handed back")
-
 '''
-"""Timing hooks for the router process (a hook whose target this version lacks is skipped)."""
+"""The QUIC edge's callbacks timed by ``--callbacks`` (``bench.callback_hooks``)."""
 
 
 def _cpu_ticks(pid: int) -> tuple[int, int]:
@@ -149,12 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         return _rounds(max(args.rounds, 1), args.seconds, args.baseline)
     with tempfile.TemporaryDirectory(prefix="stargate-qprof-") as tmp:
         workdir = Path(tmp)
-        if args.callbacks:
-            hooks = workdir / "hooks"
-            hooks.mkdir()
-            (hooks / "sitecustomize.py").write_text(CALLBACK_HOOKS)
-            os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"), str(hooks)]))
-            os.environ["STARGATE_BENCH_CALLBACKS"] = str(workdir / "callbacks.json")
+        counts = callback_hooks.install(workdir, CALLBACK_HOOKS) if args.callbacks else None
         pki = make_pki(workdir / "pki")
         pod = Agent("quic-pod")
         clients = [Agent(f"quic-client-{i}") for i in range(2)]
@@ -180,15 +122,14 @@ def main(argv: list[str] | None = None) -> int:
                     spy = subprocess.Popen(["strace", "-c", "-f", "-o", str(args.strace), "-p", str(pid)],
                                            stderr=subprocess.DEVNULL)
                     time.sleep(1)
-                if args.callbacks and args.peer == "router":
-                    os.kill(pid, signal.SIGUSR2)
+                if counts is not None and args.peer == "router":
+                    callback_hooks.start(pid)
                 user0, sys0 = _cpu_ticks(pid)
                 load = [(addr[0], addr[1], SNI, str(pki.ca_path), args.seconds - (1.5 if spy else 0), 4)] * 2
                 answers = call_all(clients, quic_handshakes, load)
                 user1, sys1 = _cpu_ticks(pid)
-                if args.callbacks and args.peer == "router":
-                    os.kill(pid, signal.SIGUSR1)
-                    time.sleep(0.5)
+                if counts is not None and args.peer == "router":
+                    callback_hooks.stop(pid)
                 if spy is not None:
                     if args.strace:
                         spy.send_signal(signal.SIGINT)
@@ -204,8 +145,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{args.peer}: {done} connections ({failed} failed), CPU per connection "
               f"{(user1 - user0 + sys1 - sys0) * per:.0f} us (user {(user1 - user0) * per:.0f}, "
               f"system {(sys1 - sys0) * per:.0f}); load average {os.getloadavg()[0]:.2f}")
-        if args.callbacks and args.peer == "router":
-            _print_callbacks(json.loads((workdir / "callbacks.json").read_text()), done)
+        if counts is not None and args.peer == "router":
+            callback_hooks.print_split(json.loads(counts.read_text()), done)
     return 0
 
 
@@ -255,18 +196,6 @@ def _rounds(rounds: int, seconds: float, baseline: Path | None) -> int:
             ratios = [a / b for a, b in zip(results["router"], results[name], strict=True)]
             print(f"router/{name} CPU per connection, median of the rounds: {statistics.median(ratios):.3f}")
     return 0
-
-
-def _print_callbacks(spent: dict[str, list[int]], done: int) -> None:
-    total = spent.pop("main thread")[0]
-    print(f"{'main thread CPU':52s} {total / done / 1000:7.1f} us/conn")
-    accounted = 0
-    for name, (ns, calls) in sorted(spent.items(), key=lambda kv: -kv[1][0]):
-        accounted += 0 if name.startswith(" ") else ns
-        print(f"{name:52s} {ns / done / 1000:7.1f} us/conn {calls / done:6.2f} calls/conn "
-              f"{ns / calls / 1000:7.1f} us/call")
-    outside = (total - accounted) / done / 1000
-    print(f"{'outside these callbacks (event loop, epoll, tasks)':52s} {outside:7.1f} us/conn")
 
 
 if __name__ == "__main__":
