@@ -260,6 +260,9 @@ class TcpRouter:
                 first.progress.answered += len(EMPTY_SETTINGS_FRAME)
             if peeked is not None:
                 return peeked
+            # Every way here has just read the socket dry (or found it empty): wait, then read,
+            # not a read that would only say EAGAIN (level-triggered: bytes already there wake at once).
+            await poller.wait(conn.fileno())
             peeked = first.feed(await recv(poller, conn, c.MAX_PEEK_BYTES))
 
     def _decide(self, peeked: _Peeked) -> Target:
