@@ -61,9 +61,13 @@ Box = tuple[tuple[str, int], int]
 """(address the clients dial, pid of the middle box)."""
 
 
+_CONCURRENCY = [RATE_CONCURRENCY]
+"""Connections at a time across the clients (``--concurrency``)."""
+
+
 def _run(clients: list[Agent], box: Box, seconds: float, message: bytes) -> tuple[int, float, float]:
     """Connections done, and the box's user and system CPU seconds meanwhile."""
-    (addr, pid), per_client = box, RATE_CONCURRENCY // len(clients)
+    (addr, pid), per_client = box, max(1, _CONCURRENCY[0] // len(clients))
     user0, sys0 = cpu_split(pid)
     answers = call_all(clients, connection_rate, [(addr, seconds, per_client, message)] * len(clients))
     user1, sys1 = cpu_split(pid)
@@ -110,7 +114,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--py-spy", type=Path, help="record a py-spy raw profile of the router here")
     p.add_argument("--router-args", default="", help="extra router flags, space-separated")
     p.add_argument("--callbacks", action="store_true", help="the router alone: its CPU split by callback")
+    p.add_argument("--concurrency", type=int, default=RATE_CONCURRENCY,
+                   help=f"connections at a time (default {RATE_CONCURRENCY}, the bench's; 2: a router that "
+                   "is mostly idle, so it accepts before the ClientHello arrives and waits for it)")
     args = p.parse_args(argv)
+    _CONCURRENCY[0] = args.concurrency
     workdir = Path(tempfile.mkdtemp(prefix="conn-profile-"))
     counts = callback_hooks.install(workdir, CALLBACK_HOOKS) if args.callbacks else None
     message = tls_client_hello(SNI) + bytes(ECHO_BYTES)
