@@ -21,14 +21,14 @@ class Target:
     grpc_port: int
     quic_port: int
 
-    @property
-    def grpc_endpoint(self) -> str:
-        """``ip:port`` (IPv6 as ``[ip]:port``), as the Rust router renders it."""
-        return host_port(self.address, self.grpc_port)
+    grpc_endpoint: str = field(init=False, repr=False, compare=False)
+    """``ip:port`` (IPv6 as ``[ip]:port``), as the Rust router renders it; formatted once per
+    snapshot, not per connection (the access record, the live view and the logs all show it)."""
+    quic_endpoint: str = field(init=False, repr=False, compare=False)
 
-    @property
-    def quic_endpoint(self) -> str:
-        return host_port(self.address, self.quic_port)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "grpc_endpoint", host_port(self.address, self.grpc_port))
+        object.__setattr__(self, "quic_endpoint", host_port(self.address, self.quic_port))
 
 
 def host_port(address: str, port: int) -> str:

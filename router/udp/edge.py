@@ -91,6 +91,9 @@ class UdpRouter(FlowEndings):
         self._sweeper: asyncio.Task[None] | None = None
         self._accepted = metrics.quic_connections.labels(outcome=QuicOutcome.ACCEPTED)
         """Looked up once: every flow counts one."""
+        # The flow gauges are read from the table at scrape time, not updated per flow.
+        metrics.pending_flows.set_function(lambda: self._table.pending_count)
+        self._series.active.set_function(lambda: self._table.flow_count)
         self._empty = asyncio.Event()
         self._empty.set()
         self._replies = ClientReplies(self._learn_from_pod, self._flow_failed, self._now)
@@ -185,8 +188,7 @@ class UdpRouter(FlowEndings):
             self._to_pod(flow, data, now)
 
     def _handed_back(self, data: bytes, addr: Address) -> None:
-        """A datagram the C splice did not send: ``_from_client`` looked up per datagram, as the
-        listener protocol does, so it may be wrapped (the flood audit does)."""
+        """A datagram the C splice did not send: ``_from_client`` looked up per call (the flood audit wraps it)."""
         self._from_client(data, addr)
 
     def _splice_failed(self, flow: Flow[Link], error: int) -> None:
@@ -270,7 +272,6 @@ class UdpRouter(FlowEndings):
             self._drop(opened)
             return
         self._slots.move(header, opened)
-        self._metrics.pending_flows.set(self._table.pending_count)
         self._access.open(opened, now)
         self._feed(opened, data, now, header)
 
@@ -333,7 +334,6 @@ class UdpRouter(FlowEndings):
         self._table.share(pending, flow)
         self._access.shared(pending)
         self._slots.release(pending)  # the flow holds its client's slot already
-        self._metrics.pending_flows.set(self._table.pending_count)
         self._metrics.quic_outcome(QuicOutcome.ACCEPTED)
         for datagram in pending.datagrams:
             self._to_pod(flow, datagram, now)
@@ -363,10 +363,9 @@ class UdpRouter(FlowEndings):
             self._splicer.attach(sock.fileno(), flow.address, flow)
         else:
             self._loop.add_reader(sock.fileno(), self._replies.readable, link)
-        self._metrics.pending_flows.set(self._table.pending_count)
         self._accepted.inc()
-        self._series.active.inc()
-        log.debug("quic flow %s -> %s (%s)", peer(flow.address), target.quic_endpoint, hostname)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("quic flow %s -> %s (%s)", peer(flow.address), target.quic_endpoint, hostname)
         for datagram in pending.datagrams:
             self._to_pod(flow, datagram, now)
         pending.datagrams.clear()

@@ -59,8 +59,6 @@ class FlowEndings:
             self._drop(QuicDropReason.PENDING_TIMEOUT, max(1, len(pending.datagrams)))
             self._slots.release(pending)
             self._access.end_pending(pending, None, Termination.PEEK_TIMEOUT, now)
-        if expired.pending:
-            self._metrics.pending_flows.set(self._table.pending_count)
         for flow in expired.flows:
             self._finish(flow, QuicOutcome.COMPLETED, Termination.IDLE_TIMEOUT)
         self._note_if_empty()
@@ -81,7 +79,6 @@ class FlowEndings:
         self._access.end_flow(flow, outcome, termination, self._clock())
         self._slots.release(flow)
         self._metrics.quic_outcome(outcome)
-        self._series.active.dec()
         self._note_if_empty()
 
     def _discard(self, pending: PendingFlow[InitialSniffer], termination: Termination,
@@ -90,7 +87,6 @@ class FlowEndings:
         self._access.end_pending(pending, outcome, termination, self._clock(), answered)
         self._table.discard_pending(pending)
         self._slots.release(pending)
-        self._metrics.pending_flows.set(self._table.pending_count)
         self._note_if_empty()
 
     def _evict(self, pending: PendingFlow[InitialSniffer]) -> None:
