@@ -35,7 +35,7 @@ from pathlib import Path
 
 from bench import callback_hooks
 from bench.context import POD, POD_HOST, SNI
-from bench.procs import Agent, Haproxy, call_all, cpu_split, router_from
+from bench.procs import Agent, Haproxy, call_all, cpu_split, router_from, syscall_counts
 from bench.tcp_load import connection_rate, start_echo_pod, tls_client_hello
 from bench.tcp_scenarios import ECHO_BYTES, RATE_CLIENTS, RATE_CONCURRENCY
 
@@ -76,20 +76,8 @@ def _run(clients: list[Agent], box: Box, seconds: float, message: bytes) -> tupl
 
 
 def _strace(clients: list[Agent], box: Box, message: bytes) -> dict[str, float]:
-    out = Path(tempfile.mkdtemp()) / "strace.txt"
-    tracer = subprocess.Popen(["strace", "-c", "-f", "-p", str(box[1]), "-o", str(out)],
-                              stderr=subprocess.DEVNULL)
-    time.sleep(1.0)
-    done = _run(clients, box, 2.0, message)[0]
-    time.sleep(0.3)
-    tracer.terminate()
-    tracer.wait()
-    counts = {}
-    for line in out.read_text().splitlines():
-        fields = line.split()
-        if len(fields) >= 5 and fields[3].isdigit() and fields[-1] != "total":
-            counts[fields[-1]] = int(fields[3]) / max(done, 1)
-    return counts
+    counts, done = syscall_counts(box[1], lambda: _run(clients, box, 2.0, message)[0])
+    return {name: count / max(done, 1) for name, count in counts.items()}
 
 
 def _callbacks(clients: list[Agent], box: Box, seconds: float, message: bytes, counts: Path) -> int:

@@ -94,6 +94,24 @@ def cpu_split(pid: int) -> tuple[float, float]:
     return user / CLK_TCK, system / CLK_TCK
 
 
+def syscall_counts(pid: int, load: Callable[[], int]) -> tuple[dict[str, int], int]:
+    """System calls of ``pid``'s process tree (``strace -c -f``) while ``load()`` runs, by name,
+    and what ``load`` returned (the connections or datagrams it made, to divide by)."""
+    out = Path(tempfile.mkdtemp()) / "strace.txt"
+    tracer = subprocess.Popen(["strace", "-c", "-f", "-p", str(pid), "-o", str(out)], stderr=subprocess.DEVNULL)
+    time.sleep(1.0)  # attached to every thread before the load starts
+    done = load()
+    time.sleep(0.3)
+    tracer.terminate()
+    tracer.wait()
+    counts = {}
+    for line in out.read_text().splitlines():
+        fields = line.split()
+        if len(fields) >= 5 and fields[3].isdigit() and fields[-1] != "total":
+            counts[fields[-1]] = int(fields[3])
+    return counts, done
+
+
 def rss_bytes(pid: int) -> int:
     """Sum of VmRSS over ``pid``'s process tree."""
     total = 0

@@ -16,14 +16,13 @@ from __future__ import annotations
 import argparse
 import contextlib
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 from bench.context import POD, POD_HOST, SNI
-from bench.procs import Agent, Nginx, Router, cpu_split
+from bench.procs import Agent, Nginx, Router, cpu_split, syscall_counts
 from bench.quic_load import client_initials, retire_udp_flows, start_udp_sink, udp_echo_window, udp_sink_forget_sources
 from bench.quic_scenarios import DATAGRAM_BYTES, ECHO_WINDOW, establish_flows
 
@@ -49,17 +48,7 @@ def _echo(pod: Agent, clients: Agent, box: Box, flows: int, flights: list[list[b
 
 
 def _strace(pod: Agent, clients: Agent, box: Box, flows: int, flights: list[list[bytes]], seconds: float) -> None:
-    out = Path(tempfile.mkdtemp()) / "strace.txt"
-    tracer = subprocess.Popen(["strace", "-c", "-f", "-p", str(box[1]), "-o", str(out)], stderr=subprocess.DEVNULL)
-    time.sleep(1.0)
-    relayed = _echo(pod, clients, box, flows, flights, seconds)[3]
-    tracer.terminate()
-    tracer.wait()
-    calls = {}
-    for line in out.read_text().splitlines():
-        fields = line.split()
-        if len(fields) >= 5 and fields[3].isdigit() and fields[-1] != "total":
-            calls[fields[-1]] = int(fields[3])
+    calls, relayed = syscall_counts(box[1], lambda: _echo(pod, clients, box, flows, flights, seconds)[3])
     busy = {k: v for k, v in sorted(calls.items(), key=lambda kv: -kv[1]) if v >= relayed / 1000}
     detail = ", ".join(f"{k} {v / relayed:.3f}" for k, v in busy.items())
     print(f"router: {relayed} datagrams relayed, {sum(calls.values()) / relayed:.3f} system calls per "
