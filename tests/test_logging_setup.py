@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import io
 import json
@@ -12,7 +13,14 @@ from collections.abc import Iterator
 import pytest
 
 from router import constants as c
-from router.logging_setup import EVENT_FIELDS, LOG_LEVELS, configure_logging, direct_writer, parse_log_level
+from router.logging_setup import (
+    EVENT_FIELDS,
+    LOG_FLUSH_INTERVAL_S,
+    LOG_LEVELS,
+    configure_logging,
+    direct_writer,
+    parse_log_level,
+)
 
 TS = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z"
 
@@ -211,3 +219,50 @@ def test_direct_writer_steps_aside_for_any_other_handler_or_filter() -> None:
         logger.addFilter(own := logging.Filter("nothing"))
         assert direct_writer(logger) is None
         logger.removeFilter(own)
+
+
+class _CountingStream(io.StringIO):
+    """A stream that counts the handler's flushes (the writes reaching whoever reads the log)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.flushes = 0
+
+    def flush(self) -> None:
+        self.flushes += 1
+        super().flush()
+
+
+def test_lines_of_a_loop_iteration_are_flushed_together_and_never_left_behind() -> None:
+    """On the loop a batch flush is due once per LOG_FLUSH_INTERVAL_S, not per line; a line
+    logged after that loop closed (before its batch's turn) is flushed at once, and so is a line
+    on the next loop of the same thread: no batch of a dead loop holds it back."""
+    out = _CountingStream()
+    configure_logging("text", "info", stream=out)
+    log = logging.getLogger("t")
+
+    async def burst() -> None:
+        for i in range(50):
+            log.info("line %d", i)
+        assert out.flushes == 0  # due, not done
+        await asyncio.sleep(LOG_FLUSH_INTERVAL_S * 3)
+        assert out.flushes == 1
+
+    asyncio.run(burst())
+
+    async def cut_short() -> None:
+        log.info("its batch never comes")
+
+    asyncio.run(cut_short())  # the loop closes before the batch's timer fires
+    flushed = out.flushes
+    log.info("after the loop")
+    assert out.flushes == flushed + 1
+
+    async def next_loop() -> None:
+        log.info("on a new loop")
+        await asyncio.sleep(LOG_FLUSH_INTERVAL_S * 3)
+
+    before = out.flushes
+    asyncio.run(next_loop())
+    assert out.flushes > before
+    assert _lines(out)[-1].endswith("on a new loop")
