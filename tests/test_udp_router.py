@@ -320,6 +320,7 @@ async def test_incomplete_client_hellos_wait_bounded_then_expire(pki: DemoPki) -
         part = next(iter(conn.datagrams_to_send(now=0.0)))[0]  # 1 of 3 datagrams of the hello
         first.sendto(part, (ROUTER_HOST, h.port))
         await eventually(lambda: h.router.pending_flows == 1, what="one pending flow")
+        assert h.count(c.PENDING_FLOWS) == 1  # the gauge reads the table at scrape time
         second.sendto(part, (ROUTER_HOST, h.port))
         await eventually(lambda: h.dropped("pending_full") == 1, what="pending table full")
         await eventually(lambda: h.dropped("pending_timeout") == 1, what="the pending flow to expire")
@@ -375,6 +376,7 @@ async def test_idle_flows_expire_as_completed(pki: DemoPki) -> None:
         config = client_configuration(sni("stargate-0"), h.cafile)
         async with connect(ROUTER_HOST, h.port, configuration=config) as client:
             assert await request(client, b"hi") == b"stargate-0:hi"
+            assert h.count(c.ACTIVE_CONNECTIONS, protocol="quic") == 1
             await eventually(lambda: h.router.active_flows == 0, what="the idle flow to expire")
             assert h.outcome("completed") == 1
             assert h.count(c.ACTIVE_CONNECTIONS, protocol="quic") == 0
