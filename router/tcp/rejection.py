@@ -35,8 +35,7 @@ async def answer_and_close(conn: socket.socket, answer: bytes | None) -> tuple[i
     if answer is None:
         conn.close()
         return sent, received
-    loop = asyncio.get_running_loop()
-    poller = poller_for(loop)
+    poller = poller_for(asyncio.get_running_loop())
     try:
         async with asyncio.timeout(c.REJECT_LINGER_S):
             await sendall(poller, conn, answer)
