@@ -109,6 +109,9 @@ def print_split(spent: dict[str, list[int]], done: int, unit: str = "conn") -> N
     """Each hooked callback's CPU per connection (``  of which`` lines are inside the line above)."""
     total = spent.pop("main thread")[0]
     print(f"{'main thread CPU':52s} {total / done / 1000:7.1f} us/{unit}")
+    if not spent:  # the sitecustomize's imports failed in the router (its stderr says so), or nothing ran
+        print("no hooked callback ran: did the hooks install? (the router's stderr: 'Error in sitecustomize')")
+        return
     accounted = 0
     for name, (ns, calls) in sorted(spent.items(), key=lambda kv: -kv[1][0]):
         accounted += 0 if name.startswith(" ") else ns
