@@ -20,6 +20,7 @@ from router.hostname import HostnameTemplate
 from router.metrics import RouterMetrics
 from router.tcp.dial import DialError, dial
 from router.tcp.edge import TcpRouter, TcpRouterSettings
+from router.tcp.poller import poller_for
 from tests.faults.tcp_peers import SynDroppingPod
 
 pytestmark = pytest.mark.timeout(30)
@@ -92,6 +93,7 @@ def test_dial_to_a_full_backlog_times_out(run: Runner) -> None:
         try:
             with pytest.raises(DialError, match=rf"dial 127\.0\.0\.2:{pod.port} timed out"):
                 await dial(Target("stargate-0", "127.0.0.2", pod.port, 0), 0.3)
+            assert poller_for(asyncio.get_running_loop()).watched == 0  # the wait left no watch behind
         finally:
             pod.close()
 
