@@ -22,6 +22,7 @@ from router.tcp.dial import DialError, dial
 from router.tcp.edge import TcpRouter, TcpRouterSettings
 from router.tcp.poller import poller_for
 from tests.faults.tcp_peers import SynDroppingPod
+from tests.support.tls import ssl_client_hello_records
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -95,6 +96,48 @@ def test_dial_to_a_full_backlog_times_out(run: Runner) -> None:
                 await dial(Target("stargate-0", "127.0.0.2", pod.port, 0), 0.3)
             assert poller_for(asyncio.get_running_loop()).watched == 0  # the wait left no watch behind
         finally:
+            pod.close()
+
+    run(main())
+
+
+def test_a_hello_that_comes_later_is_waited_for_on_the_epoll_set_and_no_wait_outlives_it(run: Runner) -> None:
+    """A router at rest accepts before the ClientHello arrives: the peek waits on the relay's epoll
+    set; the connection is routed once the hello comes, and a client that never sends one is cut
+    at the peek timeout. Neither leaves a watch behind."""
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+
+        async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            writer.write(await reader.read(65536))
+            await writer.drain()
+            writer.close()
+
+        pod = await asyncio.start_server(echo, "127.0.0.2", 0)
+        pod_port = pod.sockets[0].getsockname()[1]
+        snapshot = TargetSnapshot.of([Target("stargate-0", "127.0.0.2", pod_port, 0)])
+        router = TcpRouter(TcpRouterSettings(peek_timeout_s=0.3),
+                           HostnameTemplate.parse("{pod_name}.stargate.external", "default"),
+                           lambda: snapshot, RouterMetrics())
+        host, port = await router.start("127.0.0.1", 0)
+        poller = poller_for(loop)
+        try:
+            hello = ssl_client_hello_records("stargate-0.stargate.external")
+            reader, writer = await asyncio.open_connection(host, port)
+            await asyncio.sleep(0.05)  # accepted, peeked, found empty: waiting
+            assert router.active_connections == 1 and poller.watched == 1
+            writer.write(hello)
+            assert await reader.readexactly(len(hello)) == hello  # routed to the pod, echoed
+            writer.close()
+            silent_reader, silent = await asyncio.open_connection(host, port)
+            assert await asyncio.wait_for(silent_reader.read(), 2.0) == b""  # cut at the peek timeout
+            silent.close()
+            async with asyncio.timeout(2.0):
+                while router.active_connections or poller.watched:
+                    await asyncio.sleep(0.01)
+        finally:
+            await router.close()
             pod.close()
 
     run(main())
