@@ -56,7 +56,6 @@ def sniff_first_payload(payload: bytes, max_crypto: int) -> tuple[str | None, tu
     return extension.sniff_initial(payload, max_crypto, MAX_TLS_CLIENT_HELLO_BYTES)
 
 
-
 class NotInitial(QuicPacketError):
     """The datagram carries no Initial packet (short header, 0-RTT or Handshake only)."""
 
