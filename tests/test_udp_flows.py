@@ -185,6 +185,21 @@ def test_remembered_rejections_are_bounded_and_swept() -> None:
     assert table.rejection_count == 1 and table.rejection(C, b"c", now=6.0) is not None
 
 
+def test_the_table_says_when_time_has_something_to_expire() -> None:
+    table = _table(rejection_memory_s=5.0, idle_timeout_s=10.0)
+    woken: list[str] = []
+    table.on_occupied = lambda: woken.append("occupied")
+    assert table.idle
+    flow = _flow(table, A)
+    assert not table.idle and woken == ["occupied"]
+    table.remember_rejection(B, b"b", b"x", now=0.0)
+    assert woken == ["occupied"] * 2
+    table.remove(flow)
+    assert not table.idle  # the rejection still expires in time
+    table.expire(6.0)
+    assert table.idle
+
+
 def test_byte_budget_spends_refills_and_caps_at_its_burst() -> None:
     budget = ByteBudget(rate_per_s=1000.0, burst=1000.0)
     assert budget.take(600, now=0.0)

@@ -327,6 +327,25 @@ async def test_incomplete_client_hellos_wait_bounded_then_expire(pki: DemoPki) -
         assert h.router.pending_flows == 0 and h.count(c.PENDING_FLOWS) == 0
 
 
+async def test_an_idle_router_does_not_sweep_until_something_can_expire(pki: DemoPki) -> None:
+    async with running(pki, pending_flow_timeout_s=0.2) as h, raw_socket() as client:  # sweeps every 50 ms
+        sweeps: list[float] = []
+        sweep = h.router.sweep
+        h.router.sweep = lambda now: (sweeps.append(now), sweep(now))[1]  # type: ignore[method-assign]
+        await asyncio.sleep(0.3)
+        assert sweeps == []  # nothing to expire: the sweeper sleeps, no timer wakes the loop
+        conn = QuicConnection(
+            configuration=client_configuration(sni("stargate-0"), h.cafile, extra_alpn=BIG_HELLO_ALPN)
+        )
+        conn.connect((ROUTER_HOST, h.port), now=0.0)
+        client.sendto(next(iter(conn.datagrams_to_send(now=0.0)))[0], (ROUTER_HOST, h.port))
+        await eventually(lambda: h.dropped("pending_timeout") == 1, what="the pending flow to expire")
+        await asyncio.sleep(0.1)
+        settled = len(sweeps)
+        await asyncio.sleep(0.3)
+        assert len(sweeps) == settled  # empty again: asleep again
+
+
 async def test_a_pod_port_that_refuses_is_a_relay_error(pki: DemoPki) -> None:
     async with running(pki) as h, raw_socket() as sock:
         closed = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)

@@ -122,7 +122,9 @@ class UdpRouter(FlowEndings):
             loop.add_reader(sock.fileno(), splicer.pump_clients, loop.time, self._handed_back, self._splice_failed)
             loop.add_reader(splicer.epoll_fd, splicer.pump_pods, loop.time, self._learn_from_pod, self._splice_failed)
             sockname = sock.getsockname()
-        self._sweeper = loop.create_task(self._sweep_forever(), name="quic-flow-sweeper")
+        s = self.settings  # ending flows in time: ``flow_endings``
+        interval = min(s.sweep_interval_s, s.limits.idle_timeout_s / 4, s.limits.pending_flow_timeout_s / 4)
+        self._sweeper = loop.create_task(self._sweep_forever(interval), name="quic-flow-sweeper")
         return str(sockname[0]), int(sockname[1])
 
     def stop_accepting(self) -> None:
@@ -385,14 +387,6 @@ class UdpRouter(FlowEndings):
             return False
         self._transport.sendto(answer, addr)
         return True
-
-    # -- time (ending flows: ``flow_endings``) --------------------------------------------
-    async def _sweep_forever(self) -> None:
-        s = self.settings
-        interval = min(s.sweep_interval_s, s.limits.idle_timeout_s / 4, s.limits.pending_flow_timeout_s / 4)
-        while True:
-            await asyncio.sleep(interval)
-            self.sweep(self._now())
 
 
 def _quic_port(target: Target) -> int:

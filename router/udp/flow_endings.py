@@ -52,6 +52,18 @@ class FlowEndings:
     _splicer: Splicer | None
     """The C splice, whose byte counts join the pure-Python path's (``native``)."""
 
+    async def _sweep_forever(self, interval_s: float) -> None:
+        """Sweep every ``interval_s`` while the table holds something time could expire, and
+        sleep on an event while it holds nothing: an idle router is not woken twice a second."""
+        occupied = asyncio.Event()
+        self._table.on_occupied = occupied.set
+        while True:
+            if self._table.idle:  # the last sweep flushed the byte counts of the last flow
+                occupied.clear()
+                await occupied.wait()
+            await asyncio.sleep(interval_s)
+            self.sweep(self._clock())
+
     def sweep(self, now: float) -> None:
         """Expire pending and idle flows, flush byte counters (the sweeper calls this)."""
         expired = self._table.expire(now)

@@ -24,6 +24,7 @@ connection's ACKs and keepalives keep it safe from a spoofed Initial.
 from __future__ import annotations
 
 from collections import OrderedDict, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Generic, TypeVar
@@ -132,6 +133,9 @@ class UdpFlowTable(Generic[S, H]):
         self._by_cid: dict[bytes, Flow[H]] = {}
         self._cid_lengths: dict[int, int] = {}
         self._rejections: OrderedDict[Address, Rejection] = OrderedDict()
+        self.on_occupied: Callable[[], None] | None = None
+        """Called when a pending flow or a rejection is added: something may need expiring
+        (the sweeper sleeps while the table is ``idle``)."""
 
     # -- lookups (the per-datagram path: plain dict gets) ---------------------------------
     def flow(self, address: Address) -> Flow[H] | None:
@@ -167,6 +171,11 @@ class UdpFlowTable(Generic[S, H]):
     def flow_count(self) -> int:
         return len(self._flows)
 
+    @property
+    def idle(self) -> bool:
+        """Nothing that time could expire: no flow, no pending flow, no remembered rejection."""
+        return not (self._flows or self._pending or self._rejections)
+
     def flows(self) -> tuple[Flow[H], ...]:
         return tuple(self._flows.values())
 
@@ -187,6 +196,8 @@ class UdpFlowTable(Generic[S, H]):
             return QuicDropReason.PENDING_FULL
         pending = PendingFlow(address, now, sniffer, dcid=dcid)
         self._pending[address] = pending
+        if self.on_occupied is not None:
+            self.on_occupied()
         return pending
 
     def make_room(self) -> PendingFlow[S] | None:
@@ -312,6 +323,8 @@ class UdpFlowTable(Generic[S, H]):
         expires_at = now + self.limits.rejection_memory_s
         left = self.limits.answers_per_rejection - 1
         self._rejections[address] = Rejection(dcid, expires_at, answer, left)
+        if self.on_occupied is not None:
+            self.on_occupied()
 
     def rejection(self, address: Address, dcid: bytes, now: float) -> Rejection | None:
         """The remembered refusal of this attempt, if any; a new DCID is a new attempt."""
