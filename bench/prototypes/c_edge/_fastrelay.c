@@ -201,26 +201,8 @@ static PyObject *eng_listen(Engine *e, PyObject *args) {
 static PyObject *eng_dial(Engine *e, PyObject *args) {
     int cfd, port; const char *ip; Py_buffer init; PyObject *cb;
     if (!PyArg_ParseTuple(args, "isiy*O", &cfd, &ip, &port, &init, &cb)) return NULL;
-    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-    if (inet_pton(AF_INET, ip, &sa.sin_addr) != 1) { PyBuffer_Release(&init); PyErr_SetString(PyExc_ValueError, "ip"); return NULL; }
-    int pfd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (pfd < 0) { PyBuffer_Release(&init); return PyErr_SetFromErrno(PyExc_OSError); }
-    int one = 1;
-    setsockopt(pfd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    Conn *c = PyMem_Calloc(1, sizeof(Conn));
-    c->cfd = cfd; c->pfd = pfd; c->cb = Py_NewRef(cb); c->owns = 1;
-    c->w[0].src = cfd; c->w[0].dst = pfd; c->w[1].src = pfd; c->w[1].dst = cfd;
-    if (init.len) { c->w[0].out = PyMem_Malloc(init.len); memcpy(c->w[0].out, init.buf, init.len); c->w[0].len = init.len; }
+    dial_core(e, cfd, ip, port, init.buf, (size_t)init.len, cb, NULL);
     PyBuffer_Release(&init);
-    if (connect(pfd, (struct sockaddr *)&sa, sizeof sa) < 0 && errno != EINPROGRESS) { finish(e, c, errno); Py_RETURN_NONE; }
-    struct tcp_info ti; socklen_t tl = sizeof ti;
-    if (getsockopt(pfd, IPPROTO_TCP, TCP_INFO, &ti, &tl) == 0 && ti.tcpi_state == TCP_ESTABLISHED) {
-        int err = pump(e, c, &c->w[0], &c->w[1]);
-        if (err) { finish(e, c, err); Py_RETURN_NONE; }
-    } else {
-        c->connecting = 1;
-    }
-    masks(e, c);
     Py_RETURN_NONE;
 }
 
