@@ -15,12 +15,14 @@ import asyncio
 import io
 import json
 import logging
+import re
 import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from functools import partial
+from json.encoder import encode_basestring
 from types import MappingProxyType
 from typing import Final, Literal, TextIO
 
@@ -68,6 +70,11 @@ _RECORD_ATTRIBUTES: Final = frozenset(
 _TEXT_QUOTE_CHARS: Final = frozenset(' "=\\\t\r\n')
 """A text value containing one of these is written as a JSON string literal."""
 
+needs_quotes: Final = re.compile(f"[{re.escape(''.join(sorted(_TEXT_QUOTE_CHARS)))}]").search
+"""Finds one of ``_TEXT_QUOTE_CHARS`` in a text: a non-empty value's ``str()`` where it finds none is
+written bare (a compiled character class: faster than a set test per character, and one call can
+scan several values joined)."""
+
 
 def parse_log_level(level: str) -> int:
     """The ``logging`` level for a ``--log-level`` name (case-insensitive); ValueError names the flag."""
@@ -87,13 +94,23 @@ def _timestamp(record: logging.LogRecord) -> str:
     return _timestamp_of(record.created)
 
 
+def timestamp_now() -> str:
+    """The ``ts`` of a line written now (for a line rendered outside a formatter)."""
+    return _timestamp_of(time.time())
+
+
 def _timestamp_of(created: float) -> str:
     second = int(created)
     cached_second, whole = _SECOND_CACHE[0]
     if second != cached_second:
         whole = datetime.fromtimestamp(second, tz=UTC).strftime("%Y-%m-%dT%H:%M:%S")
         _SECOND_CACHE[0] = (second, whole)
-    return f"{whole}.{int((created - second) * 1000):03d}Z"
+    millis = int((created - second) * 1000)
+    return whole + _MILLIS[millis] if millis >= 0 else f"{whole}.{millis:03d}Z"
+
+
+_MILLIS: Final = tuple(f".{ms:03d}Z" for ms in range(1000))
+"""A timestamp's ``.mmmZ`` tail by milliseconds: a lookup instead of formatting an int per line."""
 
 
 def _level_name(record: logging.LogRecord) -> str:
@@ -102,6 +119,22 @@ def _level_name(record: logging.LogRecord) -> str:
 
 def _one_line(text: str) -> str:
     return text.replace("\r", "\\r").replace("\n", "\\n")
+
+
+def text_value(value: object) -> str:
+    """A value as the text format writes it after ``key=``: ``str()``, quoted as a JSON string when
+    empty or holding a space, quote, ``=``, backslash or newline (the generic and the access lines
+    share this one definition, so they cannot drift apart)."""
+    text = str(value)
+    if not text or needs_quotes(text):
+        return json.dumps(text, ensure_ascii=False)
+    return text
+
+
+def json_string(value: str | None) -> str:
+    """A ``str`` or None as the JSON format writes it, without the encoder's per-call set-up (the same
+    C escaping function ``_JSON`` uses for strings)."""
+    return "null" if value is None else encode_basestring(value)
 
 
 class _EventFormatter(logging.Formatter):
@@ -158,11 +191,7 @@ class TextFormatter(_EventFormatter):
     def render(self, fields: dict[str, object]) -> str:
         head = f"{fields.pop('ts')} {fields.pop('level')} {fields.pop('logger')} "
         parts = [head + _one_line(str(fields.pop("msg")))]
-        for key, value in fields.items():
-            text = str(value)
-            if not text or not _TEXT_QUOTE_CHARS.isdisjoint(text):
-                text = json.dumps(text, ensure_ascii=False)
-            parts.append(f"{key}={text}")
+        parts.extend(f"{key}={text_value(value)}" for key, value in fields.items())
         return " ".join(parts)
 
 
@@ -179,6 +208,8 @@ class _RouterLogHandler(logging.StreamHandler[TextIO]):
         super().__init__(stream)
         self.setFormatter(formatter)
         self._events = formatter
+        self.json = isinstance(formatter, JsonFormatter)
+        """Whether lines are JSON (else text): a line rendered outside the formatter needs to know."""
         self._batch_loop: asyncio.AbstractEventLoop | None = None
         """The loop whose batch flush is due, if one is."""
         self._batch_thread = -1
@@ -207,12 +238,18 @@ class _RouterLogHandler(logging.StreamHandler[TextIO]):
         line.update(fields)
         try:
             text = self._events.render(line)
-            self.acquire()
-            try:
+        except Exception:
+            self.handleError(logging.makeLogRecord({"name": logger_name, "msg": msg}))
+            return
+        self.write_line(text, logger_name, msg)
+
+    def write_line(self, text: str, logger_name: str, msg: str) -> None:
+        """One line already rendered in this handler's format (no newline), written as ``emit`` would;
+        ``logger_name`` and ``msg`` only name it if the write fails."""
+        try:
+            with self.lock:  # type: ignore[union-attr]  # createLock() made it in __init__
                 self.stream.write(text + self.terminator)
                 self.flush()
-            finally:
-                self.release()
         except Exception:
             self.handleError(logging.makeLogRecord({"name": logger_name, "msg": msg}))
 
@@ -221,6 +258,13 @@ def direct_writer(logger: logging.Logger) -> Callable[[str, Mapping[str, object]
     """``write_event`` bound to ``logger``'s name when the installed router handler alone would write
     its info lines (no other handler or filter on the way, such as pytest's capture); else None, and
     the caller logs as usual."""
+    handler = direct_handler(logger)
+    return None if handler is None else partial(handler.write_event, logger.name)
+
+
+def direct_handler(logger: logging.Logger) -> _RouterLogHandler | None:
+    """The router handler when it alone would write ``logger``'s info lines (see ``direct_writer``);
+    else None. For a caller that renders its own line (``write_line``, in the format ``json`` says)."""
     node = logger
     while node.parent is not None:
         if node.handlers or node.filters or not node.propagate:
@@ -232,7 +276,7 @@ def direct_writer(logger: logging.Logger) -> Callable[[str, Mapping[str, object]
     handler = handlers[0]
     if not isinstance(handler, _RouterLogHandler) or handler.filters or handler.level > logging.INFO:
         return None
-    return partial(handler.write_event, logger.name)
+    return handler
 
 
 def _block_buffered_stderr() -> TextIO:

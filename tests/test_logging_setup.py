@@ -9,6 +9,7 @@ import json
 import logging
 import re
 from collections.abc import Iterator
+from datetime import UTC, datetime
 
 import pytest
 
@@ -17,9 +18,12 @@ from router.logging_setup import (
     EVENT_FIELDS,
     LOG_FLUSH_INTERVAL_S,
     LOG_LEVELS,
+    _timestamp_of,
     configure_logging,
     direct_writer,
+    json_string,
     parse_log_level,
+    text_value,
 )
 
 TS = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z"
@@ -266,3 +270,36 @@ def test_lines_of_a_loop_iteration_are_flushed_together_and_never_left_behind() 
     asyncio.run(next_loop())
     assert out.flushes > before
     assert _lines(out)[-1].endswith("on a new loop")
+
+
+def test_timestamps_are_the_second_then_the_truncated_milliseconds() -> None:
+    """The per-second cache and the milliseconds table write what formatting each line did."""
+    def formatted(created: float) -> str:
+        second = int(created)
+        whole = datetime.fromtimestamp(second, tz=UTC).strftime("%Y-%m-%dT%H:%M:%S")
+        return f"{whole}.{int((created - second) * 1000):03d}Z"
+
+    base = 1735787045.0
+    stamps = [0.0, 0.0009, 0.9999999, -1.5, base, base + 0.999999, base + 1.0, 2.0**33 + 0.25]
+    stamps += [base + ms / 1000 + nudge for ms in range(1000) for nudge in (0.0, 1e-7, 0.0005)]
+    for created in stamps:
+        assert _timestamp_of(created) == formatted(created), created
+
+
+def test_text_values_are_quoted_for_exactly_the_documented_characters() -> None:
+    def quoted(value: object) -> str:  # the formatter's rule, written out once more
+        text = str(value)
+        if not text or not frozenset(' "=\\\t\r\n').isdisjoint(text):
+            return json.dumps(text, ensure_ascii=False)
+        return text
+
+    values: list[object] = [None, 0, -1, 51.2, float("nan"), "", "plain", "a b", "é ü"]
+    values += [f"a{chr(code)}b" for code in range(0x3000)] + [chr(code) for code in range(0x80)]
+    for value in values:
+        assert text_value(value) == quoted(value), repr(value)
+
+
+def test_json_strings_are_the_encoders() -> None:
+    encoder = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
+    for value in [None, "", "plain", 'say "hi"', "back\\slash", "\x00\x1f\x7f", "\u2028é😀", "\ud800"]:
+        assert json_string(value) == encoder.encode(value), repr(value)
