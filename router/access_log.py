@@ -14,6 +14,10 @@ writes the line through the process logging (``--log-format text|json``) at info
      "termination":"client_close", "bytes_client_to_pod":812, "bytes_pod_to_client":1405,
      "duration_ms":51.2, "decision_us":140}
 
+An accepted connection's line, the one per connection, is rendered straight from the record's
+``values`` by ``render_text_line``/``render_json_line`` when the router's handler alone writes it (no
+dict, no LogRecord); tests hold those to the formatters' bytes.
+
 Lines of accepted connections (outcome ``completed`` or ``relay_error``) are never dropped;
 lines of rejected ones pass the rejection rate limiter, so a flood cannot flood the log. The
 metrics are counted either way, also with ``--access-log off``.
@@ -21,7 +25,9 @@ metrics are counted either way, also with ``--access-log off``.
 
 from __future__ import annotations
 
+import json
 import logging
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
@@ -29,7 +35,7 @@ from typing import Any, Final
 from router import constants as c
 from router.live_view import LiveConnections
 from router.log_limiter import RateLimitedLog
-from router.logging_setup import EVENT_FIELDS, direct_writer
+from router.logging_setup import EVENT_FIELDS, direct_handler, json_string, needs_quotes, text_value, timestamp_now
 from router.metrics import RouterMetrics
 from router.outcomes import GrpcOutcome, ProtocolLabel, QuicOutcome, Termination
 
@@ -87,24 +93,82 @@ class AccessRecord:
         self.bytes_client_to_pod, self.bytes_pod_to_client, self.last_active = self.current()
         self.probe = None
 
+    def values(self, outcome: Outcome, termination: Termination, now: float) -> LineValues:
+        """The access line's values after ``event``, in ``VALUE_KEYS`` order (one computation for
+        the dict of the generic path and the access renderers alike)."""
+        up, down = self.bytes_client_to_pod, self.bytes_pod_to_client
+        if self.probe is not None:  # a relay still running (a drain's cut): its live counts too
+            up, down, _last = self.current()
+        decided = self.decided_at
+        return (
+            self.protocol, self.client, self.hostname, self.pod, self.pod_address, outcome, termination,
+            up, down, round((now - self.started) * 1000.0, 3),
+            None if decided is None else round((decided - self.started) * 1e6),
+        )
+
     def fields(self, outcome: Outcome, termination: Termination, now: float) -> dict[str, Any]:
         """The access line's keys, in their documented order."""
-        up, down, _last = self.current()
-        decided = self.decided_at
-        return {
-            "event": ACCESS_MESSAGE,
-            "protocol": self.protocol,
-            "client": self.client,
-            "hostname": self.hostname,
-            "pod": self.pod,
-            "pod_address": self.pod_address,
-            "outcome": outcome,
-            "termination": str(termination),
-            "bytes_client_to_pod": up,
-            "bytes_pod_to_client": down,
-            "duration_ms": round((now - self.started) * 1000.0, 3),
-            "decision_us": None if decided is None else round((decided - self.started) * 1e6),
-        }
+        fields = dict(zip(VALUE_KEYS, self.values(outcome, termination, now), strict=True))
+        fields["termination"] = str(termination)
+        return {"event": ACCESS_MESSAGE, **fields}
+
+
+LineValues = tuple[
+    ProtocolLabel, str, str | None, str | None, str | None, Outcome, Termination, int, int, float, int | None
+]
+"""``AccessRecord.values``: protocol, client, hostname, pod, pod_address, outcome, termination,
+bytes_client_to_pod, bytes_pod_to_client, duration_ms, decision_us."""
+
+VALUE_KEYS: Final = (
+    "protocol", "client", "hostname", "pod", "pod_address", "outcome", "termination",
+    "bytes_client_to_pod", "bytes_pod_to_client", "duration_ms", "decision_us",
+)
+"""The access line's keys after ``event``, in their documented order."""
+
+
+def render_text_line(head: str, ts: str, values: LineValues) -> str:
+    """An accepted connection's text line, byte for byte ``TextFormatter``'s, in one f-string (the
+    generic formatter's dict, dispatch per field and join cost more than the rest of ``end``).
+
+    ``head`` is ``text_head(logger name)``. ``protocol``, ``outcome`` and ``termination`` are written
+    bare: ``end`` found them among the enums' values (plain ``[a-z0-9_]`` words) before calling; the
+    four free strings are checked for quoting with one scan, and quoted one by one only if needed.
+    """
+    protocol, client, hostname, pod, pod_address, outcome, termination, up, down, duration, decision = values
+    texts: tuple[object, ...] = (client, hostname, pod, pod_address)
+    if "" in texts or needs_quotes(f"{client}{hostname}{pod}{pod_address}"):  # else all four are bare
+        texts = tuple(map(text_value, texts))
+    return (
+        f"{ts}{head}{protocol!s} client={texts[0]!s} hostname={texts[1]!s}"
+        f" pod={texts[2]!s} pod_address={texts[3]!s} outcome={outcome!s}"
+        f" termination={termination!s} bytes_client_to_pod={up!s} bytes_pod_to_client={down!s}"
+        f" duration_ms={duration!s} decision_us={decision!s}"
+    )
+
+
+def render_json_line(head: str, ts: str, values: LineValues) -> str:
+    """An accepted connection's JSON line, byte for byte ``JsonFormatter``'s (same string escaping,
+    ``repr`` of numbers), in one f-string; ``head`` is ``json_head(logger name)``, and the enum
+    values are plain words as in ``render_text_line``."""
+    protocol, client, hostname, pod, pod_address, outcome, termination, up, down, duration, decision = values
+    return (
+        f'{{"ts":"{ts}{head}{protocol!s}","client":{json_string(client)},"hostname":{json_string(hostname)}'
+        f',"pod":{json_string(pod)},"pod_address":{json_string(pod_address)},"outcome":"{outcome!s}"'
+        f',"termination":"{termination!s}","bytes_client_to_pod":{up!r},"bytes_pod_to_client":{down!r}'
+        f',"duration_ms":{float.__repr__(duration) if math.isfinite(duration) else json.dumps(duration)}'
+        f',"decision_us":{"null" if decision is None else repr(decision)}}}'
+    )
+
+
+def text_head(logger_name: str) -> str:
+    """What a text access line holds between ``ts`` and the protocol's value."""
+    return f" info {logger_name} {ACCESS_MESSAGE} event={ACCESS_MESSAGE} protocol="
+
+
+def json_head(logger_name: str) -> str:
+    """What a JSON access line holds between ``ts``'s value and the protocol's value."""
+    return (f'","level":"info","logger":{json_string(logger_name)},"msg":{json_string(ACCESS_MESSAGE)}'
+            f',"event":{json_string(ACCESS_MESSAGE)},"protocol":"')
 
 
 class AccessLog:
@@ -127,6 +191,7 @@ class AccessLog:
             for p in ProtocolLabel for t in Termination
         }
         self._durations = {p: metrics.connection_duration.labels(protocol=p) for p in ProtocolLabel}
+        self._text_head, self._json_head = text_head(self._log.name), json_head(self._log.name)
 
     def open(self, protocol: ProtocolLabel, client: str, now: float) -> AccessRecord:
         """A new connection or flow: its record, listed in the live view until it ends."""
@@ -145,12 +210,20 @@ class AccessLog:
         if not self.enabled or not self._log.isEnabledFor(logging.INFO):
             return
         if outcome in ACCEPTED_OUTCOMES:
-            fields = record.fields(outcome, termination, now)
-            write = direct_writer(self._log)
-            if write is not None:  # the usual case: no LogRecord, no handler chain
-                write(ACCESS_MESSAGE, fields)
+            handler = direct_handler(self._log)
+            if handler is not None:  # the usual case: the line rendered here, no dict, no LogRecord
+                values = record.values(outcome, termination, now)
+                try:
+                    if handler.json:
+                        line = render_json_line(self._json_head, timestamp_now(), values)
+                    else:
+                        line = render_text_line(self._text_head, timestamp_now(), values)
+                except Exception:  # as in any handler: a line that fails is reported, never raised
+                    handler.handleError(logging.makeLogRecord({"name": self._log.name, "msg": ACCESS_MESSAGE}))
+                    return
+                handler.write_line(line, self._log.name, ACCESS_MESSAGE)
             else:
-                self._log.info(ACCESS_MESSAGE, extra={EVENT_FIELDS: fields})
+                self._log.info(ACCESS_MESSAGE, extra={EVENT_FIELDS: record.fields(outcome, termination, now)})
         elif self._rejected.admit():  # a flood's lines are not even built
             fields = record.fields(outcome, termination, now)
             self._rejected.write(logging.INFO, ACCESS_MESSAGE, extra={EVENT_FIELDS: fields})

@@ -3,21 +3,40 @@ the termination and duration metrics, and the live view it keeps."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import itertools
 import json
 import logging
+import random
+import re
 import time
 from collections.abc import Iterator
 
 import pytest
 
 from router import constants as c
-from router.access_log import AccessLog, AccessRecord
+from router.access_log import (
+    ACCESS_MESSAGE,
+    VALUE_KEYS,
+    AccessLog,
+    AccessRecord,
+    LineValues,
+    json_head,
+    render_json_line,
+    render_text_line,
+    text_head,
+)
 from router.live_view import LiveConnections
-from router.logging_setup import JsonFormatter, TextFormatter
+from router.logging_setup import (
+    EVENT_FIELDS,
+    JsonFormatter,
+    TextFormatter,
+    configure_logging,
+    direct_handler,
+)
 from router.metrics import RouterMetrics
-from router.outcomes import ProtocolLabel, Termination
+from router.outcomes import GrpcOutcome, ProtocolLabel, QuicOutcome, Termination
 
 ACCESS_KEYS = [
     "event", "protocol", "client", "hostname", "pod", "pod_address", "outcome", "termination",
@@ -171,3 +190,110 @@ def test_accepted_outcomes_bypass_the_limiter(outcome: str) -> None:
     for _ in range(3 * int(c.REJECTION_LOG_LINES_PER_S)):
         access.end(access.open("tls", "127.0.0.1:1", 0.0), outcome, Termination.POD_RESET, 0.0)
     assert len(lines(stream)) == 3 * int(c.REJECTION_LOG_LINES_PER_S)
+
+
+# The accepted connection's line is rendered by ``render_text_line`` / ``render_json_line``, not by
+# the formatters: they must write exactly the formatters' bytes for any value a record can hold.
+_CLEAN = ["10.0.0.7:53114", "[::1]:5000", "sg-0.stargate.external", "ünïcödé", "😀", "\u2028", "x"]
+_DIRTY = ["", " ", 'say "hi"', "a=b", "back\\slash", "tab\there", "cr\rlf\n", "\x00\x1f", "\\"]
+_TS = "2025-01-02T03:04:05.678Z"
+_LOGGER_NAMES = [c.ACCESS_LOGGER_NAME, 'odd "name" \\ é']
+
+
+def _generic_lines(logger_name: str, fields: dict[str, object]) -> tuple[str, str]:
+    line = {"ts": _TS, "level": "info", "logger": logger_name, "msg": ACCESS_MESSAGE, **fields}
+    return TextFormatter().render(dict(line)), JsonFormatter().render(dict(line))
+
+
+def _records() -> Iterator[tuple[AccessRecord, GrpcOutcome | QuicOutcome | str, Termination, float]]:
+    """Records with every kind of value in every field: clean and quoting-needing strings (each
+    alone among clean ones, then mixed at random), None, big and odd numbers, a live probe."""
+    rng = random.Random(14)
+    texts: list[tuple[str, str | None, str | None, str | None]] = [(_CLEAN[0], _CLEAN[2], "sg-0", _CLEAN[1])]
+    for dirty in _DIRTY:
+        for at in range(4):
+            row: list[str | None] = [_CLEAN[0], _CLEAN[2], "sg-0", _CLEAN[1]]
+            row[at] = dirty
+            texts.append((str(row[0]), row[1], row[2], row[3]))
+    pool: list[str | None] = [*_CLEAN, *_DIRTY, None]
+    texts += [(rng.choice(_CLEAN + _DIRTY), rng.choice(pool), rng.choice(pool), rng.choice(pool)) for _ in range(300)]
+    durations = [0.0, 0.0512, 1e-9, 0.0004999, 3600.123456789, 1e12]
+    outcomes: list[GrpcOutcome | QuicOutcome | str] = [GrpcOutcome.COMPLETED, QuicOutcome.RELAY_ERROR, "completed"]
+    for i, (client, hostname, pod, pod_address) in enumerate(texts):
+        started = rng.choice([0.0, 1000.0, 1.75e9])
+        record = AccessRecord(
+            list(ProtocolLabel)[i % 3], client, started, hostname, pod, pod_address,
+            decided_at=None if i % 4 == 0 else started + rng.choice([0.0, 0.00014, 2.5]),
+            bytes_client_to_pod=rng.choice([0, 812, 2**70]), bytes_pod_to_client=rng.choice([0, 1405]),
+        )
+        if i % 5 == 0:
+            record.probe = lambda: (100, 200, 0.0)
+        termination = list(Termination)[i % len(Termination)]
+        yield record, outcomes[i % 3], termination, started + durations[i % len(durations)]
+
+
+@pytest.mark.parametrize("logger_name", _LOGGER_NAMES)
+def test_the_access_renderers_write_the_formatters_bytes_for_every_record(logger_name: str) -> None:
+    count = 0
+    for record, outcome, termination, now in _records():
+        text, json_line = _generic_lines(logger_name, record.fields(outcome, termination, now))
+        values = record.values(outcome, termination, now)
+        assert render_text_line(text_head(logger_name), _TS, values) == text
+        assert render_json_line(json_head(logger_name), _TS, values) == json_line
+        count += 1
+    assert count > 300
+
+
+@pytest.mark.parametrize("duration", [float("inf"), float("-inf"), float("nan"), -0.0, 1.5e300, 5e-324])
+@pytest.mark.parametrize("decision", [None, 0, -3, 2**64])
+def test_the_access_renderers_match_the_formatters_on_odd_numbers(duration: float, decision: int | None) -> None:
+    values: LineValues = (ProtocolLabel.QUIC, "[::1]:1", None, "", 'p"', GrpcOutcome.RELAY_ERROR,
+                          Termination.DRAIN, 0, -1, duration, decision)
+    fields = {"event": ACCESS_MESSAGE, **dict(zip(VALUE_KEYS, values, strict=True))}
+    fields["termination"] = str(Termination.DRAIN)
+    text, json_line = _generic_lines(c.ACCESS_LOGGER_NAME, fields)
+    assert render_text_line(text_head(c.ACCESS_LOGGER_NAME), _TS, values) == text
+    assert render_json_line(json_head(c.ACCESS_LOGGER_NAME), _TS, values) == json_line
+
+
+@contextlib.contextmanager
+def _router_logging_alone(fmt: str) -> Iterator[io.StringIO]:
+    """``configure_logging`` to a buffer, with pytest's capture handlers set aside meanwhile (the
+    fast path rightly steps aside for them) and the root restored after."""
+    root = logging.getLogger()
+    saved, level = list(root.handlers), root.level
+    out = io.StringIO()
+    configure_logging(fmt, "info", stream=out)  # type: ignore[arg-type]
+    for handler in saved:
+        root.removeHandler(handler)
+    try:
+        yield out
+    finally:
+        for handler in list(root.handlers):
+            root.removeHandler(handler)
+            handler.close()
+        for handler in saved:
+            root.addHandler(handler)
+        root.setLevel(level)
+
+
+@pytest.mark.parametrize("fmt", ["text", "json"])
+def test_the_fast_path_writes_the_line_the_logger_would(fmt: str) -> None:
+    """``AccessLog.end`` through the router handler (no dict, no LogRecord) and the logging call with
+    the record's fields give the same lines, timestamps aside."""
+    logger = logging.getLogger(c.ACCESS_LOGGER_NAME)
+    with _router_logging_alone(fmt) as out:
+        assert direct_handler(logger) is not None  # the fast path is the one taken below
+        access = AccessLog(RouterMetrics())
+        expected = 0
+        for record, outcome, termination, now in itertools.islice(_records(), 60):
+            fields = record.fields(outcome, termination, now)
+            access.live.add(record)
+            access.end(record, outcome, termination, now)
+            logger.info(ACCESS_MESSAGE, extra={EVENT_FIELDS: fields})
+            expected += 2
+    written = [re.sub(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", "TS", line)
+               for line in out.getvalue().split("\n")[:-1]]  # not splitlines: \u2028 and \x1f stay in a line
+    assert len(written) == expected
+    for fast, slow in zip(written[::2], written[1::2], strict=True):
+        assert fast == slow
