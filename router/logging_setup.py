@@ -123,8 +123,8 @@ def _one_line(text: str) -> str:
 
 def text_value(value: object) -> str:
     """A value as the text format writes it after ``key=``: ``str()``, quoted as a JSON string when
-    empty or holding a space, quote, ``=``, backslash or newline (the generic and the access lines
-    share this one definition, so they cannot drift apart)."""
+    empty or holding a space, quote, ``=``, backslash or newline (``TextFormatter.render``'s rule,
+    which inlines it; tests hold the two together)."""
     text = str(value)
     if not text or needs_quotes(text):
         return json.dumps(text, ensure_ascii=False)
@@ -191,7 +191,11 @@ class TextFormatter(_EventFormatter):
     def render(self, fields: dict[str, object]) -> str:
         head = f"{fields.pop('ts')} {fields.pop('level')} {fields.pop('logger')} "
         parts = [head + _one_line(str(fields.pop("msg")))]
-        parts.extend(f"{key}={text_value(value)}" for key, value in fields.items())
+        for key, value in fields.items():  # text_value inlined: a call per field costs the generic path
+            text = str(value)
+            if not text or needs_quotes(text):
+                text = json.dumps(text, ensure_ascii=False)
+            parts.append(f"{key}={text}")
         return " ".join(parts)
 
 

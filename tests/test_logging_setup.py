@@ -18,6 +18,7 @@ from router.logging_setup import (
     EVENT_FIELDS,
     LOG_FLUSH_INTERVAL_S,
     LOG_LEVELS,
+    TextFormatter,
     _timestamp_of,
     configure_logging,
     direct_writer,
@@ -295,8 +296,11 @@ def test_text_values_are_quoted_for_exactly_the_documented_characters() -> None:
 
     values: list[object] = [None, 0, -1, 51.2, float("nan"), "", "plain", "a b", "é ü"]
     values += [f"a{chr(code)}b" for code in range(0x3000)] + [chr(code) for code in range(0x80)]
+    formatter = TextFormatter()
     for value in values:
         assert text_value(value) == quoted(value), repr(value)
+        line = formatter.render({"ts": "T", "level": "info", "logger": "l", "msg": "m", "k": value})
+        assert line == f"T info l m k={text_value(value)}", repr(value)
 
 
 def test_json_strings_are_the_encoders() -> None:
