@@ -94,8 +94,8 @@ class AccessRecord:
         self.probe = None
 
     def values(self, outcome: Outcome, termination: Termination, now: float) -> LineValues:
-        """The access line's values after ``event``, in ``VALUE_KEYS`` order (one computation for
-        the dict of the generic path and the access renderers alike)."""
+        """The access line's values after ``event``, in the line's order (one computation for the
+        dict of the generic path and the access renderers alike)."""
         up, down = self.bytes_client_to_pod, self.bytes_pod_to_client
         if self.probe is not None:  # a relay still running (a drain's cut): its live counts too
             up, down, _last = self.current()
@@ -108,9 +108,23 @@ class AccessRecord:
 
     def fields(self, outcome: Outcome, termination: Termination, now: float) -> dict[str, Any]:
         """The access line's keys, in their documented order."""
-        fields = dict(zip(VALUE_KEYS, self.values(outcome, termination, now), strict=True))
-        fields["termination"] = str(termination)
-        return {"event": ACCESS_MESSAGE, **fields}
+        protocol, client, hostname, pod, pod_address, _, _, up, down, duration, decision = self.values(
+            outcome, termination, now
+        )
+        return {
+            "event": ACCESS_MESSAGE,
+            "protocol": protocol,
+            "client": client,
+            "hostname": hostname,
+            "pod": pod,
+            "pod_address": pod_address,
+            "outcome": outcome,
+            "termination": str(termination),
+            "bytes_client_to_pod": up,
+            "bytes_pod_to_client": down,
+            "duration_ms": duration,
+            "decision_us": decision,
+        }
 
 
 LineValues = tuple[
@@ -118,12 +132,6 @@ LineValues = tuple[
 ]
 """``AccessRecord.values``: protocol, client, hostname, pod, pod_address, outcome, termination,
 bytes_client_to_pod, bytes_pod_to_client, duration_ms, decision_us."""
-
-VALUE_KEYS: Final = (
-    "protocol", "client", "hostname", "pod", "pod_address", "outcome", "termination",
-    "bytes_client_to_pod", "bytes_pod_to_client", "duration_ms", "decision_us",
-)
-"""The access line's keys after ``event``, in their documented order."""
 
 
 def render_text_line(head: str, ts: str, values: LineValues) -> str:

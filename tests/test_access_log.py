@@ -18,7 +18,6 @@ import pytest
 from router import constants as c
 from router.access_log import (
     ACCESS_MESSAGE,
-    VALUE_KEYS,
     AccessLog,
     AccessRecord,
     LineValues,
@@ -249,7 +248,7 @@ def test_the_access_renderers_write_the_formatters_bytes_for_every_record(logger
 def test_the_access_renderers_match_the_formatters_on_odd_numbers(duration: float, decision: int | None) -> None:
     values: LineValues = (ProtocolLabel.QUIC, "[::1]:1", None, "", 'p"', GrpcOutcome.RELAY_ERROR,
                           Termination.DRAIN, 0, -1, duration, decision)
-    fields = {"event": ACCESS_MESSAGE, **dict(zip(VALUE_KEYS, values, strict=True))}
+    fields = {"event": ACCESS_MESSAGE, **dict(zip(ACCESS_KEYS[1:], values, strict=True))}
     fields["termination"] = str(Termination.DRAIN)
     text, json_line = _generic_lines(c.ACCESS_LOGGER_NAME, fields)
     assert render_text_line(text_head(c.ACCESS_LOGGER_NAME), _TS, values) == text
