@@ -7,10 +7,12 @@ shows up as a failed assertion or a timeout, never a hang. No test asserts on sp
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import hashlib
 import os
 import random
+import resource
 import socket
 import struct
 from collections.abc import Callable, Coroutine, Iterator
@@ -19,9 +21,11 @@ from typing import Any
 import pytest
 import uvloop
 
+import router.tcp.native_relay as native_relay_module
 import router.tcp.pump as pump_module
 import router.tcp.relay as relay_module
-from router.constants import RELAY_CHUNK_BYTES, RELAY_REPORT_BYTES, SPLICE_PIPE_BYTES
+import router.tcp.relay_common as relay_common
+from router.constants import NO_EXTENSIONS_ENV, RELAY_CHUNK_BYTES, RELAY_REPORT_BYTES, SPLICE_PIPE_BYTES
 from router.outcomes import Termination
 from router.tcp.relay import SPLICE_AVAILABLE, RelayResult, live_relays, relay
 
@@ -30,6 +34,25 @@ pytestmark = pytest.mark.timeout(60)
 MIB = 1024 * 1024
 PEER_TIMEOUT_S = 20.0
 Runner = Callable[[Coroutine[Any, Any, None]], None]
+
+
+@pytest.fixture(autouse=True, params=["python", "c"])
+def pump_in(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test on both pumps: Python's (``pump``) and the C extension's (``native_relay``)."""
+    if request.param == "c":
+        if not native_relay_module.is_built():
+            pytest.skip("the C relay router.tcp._relay is not built")
+        monkeypatch.delenv(NO_EXTENSIONS_ENV, raising=False)
+    else:
+        monkeypatch.setenv(NO_EXTENSIONS_ENV, "1")
+    return str(request.param)
+
+
+def set_knob(monkeypatch: pytest.MonkeyPatch, name: str, value: float) -> None:
+    """Set a relay tunable for both pumps (each reads its own import of it)."""
+    for module in (relay_module, pump_module, native_relay_module):
+        if hasattr(module, name):
+            monkeypatch.setattr(module, name, value)
 
 
 @pytest.fixture(params=["splice", "buffered"])
@@ -265,8 +288,8 @@ def test_slow_reader_bounds_what_the_relay_holds(run: Runner, use_splice: bool) 
 def test_quiet_connection_gives_back_pipes_and_buffers(
     run: Runner, use_splice: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(relay_module, "RELAY_RELEASE_QUIET_S", 0.05)
-    monkeypatch.setattr(pump_module, "SPLICE_AFTER_BYTES", 0)  # pipes from the first byte on
+    set_knob(monkeypatch, "RELAY_RELEASE_QUIET_S", 0.05)
+    set_knob(monkeypatch, "SPLICE_AFTER_BYTES", 0)  # pipes from the first byte on
 
     async def scenario() -> None:
         link = Link()
@@ -375,7 +398,7 @@ class DropFirstMarker:
 def test_client_filter_sees_peeked_and_later_bytes_then_steps_aside(
     run: Runner, use_splice: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(pump_module, "SPLICE_AFTER_BYTES", 0)  # splice as soon as the filter is done
+    set_knob(monkeypatch, "SPLICE_AFTER_BYTES", 0)  # splice as soon as the filter is done
 
     async def scenario() -> None:
         link = Link()
@@ -440,8 +463,10 @@ def test_on_bytes_totals_match_small_transfers(run: Runner, use_splice: bool) ->
 
 
 @pytest.mark.skipif(not SPLICE_AVAILABLE, reason="os.splice not available")
-def test_no_fds_for_pipes_falls_back_to_copying(run: Runner, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(pump_module, "SPLICE_AFTER_BYTES", 0)
+def test_no_fds_for_pipes_falls_back_to_copying(
+    run: Runner, monkeypatch: pytest.MonkeyPatch, pump_in: str
+) -> None:
+    set_knob(monkeypatch, "SPLICE_AFTER_BYTES", 0)
 
     def no_pipes(flags: int) -> tuple[int, int]:
         raise OSError(errno.EMFILE, "Too many open files")
@@ -449,10 +474,15 @@ def test_no_fds_for_pipes_falls_back_to_copying(run: Runner, monkeypatch: pytest
     async def scenario() -> None:
         link = Link()
         task = link.start()  # auto: splice wanted
-        monkeypatch.setattr(os, "pipe2", no_pipes)
-        await thread(send_and_shut, link.client_peer, b"up")
-        assert await thread(recv_all, link.pod_peer) == b"up"
-        assert only_state().client_to_pod_mode == "buffered"
+        await asyncio.sleep(0)  # started: the pump's own fds (the C engine's epoll set) exist
+        with contextlib.ExitStack() as stack:
+            if pump_in == "c":  # the C pump calls pipe2(2) itself: take every free fd number away
+                stack.enter_context(no_free_fds())
+            else:
+                monkeypatch.setattr(os, "pipe2", no_pipes)
+            await thread(send_and_shut, link.client_peer, b"up")
+            assert await thread(recv_all, link.pod_peer) == b"up"
+            assert only_state().client_to_pod_mode == "buffered"
         await thread(send_and_shut, link.pod_peer, b"down")
         assert await thread(recv_all, link.client_peer) == b"down"
         assert await finished(task) == RelayResult(2, 4, "completed", None, Termination.CLIENT_CLOSE)
@@ -462,6 +492,27 @@ def test_no_fds_for_pipes_falls_back_to_copying(run: Runner, monkeypatch: pytest
 
 
 @pytest.mark.skipif(not SPLICE_AVAILABLE, reason="os.splice not available")
+@contextlib.contextmanager
+def no_free_fds() -> Iterator[None]:
+    """Until the end of the block, opening any fd fails with EMFILE (a lowered soft limit, the
+    numbers below it taken by /dev/null)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    taken: list[int] = []
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(map(int, os.listdir("/proc/self/fd"))) + 16, hard))
+    try:
+        while True:
+            try:
+                taken.append(os.open(os.devnull, os.O_RDONLY))
+            except OSError as exc:
+                assert exc.errno == errno.EMFILE
+                break
+        yield
+    finally:
+        for fd in taken:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
 def test_short_exchanges_never_take_a_pipe_and_bulk_switches_to_splice(run: Runner) -> None:
     async def scenario() -> None:
         link = Link()
@@ -482,6 +533,51 @@ def test_short_exchanges_never_take_a_pipe_and_bulk_switches_to_splice(run: Runn
         assert only_state().pod_to_client_mode == "buffered"
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+        link.close_peers()
+
+    run(scenario())
+
+
+@pytest.mark.parametrize("native", [None, True, False])
+def test_the_pump_is_the_one_asked_for(
+    run: Runner, pump_in: str, native: bool | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """None: C when built and not disabled by NO_EXTENSIONS_ENV; True: C whatever the variable
+    says; False: Python. The C pump's relays are NativeRelays, counted by their engine."""
+    expected = "c" if native or (native is None and pump_in == "c") else "python"
+
+    async def scenario() -> None:
+        link = Link()
+        task = link.start(native=native)
+        await thread(link.client_peer.sendall, b"ping")
+        assert await thread(recv_exactly, link.pod_peer, 4) == b"ping"
+        running = list(relay_common.LIVE)
+        assert len(running) == 1
+        assert isinstance(running[0], native_relay_module.NativeRelay) == (expected == "c")
+        engine = native_relay_module.engine_for(asyncio.get_running_loop(), True)
+        assert engine is not None and engine.live == (1 if expected == "c" else 0)
+        link.close_peers()
+        assert (await finished(task)).outcome == "completed"
+        assert engine.live == 0
+
+    run(scenario())
+
+
+def test_an_engine_that_cannot_watch_a_socket_ends_the_relay(run: Runner, pump_in: str) -> None:
+    """A socket the C engine cannot watch (here: its fd is not a socket epoll accepts) ends the
+    relay as the router's error at once, instead of a relay that waits forever."""
+    if pump_in != "c":
+        pytest.skip("the C engine's own failure")
+
+    async def scenario() -> None:
+        link = Link()
+        with open(os.devnull, "rb") as regular:  # epoll_ctl(2) refuses a regular file: EPERM
+            os.dup2(regular.fileno(), link.relay_pod.fileno())
+        task = asyncio.ensure_future(relay(link.relay_client, link.relay_pod, idle_timeout_s=30.0, native=True))
+        result = await finished(task)
+        assert (result.outcome, result.error) == ("relay_error", "EPERM")
+        assert result.termination is Termination.ROUTER_ERROR
+        assert link.relay_client.fileno() == link.relay_pod.fileno() == -1  # both closed
         link.close_peers()
 
     run(scenario())

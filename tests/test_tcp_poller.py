@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import uvloop
 
+from router.tcp import native_relay
 from router.tcp.poller import FdPoller, poller_for, recv, sendall
 from router.tcp.relay import RelayOutcome, RelayProbe, relay
 
@@ -183,10 +184,15 @@ def test_one_poller_per_loop_and_a_closed_loops_poller_is_closed() -> None:
         seen[0]._ep.fileno()
 
 
-def test_a_finished_relay_unwatches_its_fds_and_leaves_no_cyclic_garbage(run: Runner) -> None:
+@pytest.mark.parametrize("pump", ["python", "c"])
+def test_a_finished_relay_unwatches_its_fds_and_leaves_no_cyclic_garbage(run: Runner, pump: str) -> None:
+    if pump == "c" and not native_relay.is_built():
+        pytest.skip("the C relay is not built")
+
     async def main() -> None:
         loop = asyncio.get_running_loop()
-        poller = poller_for(loop)
+        engine = native_relay.engine_for(loop, True) if pump == "c" else None
+        poller: Any = engine if engine is not None else poller_for(loop)
         gc.collect()
         gc.disable()
         try:
@@ -195,7 +201,7 @@ def test_a_finished_relay_unwatches_its_fds_and_leaves_no_cyclic_garbage(run: Ru
                 pod, pod_end = tcp_pair()
                 probes: list[RelayProbe] = []
                 task = loop.create_task(relay(client_end, pod, initial_to_pod=b"hello", idle_timeout_s=10,
-                                              on_start=probes.append))
+                                              on_start=probes.append, native=pump == "c"))
                 await until(lambda: poller.watched == 2)
                 client.shutdown(socket.SHUT_WR)
                 pod_end.shutdown(socket.SHUT_WR)

@@ -15,7 +15,7 @@ import fcntl
 import os
 import socket
 from collections.abc import Callable
-from typing import Final, Literal, Protocol
+from typing import Final, Protocol
 
 from router.constants import (
     RELAY_CHUNK_BYTES,
@@ -25,8 +25,7 @@ from router.constants import (
     SPLICE_PIPE_BYTES,
 )
 from router.tcp.poller import FdPoller
-
-Mode = Literal["splice", "buffered"]
+from router.tcp.relay_common import Mode
 
 _SPLICE_FLAGS: Final = getattr(os, "SPLICE_F_MOVE", 0) | getattr(os, "SPLICE_F_NONBLOCK", 0)
 _F_SETPIPE_SZ: Final = getattr(fcntl, "F_SETPIPE_SZ", 1031)

@@ -17,6 +17,9 @@ Why it looks like this:
 * One timer per connection, re-armed lazily from last-activity stamps, serves both the idle
   timeout and that release; it is first armed ``RELAY_TIMER_DEFER_S`` after the start by one
   callback shared by the relays that started meanwhile, so short connections never make one.
+* When the optional C extension is built, the same pump runs in C (``native_relay``; one call
+  per wake-up for every ready relay) and only the policy above stays here; h2c, whose client
+  bytes the SETTINGS-ACK stripper must see first, keeps this Python pump.
 """
 
 from __future__ import annotations
@@ -28,76 +31,35 @@ import logging
 import math
 import os
 import socket
-import struct
 from collections.abc import Callable
-from dataclasses import dataclass
-from enum import StrEnum
 from typing import Final
 
 from router.constants import RELAY_RELEASE_QUIET_S, RELAY_TIMER_DEFER_S
 from router.outcomes import Termination
 from router.tcp.ending import Side, closed_termination, failure_termination, tcp_state
+from router.tcp.native_relay import NativeRelay, engine_for
 from router.tcp.poller import poller_for
-from router.tcp.pump import READ, Direction, Mode
+from router.tcp.pump import READ, Direction
+from router.tcp.relay_common import (
+    LINGER_RESET,
+    LIVE,
+    TIMER_SLACK_S,
+    RelayOutcome,
+    RelayProbe,
+    RelayResult,
+    RelayState,
+    arm_later,
+    live_relays,
+)
+
+__all__ = [
+    "SPLICE_AVAILABLE", "RelayOutcome", "RelayProbe", "RelayResult", "RelayState", "live_relays", "relay",
+]
 
 log = logging.getLogger("router.relay")  # pinned: operators filter logs by this name
 
-
-
-class RelayOutcome(StrEnum):
-    """How a relay ended."""
-
-    COMPLETED = "completed"
-    """Both directions reached end of stream."""
-    RELAY_ERROR = "relay_error"
-    """A socket failed (or the relay was cancelled): both peers were reset."""
-    IDLE_TIMEOUT = "idle_timeout"
-    """Neither side sent anything for the idle timeout."""
-
-
 SPLICE_AVAILABLE: Final = hasattr(os, "splice")
 """``os.splice`` exists (Linux, Python >= 3.10): the auto mode uses it."""
-
-_LINGER_RESET: Final = struct.pack("ii", 1, 0)
-_TIMER_SLACK_S: Final = 0.001
-
-
-@dataclass(frozen=True, slots=True)
-class RelayResult:
-    """How a relay ended; byte counts are bytes delivered to each destination."""
-
-    client_to_pod_bytes: int
-    pod_to_client_bytes: int
-    outcome: RelayOutcome
-    error: str | None
-    termination: Termination
-    """Who ended it and how (``router.tcp.ending``): first FIN, whose reset, or the idle timer."""
-
-
-RelayProbe = Callable[[], tuple[int, int, float]]
-"""A live relay's ``(client_to_pod bytes, pod_to_client bytes, last activity)`` (the live view)."""
-
-
-@dataclass(frozen=True, slots=True)
-class RelayState:
-    """Snapshot of a live relay, for diagnostics and tests of the memory/flow-control bounds."""
-
-    client_to_pod_mode: Mode
-    pod_to_client_mode: Mode
-    client_to_pod_pending: int
-    pod_to_client_pending: int
-    held_bytes: int
-    """Capacity of the pipes and buffers currently held (0 for an idle connection)."""
-    client_to_pod_bytes: int
-    pod_to_client_bytes: int
-
-
-_LIVE: set[_Relay] = set()
-
-
-def live_relays() -> tuple[RelayState, ...]:
-    """Snapshots of the relays running in this process."""
-    return tuple(r.state() for r in list(_LIVE))
 
 
 def _describe(exc: BaseException) -> str:
@@ -140,7 +102,7 @@ class _Relay:
         client_filter: Callable[[bytes], bytes] | None,
         client_filter_done: Callable[[], bool] | None,
     ) -> None:
-        _LIVE.add(self)
+        LIVE.add(self)
         c2p = self.c2p
         c2p.filter, c2p.filter_done = client_filter, client_filter_done
         if client_filter is not None or initial:
@@ -148,7 +110,7 @@ class _Relay:
         if initial:
             c2p.set_pending(client_filter(initial) if client_filter is not None else initial)
         if self.idle_s > RELAY_TIMER_DEFER_S:
-            _arm_later(self)
+            arm_later(self)
         else:
             self.arm_timer()
         if c2p.pending:
@@ -215,7 +177,7 @@ class _Relay:
 
     def close(self, *, reset: bool) -> None:
         """Idempotent teardown; ``reset`` makes both peers see RST instead of FIN."""
-        _LIVE.discard(self)
+        LIVE.discard(self)
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
@@ -227,7 +189,7 @@ class _Relay:
                 continue
             if reset:
                 with contextlib.suppress(OSError):
-                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_RESET)
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, LINGER_RESET)
             sock.close()
 
     def report(self) -> None:
@@ -262,7 +224,7 @@ class _Relay:
 
     def _on_timer(self) -> None:
         self.timer = None
-        now = self.loop.time() + _TIMER_SLACK_S
+        now = self.loop.time() + TIMER_SLACK_S
         if now - max(self.c2p.last, self.p2c.last) >= self.idle_s:
             self.finish(RelayOutcome.IDLE_TIMEOUT, None, Termination.IDLE_TIMEOUT)
             return
@@ -278,27 +240,6 @@ class _Relay:
         )
 
 
-_YOUNG: dict[asyncio.AbstractEventLoop, list[_Relay]] = {}
-"""Per loop: relays started since the last shared arming callback, whose timer is not armed yet."""
-
-
-def _arm_later(state: _Relay) -> None:
-    loop = state.loop
-    young = _YOUNG.get(loop)
-    if young is None:
-        for old in [other for other in _YOUNG if other.is_closed()]:
-            del _YOUNG[old]
-        young = _YOUNG[loop] = []
-        loop.call_later(RELAY_TIMER_DEFER_S, _arm_young, loop)
-    young.append(state)
-
-
-def _arm_young(loop: asyncio.AbstractEventLoop) -> None:
-    for state in _YOUNG.pop(loop, ()):
-        if not state.future.done() and state.timer is None:
-            state.arm_timer()
-
-
 async def relay(
     client: socket.socket,
     pod: socket.socket,
@@ -311,6 +252,7 @@ async def relay(
     use_splice: bool | None = None,
     on_start: Callable[[RelayProbe], None] | None = None,
     loop: asyncio.AbstractEventLoop | None = None,
+    native: bool | None = None,
 ) -> RelayResult:
     """Relay bytes both ways until both sides finish, one fails, or both are idle too long.
 
@@ -318,9 +260,11 @@ async def relay(
     returning or when cancelled (then with RST, and CancelledError is re-raised).
     ``initial_to_pod`` are client bytes already read by the peek; ``client_filter`` sees every
     client->pod byte until ``client_filter_done()`` is True. ``idle_timeout_s <= 0`` disables
-    the idle timeout. ``on_start`` gets the relay's live byte counts (``RelayProbe``) before any
-    byte moves. ``loop`` is the running loop, if the caller has it at hand (saves a ``getpid``
-    system call).
+    the idle timeout. ``on_start`` gets the relay's live byte counts (``RelayProbe``) as it starts
+    (before it is awaited). ``loop`` is the running loop, if the caller has it at hand (saves a ``getpid``
+    system call). ``native``: pump in C (``native_relay``; None: when it is built and
+    ``NO_EXTENSIONS_ENV`` is unset, True: it must be, False: never); a client filter always
+    runs on the Python pump.
     """
     if loop is None:
         loop = asyncio.get_running_loop()
@@ -329,11 +273,21 @@ async def relay(
         pod.close()
         raise ValueError("use_splice=True but os.splice is not available here")
     splice = SPLICE_AVAILABLE if use_splice is None else use_splice
-    state = _Relay(loop, client, pod, splice, idle_timeout_s, on_bytes)
-    if on_start is not None:
-        on_start(state.probe)
+    engine = engine_for(loop, native) if client_filter is None else None
+    state: _Relay | NativeRelay
+    if engine is not None:
+        state = NativeRelay(loop, engine, client, pod, splice, idle_timeout_s, on_bytes)
+    else:
+        state = _Relay(loop, client, pod, splice, idle_timeout_s, on_bytes)
+        if on_start is not None:
+            on_start(state.probe)
     try:
-        state.start(initial_to_pod, client_filter, client_filter_done)
+        if isinstance(state, NativeRelay):
+            handle = state.start(initial_to_pod)
+            if on_start is not None:
+                on_start(handle.probe)
+        else:
+            state.start(initial_to_pod, client_filter, client_filter_done)
         return await state.future
     except BaseException as exc:  # cancelled (drain timeout) or a bug: cut both ends with RST
         state.close(reset=True)

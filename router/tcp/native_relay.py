@@ -1,0 +1,339 @@
+"""The relay with its byte pump in C (``router/tcp/_relay.c``), when that extension is built.
+
+Why: on a short connection the Python pump (``pump``, ``poller``) costs ~20 us of interpreter
+time, a readiness callback and a few objects per wake-up and direction; the C engine pumps every
+ready relay of a loop in one call. Only the pumping moved: this module keeps the relay's policy
+exactly as ``relay._Relay`` has it (the idle timer armed late and lazily, quiet pipes given back,
+who ended the connection, closing the sockets, ``on_bytes``, the live view), so a connection ends
+the same way, with the same counts, on either path. ``relay.relay`` chooses: C when it is built,
+``NO_EXTENSIONS_ENV`` is unset and no client filter is asked for (h2c's SETTINGS-ACK stripper
+needs to see bytes, so h2c stays on the Python pump).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import logging
+import math
+import os
+import socket
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from router.constants import (
+    NO_EXTENSIONS_ENV,
+    RELAY_CHUNK_BYTES,
+    RELAY_RELEASE_QUIET_S,
+    RELAY_REPORT_BYTES,
+    RELAY_ROUNDS_PER_WAKEUP,
+    RELAY_TIMER_DEFER_S,
+    SPLICE_AFTER_BYTES,
+    SPLICE_PIPE_BYTES,
+)
+from router.outcomes import Termination
+from router.tcp.ending import Side, closed_termination, failure_termination, tcp_state
+from router.tcp.relay_common import (
+    LINGER_RESET,
+    LIVE,
+    TIMER_SLACK_S,
+    RelayOutcome,
+    RelayResult,
+    RelayState,
+    arm_later,
+)
+
+if TYPE_CHECKING:
+    from router.tcp._relay import Engine, Relay
+
+try:  # on_end's "direction" when the pod's connect failed
+    from router.tcp._relay import CONNECT
+except ImportError:  # not built: no relay ever ends that way
+    CONNECT = -1
+
+log = logging.getLogger("router.relay")  # pinned: operators filter logs by this name
+
+
+class NativeUnavailable(RuntimeError):
+    """``native=True`` was asked for, but the C relay is not built."""
+
+
+def is_built() -> bool:
+    """Whether the C relay is importable (whatever ``NO_EXTENSIONS_ENV`` says)."""
+    try:
+        import router.tcp._relay  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+_ENGINES: dict[asyncio.AbstractEventLoop, Engine] = {}
+"""Per loop: its C engine, watched by the loop as one fd."""
+_BY_DEFAULT: dict[asyncio.AbstractEventLoop, bool] = {}
+"""Per loop: whether its relays use the engine unless told (built, ``NO_EXTENSIONS_ENV`` unset)."""
+
+
+def engine_for(loop: asyncio.AbstractEventLoop, wanted: bool | None) -> Engine | None:
+    """The C engine of ``loop`` (created on first use), or None for the Python pump.
+
+    ``wanted`` None: the engine if it is built and ``NO_EXTENSIONS_ENV`` is unset (decided once
+    per loop); False: never; True: it must be built (``NativeUnavailable`` otherwise)."""
+    if wanted is None:
+        use = _BY_DEFAULT.get(loop)
+        if use is None:
+            _forget_closed_loops()
+            use = _BY_DEFAULT[loop] = is_built() and not os.environ.get(NO_EXTENSIONS_ENV)
+        if not use:
+            return None
+    elif not wanted:
+        return None
+    engine = _ENGINES.get(loop)
+    if engine is None:
+        _forget_closed_loops()
+        engine = _ENGINES[loop] = _make_engine(loop)
+    return engine
+
+
+def _forget_closed_loops() -> None:
+    for old in [loop for loop in _BY_DEFAULT if loop.is_closed()]:
+        del _BY_DEFAULT[old]
+    for old in [loop for loop in _ENGINES if loop.is_closed()]:
+        _ENGINES.pop(old).close()
+
+
+def _make_engine(loop: asyncio.AbstractEventLoop) -> Engine:
+    try:
+        from router.tcp._relay import Engine
+    except ImportError:
+        raise NativeUnavailable("the C relay router.tcp._relay is not built (no C compiler at install)") from None
+    engine = Engine(
+        chunk_bytes=RELAY_CHUNK_BYTES, splice_after_bytes=SPLICE_AFTER_BYTES, pipe_bytes=SPLICE_PIPE_BYTES,
+        report_bytes=RELAY_REPORT_BYTES, rounds=RELAY_ROUNDS_PER_WAKEUP,
+    )
+    loop.add_reader(engine.fileno(), engine.dispatch)
+    return engine
+
+
+def _describe(code: int) -> str:
+    return errno.errorcode.get(code, str(code))
+
+
+class NativeRelay:
+    """One connection relayed by the C engine: its timer, its ending and its result future."""
+
+    __slots__ = ("client", "connect_timer", "engine", "final", "future", "handle", "idle_s", "loop", "on_bytes",
+                 "on_connected", "on_dial_failed", "on_result", "pod", "splice", "timer", "timer_at")
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        engine: Engine,
+        client: socket.socket,
+        pod: socket.socket,
+        splice: bool,
+        idle_timeout_s: float,
+        on_bytes: Callable[[int, int], None] | None,
+    ) -> None:
+        self.loop, self.engine = loop, engine
+        self.client, self.pod = client, pod
+        self.splice = splice
+        self.idle_s = idle_timeout_s if idle_timeout_s > 0 and math.isfinite(idle_timeout_s) else math.inf
+        self.on_bytes = on_bytes
+        self.future: asyncio.Future[RelayResult] = loop.create_future()
+        self.timer: asyncio.TimerHandle | None = None
+        self.timer_at = math.inf
+        self.handle: Relay | None = None
+        self.final = (0, 0, 0.0)
+        self.on_result: Callable[[RelayResult], None] | None = None
+        """Told the result as the relay ends (before the future is): saves a loop round."""
+        self.on_connected: Callable[[], None] | None = None
+        self.on_dial_failed: Callable[[int], None] | None = None
+        self.connect_timer: asyncio.TimerHandle | None = None
+
+    def start(self, initial: bytes) -> Relay:
+        """Hand both sockets to the engine (it writes ``initial`` at once); the live handle."""
+        LIVE.add(self)
+        handle = self.handle = self.engine.start(
+            self.client.fileno(), self.pod.fileno(), initial, self.splice, False, self._on_end,
+            self._report if self.on_bytes is not None else None, self.acquired, None,
+        )
+        self._arm_first_timer()
+        return handle
+
+    def start_connecting(
+        self,
+        initial: bytes,
+        timeout_s: float,
+        on_connected: Callable[[], None],
+        on_dial_failed: Callable[[int], None],
+    ) -> Relay:
+        """As ``start``, with the pod's connect still in progress: the engine waits for it and
+        holds ``initial`` meanwhile. ``on_connected`` once it succeeds; else ``on_dial_failed(errno)``
+        (``ETIMEDOUT`` after ``timeout_s``) with the pod socket closed and the client's left open,
+        to be answered."""
+        LIVE.add(self)
+        self.on_connected, self.on_dial_failed = on_connected, on_dial_failed
+        self.connect_timer = self.loop.call_later(timeout_s, self._connect_timed_out)
+        handle = self.handle = self.engine.start(
+            self.client.fileno(), self.pod.fileno(), initial, self.splice, True, self._on_end,
+            self._report if self.on_bytes is not None else None, self.acquired, self._connected,
+        )
+        self._arm_first_timer()
+        return handle
+
+    def _connected(self) -> None:
+        if self.connect_timer is not None:
+            self.connect_timer.cancel()
+            self.connect_timer = None
+        if self.on_connected is not None:
+            self.on_connected()
+
+    def _connect_timed_out(self) -> None:
+        self.connect_timer = None
+        if self.handle is not None and self.handle.is_connecting():
+            self.handle.abort()
+            self._dial_failed(errno.ETIMEDOUT)
+
+    def _dial_failed(self, code: int) -> None:
+        """The pod was not reached: only its socket closes (the client is to be answered)."""
+        LIVE.discard(self)
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        if self.connect_timer is not None:
+            self.connect_timer.cancel()
+            self.connect_timer = None
+        self.timer_at = math.inf
+        self.pod.close()
+        if self.on_dial_failed is not None:
+            self.on_dial_failed(code)
+
+    def _arm_first_timer(self) -> None:
+        if not self.future.done():
+            if self.idle_s > RELAY_TIMER_DEFER_S:
+                arm_later(self)
+            else:
+                self.arm_timer()
+
+    # -- endings ---------------------------------------------------------------------------
+    def _on_end(self, handle: Relay, code: int, way: int, first_eof: int, up_done: int, down_done: int) -> None:
+        """The engine's end of a relay: both directions done (``code`` 0) or ``way`` failed."""
+        self.handle = handle
+        if way == CONNECT:
+            self._dial_failed(code)
+            return
+        if not code:
+            first: Side = "client" if first_eof == 0 else "pod"
+            self.finish(RelayOutcome.COMPLETED, None, closed_termination(first))
+            return
+        reading: Side = "pod" if way == 1 else "client"
+        writing: Side = "client" if reading == "pod" else "pod"
+        both_done = up_done and down_done
+        # A side that closed normally (its FIN in, ours out) says nothing about a reset.
+        client = None if both_done and way != 1 else tcp_state(self.client)
+        pod = None if both_done and way != 0 else tcp_state(self.pod)
+        termination = failure_termination(OSError(code, os.strerror(code)), client, pod, reading, writing)
+        self.finish(RelayOutcome.RELAY_ERROR, _describe(code), termination, reset=True)
+
+    def finish(
+        self, outcome: RelayOutcome, error: str | None, termination: Termination, *, reset: bool = False
+    ) -> None:
+        if self.future.done():
+            return
+        self.close(reset=reset)
+        result = self.result(outcome, error, termination)
+        if self.on_result is not None:
+            self.on_result(result)
+        self.future.set_result(result)
+
+    def result(
+        self, outcome: RelayOutcome, error: str | None, termination: Termination = Termination.ROUTER_ERROR
+    ) -> RelayResult:
+        up, down, _ = self.probe()
+        return RelayResult(up, down, outcome, error, termination)
+
+    def probe(self) -> tuple[int, int, float]:
+        """Bytes delivered so far each way and the last activity (read at any time)."""
+        handle = self.handle
+        return handle.probe() if handle is not None else self.final
+
+    def close(self, *, reset: bool) -> None:
+        """Idempotent teardown: the engine lets go of the fds (and reports the last bytes) first,
+        then the sockets close; ``reset`` makes both peers see RST instead of FIN."""
+        LIVE.discard(self)
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        self.timer_at = math.inf
+        if self.connect_timer is not None:
+            self.connect_timer.cancel()
+            self.connect_timer = None
+        if self.handle is not None:
+            self.handle.abort()
+        for sock in (self.client, self.pod):
+            if sock.fileno() < 0:
+                continue
+            if reset:
+                with contextlib.suppress(OSError):
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, LINGER_RESET)
+            sock.close()
+
+    def report(self) -> None:
+        """The engine reports the last bytes when it stops (``close``): nothing is left here."""
+
+    def _report(self, up: int, down: int) -> None:
+        assert self.on_bytes is not None
+        try:
+            self.on_bytes(up, down)
+        except Exception:
+            log.exception("on_bytes callback failed; relay continues")
+
+    def unlink(self) -> None:
+        """Once over, keep only the final counts: the handle (and its engine) can go."""
+        if self.handle is not None:
+            self.final = self.handle.probe()
+            self.handle = None
+
+    # -- the one timer: idle timeout and giving back quiet pipes -------------------------------
+    def acquired(self) -> None:
+        """A pipe was taken: make sure the timer fires in time to give it back."""
+        if time.monotonic() + RELAY_RELEASE_QUIET_S < self.timer_at:
+            self.arm_timer()
+
+    def arm_timer(self) -> None:
+        handle = self.handle
+        if handle is None or self.future.done():
+            return
+        at = min(handle.probe()[2] + self.idle_s, handle.next_release(RELAY_RELEASE_QUIET_S))
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        self.timer_at = at
+        if math.isfinite(at):
+            # the engine's clock is CLOCK_MONOTONIC, which is time.monotonic() and the loop's
+            self.timer = self.loop.call_at(at + (self.loop.time() - time.monotonic()), self._on_timer)
+
+    def _on_timer(self) -> None:
+        self.timer = None
+        handle = self.handle
+        if handle is None:
+            return
+        now = time.monotonic() + TIMER_SLACK_S
+        if now - handle.probe()[2] >= self.idle_s:
+            self.finish(RelayOutcome.IDLE_TIMEOUT, None, Termination.IDLE_TIMEOUT)
+            return
+        handle.release_quiet(now, RELAY_RELEASE_QUIET_S)
+        self.arm_timer()
+
+    def state(self) -> RelayState:
+        handle = self.handle
+        if handle is None:
+            up, down, _ = self.final
+            return RelayState("buffered", "buffered", 0, 0, 0, up, down)
+        up_mode, down_mode, up_pending, down_pending, held, up_sent, down_sent = handle.state()
+        return RelayState(
+            "splice" if up_mode == "splice" else "buffered", "splice" if down_mode == "splice" else "buffered",
+            up_pending, down_pending, held, up_sent, down_sent,
+        )
