@@ -183,8 +183,9 @@ class RouterApp:
         )
         self._source_task = asyncio.create_task(self.source.run(), name="discovery")
         log.info(
-            "listening grpc=%s:%d quic=%s:%d health=%s:%d quic_datapath=%s quic_initials=%s",
+            "listening grpc=%s:%d quic=%s:%d health=%s:%d quic_datapath=%s quic_initials=%s tcp_pump=%s",
             *self.tcp_addr[:2], *self.udp_addr[:2], *self.health_addr[:2], self.udp.datapath, initials,
+            self.tcp.pump,
         )
 
     async def run(self) -> int:

@@ -19,7 +19,9 @@ import grpc
 import pytest
 
 from router.demo.grpc_pods import call_whoami, start_pod
+from router.constants import NO_EXTENSIONS_ENV
 from router.demo.pki import DemoPki
+from router.tcp import native_relay
 from tests.support.access_peers import (
     H2C_SETTINGS_BYTES,
     SETTINGS_ACK,
@@ -94,8 +96,21 @@ def start_router(tmp: Path, peers: Peers, *extra: str) -> RouterProcess:
     return router
 
 
+@pytest.fixture(scope="module", autouse=True, params=["c", "python"])
+def tcp_pump(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Every test on both relay pumps: the same lines, causes and counts from each."""
+    if request.param == "c" and not native_relay.is_built():
+        pytest.skip("the C relay router.tcp._relay is not built")
+    with pytest.MonkeyPatch.context() as patch:  # router processes inherit the environment
+        if request.param == "python":
+            patch.setenv(NO_EXTENSIONS_ENV, "1")
+        else:
+            patch.delenv(NO_EXTENSIONS_ENV, raising=False)
+        yield str(request.param)
+
+
 @pytest.fixture(scope="module")
-def router(peers: Peers, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RouterProcess]:
+def router(peers: Peers, tmp_path_factory: pytest.TempPathFactory, tcp_pump: str) -> Iterator[RouterProcess]:
     with start_router(tmp_path_factory.mktemp("access"), peers) as r:
         yield r
         r.stop()

@@ -1,7 +1,8 @@
-"""The optional C splice is built where it can be, and the router runs without it where it is not."""
+"""The optional C extensions are built where they can be, and the router runs without them where they are not."""
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import sys
 from collections.abc import AsyncIterator
@@ -14,6 +15,7 @@ from discovery.targets import Target, TargetSnapshot
 from quic import native as quic_native
 from router import constants as c
 from router.demo.pki import DemoPki
+from router.tcp import native_relay
 from router.udp import native
 from router.udp.settings import UdpRouterSettings
 from tests.support.quic_exchange import POD_HOST, quic_exchange
@@ -36,6 +38,29 @@ def test_the_splice_is_built_wherever_a_compiler_was() -> None:
 def test_the_initial_protection_is_built_wherever_a_compiler_and_openssl_headers_were() -> None:
     """CI installs libssl-dev: there the C Initial path must be built, or its tests would skip unseen."""
     assert quic_native.built()
+
+
+@pytest.mark.skipif(sys.platform != "linux" or not (shutil.which("cc") or shutil.which("gcc")),
+                    reason="no C compiler here, or not Linux (epoll and splice are Linux's)")
+def test_the_tcp_relay_pump_is_built_wherever_a_compiler_was() -> None:
+    """CI installs with a compiler: there the C pump must be built, or its tests would skip unseen."""
+    assert native_relay.is_built()
+
+
+def test_without_the_c_relay_the_python_pump_is_chosen_and_requiring_it_says_why(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setitem(sys.modules, "router.tcp._relay", None)
+    assert not native_relay.is_built()
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        assert native_relay.engine_for(loop, None) is None
+        assert native_relay.engine_for(loop, False) is None
+        with pytest.raises(native_relay.NativeUnavailable, match="not built"):
+            native_relay.engine_for(loop, True)
+
+    asyncio.run(main())
 
 
 @pytest.fixture
@@ -74,7 +99,9 @@ def test_the_router_says_at_start_which_datapath_carries_quic_flows(switched_off
     env = {c.NO_EXTENSIONS_ENV: "1" if switched_off else ""}
     expected = "python" if switched_off or not native.is_built() else "c_splice"
     initials = "python" if switched_off or not quic_native.built() else "c"
+    pump = "python" if switched_off or not native_relay.is_built() else "c"
     with RouterProcess(router_args(EXAMPLE, "--target-namespace", "stargate"), env=env) as router:
         router.wait_listening()
-        assert any(f"quic_datapath={expected} quic_initials={initials}" in line for line in router.lines)
+        wanted = f"quic_datapath={expected} quic_initials={initials} tcp_pump={pump}"
+        assert any(wanted in line for line in router.lines)
         assert router.stop() == 0

@@ -34,6 +34,7 @@ from router.tcp.first_bytes import FirstBytes
 from router.tcp.first_bytes import Peeked as _Peeked  # edge-private names kept
 from router.tcp.first_bytes import Rejected as _Rejected
 from router.tcp.h2_frames import EMPTY_SETTINGS_FRAME
+from router.tcp.native_relay import engine_for
 from router.tcp.poller import poller_for, recv, sendall
 from router.tcp.proxy_protocol import ProxyHeaderError
 from router.tcp.rejection import answer_and_close, rejection_bytes
@@ -111,6 +112,12 @@ class TcpRouter:
     async def start(self, host: str, port: int) -> tuple[str, int]:
         self._loop = asyncio.get_running_loop()
         return self._acceptor.start(host, port)
+
+    @property
+    def pump(self) -> str:
+        """Which pump relays TLS connections (h2c's is always Python's): ``c`` or ``python``."""
+        assert self._loop is not None, "started"
+        return "c" if engine_for(self._loop, None) is not None else "python"
 
     def stop_accepting(self) -> None:
         self._acceptor.stop()
