@@ -18,8 +18,8 @@ from typing import Any
 import grpc
 import pytest
 
-from router.demo.grpc_pods import call_whoami, start_pod
 from router.constants import NO_EXTENSIONS_ENV
+from router.demo.grpc_pods import call_whoami, start_pod
 from router.demo.pki import DemoPki
 from router.tcp import native_relay
 from tests.support.access_peers import (
