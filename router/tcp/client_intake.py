@@ -102,11 +102,16 @@ class ClientIntake:
         """The connection's client and first bytes; ``ProxyHeaderError`` for an untrusted source
         (nothing read) or a missing, malformed or cut header."""
         if not self.accept_proxy_protocol:
-            intake = Intake(peer, b"")
-        elif not self._trusted.allows(peer[0]):
+            return self.identify_peer(conn, peer)
+        if not self._trusted.allows(peer[0]):
             raise ProxyHeaderError("untrusted PROXY source: closed unread")
-        else:
-            intake = await read_proxy_header(conn, peer)
+        return self._limited(conn, await read_proxy_header(conn, peer))
+
+    def identify_peer(self, conn: socket.socket, peer: Peer) -> Intake:
+        """``identify`` without a PROXY header: the client is the peer (nothing to wait for)."""
+        return self._limited(conn, Intake(peer, b""))
+
+    def _limited(self, conn: socket.socket, intake: Intake) -> Intake:
         if self.slots.take(conn, intake.client[0]):
             return intake
         return Intake(intake.client, intake.first_bytes, intake.via, within_limit=False)

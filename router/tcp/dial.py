@@ -40,36 +40,59 @@ def _established(sock: socket.socket) -> bool:
         return False
 
 
-async def dial(target: Target, timeout_s: float) -> socket.socket:
-    """A connected, non-blocking TCP_NODELAY socket to ``target``'s gRPC port, or DialError.
+def dial_error(target: Target, code: int) -> DialError:
+    """How a dial that failed with ``code`` (an errno; ``ETIMEDOUT``: the connect timeout) is told."""
+    if code == errno.ETIMEDOUT:
+        return DialError(f"dial {target.grpc_endpoint} timed out")
+    return DialError(f"dial {target.grpc_endpoint}: {os.strerror(code)}")
 
-    Only a connect that is still in progress after the call waits (and arms the timeout).
-    """
+
+def start_dial(target: Target) -> tuple[socket.socket, bool]:
+    """A non-blocking TCP_NODELAY socket connecting to ``target``'s gRPC port, and whether it is
+    connected already; DialError if the connect failed at once."""
     family = socket.AF_INET6 if ":" in target.address else socket.AF_INET
     try:
         pod = socket.socket(family, socket.SOCK_STREAM | _NONBLOCKING)
     except OSError as exc:  # EMFILE under a connection flood: the client hears UNAVAILABLE
-        raise DialError(f"dial {target.grpc_endpoint}: {exc.strerror}") from None
+        raise dial_error(target, exc.errno or errno.EIO) from None
     try:
         if not _NONBLOCKING:
             pod.setblocking(False)
         pod.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         err = pod.connect_ex((target.address, target.grpc_port))
-        if err == errno.EINPROGRESS and _established(pod):
-            return pod
-        if err in (errno.EINPROGRESS, errno.EAGAIN):
-            async with asyncio.timeout(timeout_s):
-                await poller_for(asyncio.get_running_loop()).wait(pod.fileno(), write=True)
-            err = pod.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
-        if err:
-            raise OSError(err, os.strerror(err))
-    except TimeoutError:
-        pod.close()
-        raise DialError(f"dial {target.grpc_endpoint} timed out") from None
     except OSError as exc:
         pod.close()
-        raise DialError(f"dial {target.grpc_endpoint}: {exc.strerror}") from None
+        raise dial_error(target, exc.errno or errno.EIO) from None
+    if not err or (err == errno.EINPROGRESS and _established(pod)):
+        return pod, True
+    if err in (errno.EINPROGRESS, errno.EAGAIN):
+        return pod, False
+    pod.close()
+    raise dial_error(target, err or errno.EIO)
+
+
+async def dial(target: Target, timeout_s: float) -> socket.socket:
+    """A connected, non-blocking TCP_NODELAY socket to ``target``'s gRPC port, or DialError.
+
+    Only a connect that is still in progress after the call waits (and arms the timeout).
+    """
+    pod, connected = start_dial(target)
+    if connected:
+        return pod
+    try:
+        async with asyncio.timeout(timeout_s):
+            await poller_for(asyncio.get_running_loop()).wait(pod.fileno(), write=True)
+        err = pod.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+    except TimeoutError:
+        pod.close()
+        raise dial_error(target, errno.ETIMEDOUT) from None
+    except OSError as exc:
+        pod.close()
+        raise dial_error(target, exc.errno or errno.EIO) from None
     except BaseException:
         pod.close()
         raise
+    if err:
+        pod.close()
+        raise dial_error(target, err)
     return pod
