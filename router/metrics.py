@@ -149,3 +149,15 @@ class ProtocolSeries:
             self.up.inc(client_to_pod)
         if pod_to_client:
             self.down.inc(pod_to_client)
+
+
+class TcpSeries(ProtocolSeries):
+    """One TCP protocol's series, with its outcome counters."""
+
+    __slots__ = ("outcomes",)
+
+    def __init__(self, metrics: RouterMetrics, protocol: ProtocolLabel) -> None:
+        super().__init__(metrics, protocol)
+        self.outcomes = {
+            o: metrics.grpc_connections.labels(protocol=protocol, outcome=o) for o in GrpcOutcome
+        }

@@ -291,10 +291,13 @@ class NativeRelay:
             log.exception("on_bytes callback failed; relay continues")
 
     def unlink(self) -> None:
-        """Once over, keep only the final counts: the handle (and its engine) can go."""
+        """Once over, keep only the final counts: the handle (and its engine) can go, and the
+        callbacks (bound methods of the relay's owner, which holds the relay) no longer make a
+        cycle for the collector to find."""
         if self.handle is not None:
             self.final = self.handle.probe()
             self.handle = None
+        self.on_result = self.on_connected = self.on_dial_failed = None
 
     # -- the one timer: idle timeout and giving back quiet pipes -------------------------------
     def acquired(self) -> None:

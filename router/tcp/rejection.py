@@ -12,7 +12,7 @@ import socket
 
 from router import constants as c
 from router.outcomes import ProtocolLabel
-from router.routing import REFUSAL_ANSWERS, Refusal
+from router.routing import REFUSAL_ANSWERS, Refusal, Refused
 from router.tcp.grpc_rejection import grpc_rejection
 from router.tcp.poller import poller_for, recv, sendall
 from router.tcp.tls_peek import tls_alert
@@ -49,3 +49,14 @@ async def answer_and_close(conn: socket.socket, answer: bytes | None) -> tuple[i
     finally:
         conn.close()
     return sent, received
+
+
+def refusal_detail(refused: Refused, hostname: str | None) -> str:
+    """The grpc-message / log text of a routing refusal (the Rust router's wording)."""
+    if refused.refusal is Refusal.NO_READY_TARGET:
+        return "no ready stargate for round-robin"
+    if refused.refusal is Refusal.MISSING_NAME:
+        return "missing authority"
+    if refused.refusal is Refusal.UNKNOWN_NAME:
+        return f"unknown authority {hostname!r}"
+    return f"target stargate not ready for {hostname!r}"
