@@ -14,7 +14,7 @@ import asyncio
 import logging
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,12 +24,13 @@ from router.access_log import AccessLog, AccessRecord, Outcome
 from router.config import IPNetwork
 from router.hostname import HostnameTemplate
 from router.log_limiter import RateLimitedLog
-from router.metrics import ProtocolSeries, RouterMetrics
+from router.metrics import ProtocolSeries, RouterMetrics, TcpSeries
 from router.outcomes import TCP_PROTOCOLS, GrpcOutcome, ProtocolLabel, Termination
 from router.routing import Refusal, Refused, RoundRobin, route
 from router.tcp.acceptor import Acceptor
-from router.tcp.client_intake import ClientIntake, Intake
+from router.tcp.client_intake import ClientIntake
 from router.tcp.dial import DialError, dial
+from router.tcp.fast_path import FastPath, Head, read_now
 from router.tcp.first_bytes import FirstBytes
 from router.tcp.first_bytes import Peeked as _Peeked  # edge-private names kept
 from router.tcp.first_bytes import Rejected as _Rejected
@@ -37,8 +38,8 @@ from router.tcp.h2_frames import EMPTY_SETTINGS_FRAME
 from router.tcp.native_relay import engine_for
 from router.tcp.poller import poller_for, recv, sendall
 from router.tcp.proxy_protocol import ProxyHeaderError
-from router.tcp.rejection import answer_and_close, rejection_bytes
-from router.tcp.relay import RelayOutcome, RelayProbe, relay
+from router.tcp.rejection import answer_and_close, refusal_detail, rejection_bytes
+from router.tcp.relay import RelayOutcome, RelayProbe, RelayResult, relay
 from router.tcp.settings_ack import SettingsAckStripper
 
 log = logging.getLogger("router.tcp_router")  # pinned: operators filter logs by this name
@@ -54,29 +55,6 @@ class TcpRouterSettings:
     proxy_protocol_trusted_cidrs: tuple[IPNetwork, ...] = ()
     """Empty: every source may send a PROXY header."""
     max_connections_per_client: int = c.DEFAULT_MAX_CONNECTIONS_PER_CLIENT
-
-
-class _TcpSeries(ProtocolSeries):
-    """One TCP protocol's series, with its outcome counters."""
-
-    __slots__ = ("outcomes",)
-
-    def __init__(self, metrics: RouterMetrics, protocol: ProtocolLabel) -> None:
-        super().__init__(metrics, protocol)
-        self.outcomes = {
-            o: metrics.grpc_connections.labels(protocol=protocol, outcome=o) for o in GrpcOutcome
-        }
-
-
-def _detail(refused: Refused, hostname: str | None) -> str:
-    """The grpc-message / log text of a routing refusal (the Rust router's wording)."""
-    if refused.refusal is Refusal.NO_READY_TARGET:
-        return "no ready stargate for round-robin"
-    if refused.refusal is Refusal.MISSING_NAME:
-        return "missing authority"
-    if refused.refusal is Refusal.UNKNOWN_NAME:
-        return f"unknown authority {hostname!r}"
-    return f"target stargate not ready for {hostname!r}"
 
 
 class TcpRouter:
@@ -95,7 +73,7 @@ class TcpRouter:
         self._template = template
         self._snapshot = snapshot
         self._metrics = metrics
-        self._series = {p: _TcpSeries(metrics, p) for p in TCP_PROTOCOLS}
+        self._series = {p: TcpSeries(metrics, p) for p in TCP_PROTOCOLS}
         self._rejections = RateLimitedLog(log)
         self._clients = ClientIntake(
             settings.accept_proxy_protocol, settings.proxy_protocol_trusted_cidrs, settings.max_connections_per_client
@@ -104,14 +82,30 @@ class TcpRouter:
         self._tasks: set[asyncio.Task[None]] = set()
         self._round_robin = RoundRobin()
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._fast: FastPath | None = None
+        """The task-free path of TLS connections (C pump, no PROXY header): ``fast_path``."""
 
     @property
     def active_connections(self) -> int:
-        return len(self._tasks)
+        return len(self._tasks) + (self._fast.live if self._fast is not None else 0)
 
     async def start(self, host: str, port: int) -> tuple[str, int]:
         self._loop = asyncio.get_running_loop()
+        engine = engine_for(self._loop, None)
+        if engine is not None and not self._settings.accept_proxy_protocol:
+            self._fast = FastPath(self, self._loop, engine)
         return self._acceptor.start(host, port)
+
+    @property
+    def settings(self) -> TcpRouterSettings:
+        return self._settings
+
+    @property
+    def clients(self) -> ClientIntake:
+        return self._clients
+
+    def series(self, protocol: ProtocolLabel) -> ProtocolSeries:
+        return self._series[protocol]
 
     @property
     def pump(self) -> str:
@@ -124,12 +118,19 @@ class TcpRouter:
 
     async def drain(self, timeout_s: float) -> None:
         """Let open connections finish for ``timeout_s``, then cut the rest."""
-        if self._tasks:
-            await asyncio.wait(set(self._tasks), timeout=timeout_s)
+        waits: set[asyncio.Future[Any]] = set(self._tasks)
+        if self._fast is not None and self._fast.live:
+            waits.add(asyncio.ensure_future(self._fast.idle.wait()))
+        if waits:
+            await asyncio.wait(waits, timeout=timeout_s)
+            for waiting in waits - self._tasks:
+                waiting.cancel()
         await self.close()
 
     async def close(self) -> None:
         self.stop_accepting()
+        if self._fast is not None:
+            self._fast.cut_all()
         tasks = set(self._tasks)
         for task in tasks:
             task.cancel()
@@ -138,35 +139,53 @@ class TcpRouter:
 
     def _on_connection(self, conn: socket.socket, peer: Any) -> None:
         assert self._loop is not None
-        task = self._loop.create_task(self._serve(conn, peer))
+        head = None
+        if self._fast is not None:
+            head = self._fast.serve(conn, peer)
+            if head is None:
+                return  # relayed (or being refused) without a task
+        self.spawn(self._serve(conn, peer, head))
+
+    def spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run one connection's ``work`` as a task the drain waits for (and cancels at its end)."""
+        assert self._loop is not None
+        task = self._loop.create_task(work)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    def _count(self, protocol: ProtocolLabel, outcome: GrpcOutcome) -> None:
+    def count(self, protocol: ProtocolLabel, outcome: GrpcOutcome) -> None:
         self._series[protocol].outcomes[outcome].inc()
 
     # -- one connection --------------------------------------------------------------------
-    async def _serve(self, conn: socket.socket, peer: tuple[Any, ...]) -> None:
+    def open_connection(self, peer: tuple[Any, ...]) -> Head:
+        """A new connection's record and peek state, before anything is read."""
         # Until the first bytes say TLS, an unidentified connection counts as h2c; FirstBytes
         # updates ``progress.protocol`` as soon as they do, so a timeout or a malformed
         # ClientHello is counted (and answered) as TLS.
         progress = _Peeked(ProtocolLabel.H2C, b"", None)
-        protocol = progress.protocol
-        intake: Intake | None = None  # who the client is, once known (after the PROXY header)
         who = {"peer": host_port(peer[0], peer[1])}
         started = time.monotonic()
-        record = self._access.open(protocol, who["peer"], started)
+        record = self._access.open(progress.protocol, who["peer"], started)
+        return Head(who, started, record, progress, FirstBytes(progress))
+
+    async def _serve(self, conn: socket.socket, peer: tuple[Any, ...], head: Head | None = None) -> None:
+        if head is None:
+            head = self.open_connection(peer)
+        who, started, record, progress, first = head.who, head.started, head.record, head.progress, head.first
+        protocol = progress.protocol
+        intake = head.intake  # who the client is, once known (after the PROXY header)
         accepted = False
-        first = FirstBytes(progress)
-        peeked: _Peeked | None = None
+        peeked = head.peeked
         try:
             try:
-                if not self._clients.accept_proxy_protocol:
+                if head.failure is not None:  # what the fast path read was refused: answered here
+                    raise head.failure
+                if intake is None and not self._clients.accept_proxy_protocol:
                     # The client is the peer (identify does not suspend then), and its hello
                     # usually came with the connection: read it at once, and arm the peek
                     # timeout (and suspend) only when something is still missing.
                     intake = await self._clients.identify(conn, (peer[0], peer[1]))
-                    peeked = _read_now(conn, first)
+                    peeked = read_now(conn, first)
                 if peeked is None or first.settings_due:
                     async with asyncio.timeout(self._settings.peek_timeout_s):  # no extra task, unlike wait_for
                         if intake is None:
@@ -178,23 +197,23 @@ class TcpRouter:
                         peeked = await self._peek(conn, first, peeked)
             except TimeoutError:  # before the PROXY header's end the bytes are not the client's
                 outcome = GrpcOutcome.PEEK_TIMEOUT if intake is not None else GrpcOutcome.PROTOCOL_ERROR
-                self._count(progress.protocol, outcome)
+                self.count(progress.protocol, outcome)
                 self._rejections.info("peek timeout", extra={**who, "outcome": outcome})
                 conn.close()
-                self._end(record, progress, outcome, Termination.PEEK_TIMEOUT)
+                self.end(record, progress, outcome, Termination.PEEK_TIMEOUT)
                 return
             except ProxyHeaderError as exc:  # untrusted source, missing or malformed header: unanswered
-                self._count(progress.protocol, GrpcOutcome.PROTOCOL_ERROR)
+                self.count(progress.protocol, GrpcOutcome.PROTOCOL_ERROR)
                 self._rejections.info("rejected: %s", exc, extra={**who, "outcome": GrpcOutcome.PROTOCOL_ERROR})
                 conn.close()
-                self._end(record, progress, GrpcOutcome.PROTOCOL_ERROR, Termination.REJECTED)
+                self.end(record, progress, GrpcOutcome.PROTOCOL_ERROR, Termination.REJECTED)
                 return
             except _Rejected as rej:  # unparsable first bytes
-                self._count(progress.protocol, rej.outcome)
+                self.count(progress.protocol, rej.outcome)
                 self._rejections.info("rejected: %s", rej, extra={**who, "outcome": rej.outcome})
                 answered = await self._answer_rejection(conn, progress, rej)  # TLS: decode_error; h2c: closed
                 ending = Termination.CLIENT_CLOSE if progress.closed_early else Termination.REJECTED
-                self._end(record, progress, rej.outcome, ending, answered)
+                self.end(record, progress, rej.outcome, ending, answered)
                 return
             assert intake is not None  # identified before the peek
             protocol = record.protocol = peeked.protocol
@@ -202,7 +221,7 @@ class TcpRouter:
             try:
                 if not intake.within_limit:
                     raise _Rejected(Refusal.CLIENT_LIMIT, c.REASON_TOO_MANY_CONNECTIONS)
-                target = self._decide(peeked)
+                target = self.decide(peeked)
                 record.decided_at = decided = time.monotonic()
                 self._series[protocol].decision.observe(decided - started)
                 record.pod, record.pod_address = target.pod_name, target.grpc_endpoint
@@ -212,18 +231,9 @@ class TcpRouter:
                     raise _Rejected(Refusal.DIAL_FAILED, str(exc), target.pod_name) from None
                 self._series[protocol].dial.observe(time.monotonic() - decided)
             except _Rejected as rej:
-                self._count(protocol, rej.outcome)
-                self._rejections.info(
-                    "rejected %s connection: %s", protocol, rej,
-                    extra={**who, "hostname": peeked.hostname, "pod": rej.pod, "outcome": rej.outcome},
-                )
-                record.pod, record.decided_at = rej.pod, record.decided_at or time.monotonic()
-                answered = await self._answer_rejection(conn, peeked, rej)
-                dial_failed = rej.refusal is Refusal.DIAL_FAILED
-                self._end(record, progress, rej.outcome,
-                          Termination.DIAL_FAILED if dial_failed else Termination.REJECTED, answered)
+                await self.refuse(conn, head, peeked, rej, who)
                 return
-            self._count(protocol, GrpcOutcome.ACCEPTED)
+            self.count(protocol, GrpcOutcome.ACCEPTED)
             accepted = True
             if log.isEnabledFor(logging.DEBUG):
                 log.debug(
@@ -234,16 +244,62 @@ class TcpRouter:
             await self._splice(conn, pod, peeked, protocol, record, progress.answered)
         except asyncio.CancelledError:  # the drain ran out (or the router is closing): cut
             conn.close()
-            self._end(record, progress, None, Termination.DRAIN)  # a spliced one was ended by _splice
+            self.end(record, progress, None, Termination.DRAIN)  # a spliced one was ended by _splice
             raise
         except Exception:  # a bug must cost one connection, never the listener
             log.exception("unexpected error serving %s", peer)
             conn.close()
-            self._end(record, progress, GrpcOutcome.RELAY_ERROR if accepted else None, Termination.ROUTER_ERROR)
+            self.end(record, progress, GrpcOutcome.RELAY_ERROR if accepted else None, Termination.ROUTER_ERROR)
         finally:
             self._clients.slots.release(conn)  # the connection's slot, if it took one
 
-    def _end(
+    async def refuse(
+        self, conn: socket.socket, head: Head, peeked: _Peeked, rej: _Rejected, who: dict[str, str]
+    ) -> None:
+        """Refuse a peeked connection (routing, client limit, dial): count, log, answer, end."""
+        protocol, record = peeked.protocol, head.record
+        self.count(protocol, rej.outcome)
+        self._rejections.info(
+            "rejected %s connection: %s", protocol, rej,
+            extra={**who, "hostname": peeked.hostname, "pod": rej.pod, "outcome": rej.outcome},
+        )
+        record.pod, record.decided_at = rej.pod, record.decided_at or time.monotonic()
+        answered = await self._answer_rejection(conn, peeked, rej)
+        dial_failed = rej.refusal is Refusal.DIAL_FAILED
+        self.end(record, head.progress, rej.outcome,
+                  Termination.DIAL_FAILED if dial_failed else Termination.REJECTED, answered)
+
+    async def refuse_dial(self, conn: socket.socket, head: Head, peeked: _Peeked, rej: _Rejected) -> None:
+        """``refuse`` for the fast path's dial, which ran without a task: the slot is released here."""
+        try:
+            await self.refuse(conn, head, peeked, rej, head.who)
+        except asyncio.CancelledError:
+            conn.close()
+            self.end(head.record, head.progress, None, Termination.DRAIN)
+            raise
+        finally:
+            self._clients.slots.release(conn)
+
+    def relay_ended(self, protocol: ProtocolLabel, record: AccessRecord, result: RelayResult) -> None:
+        """A relay's end: its outcome counted, its access line (either path)."""
+        outcome = (
+            GrpcOutcome.RELAY_ERROR if result.outcome is RelayOutcome.RELAY_ERROR else GrpcOutcome.COMPLETED
+        )
+        self.count(protocol, outcome)
+        record.probe = None
+        record.bytes_client_to_pod += result.client_to_pod_bytes
+        record.bytes_pod_to_client += result.pod_to_client_bytes
+        self._access.end(record, outcome, result.termination, time.monotonic())
+        if result.error:
+            self._rejections.info("relay ended: %s", result.error, extra={"outcome": outcome})
+
+    def relay_cut(self, protocol: ProtocolLabel, record: AccessRecord) -> None:
+        """A relay cut by the drain: what was relayed so far counts."""
+        self.count(protocol, GrpcOutcome.COMPLETED)
+        record.settle()
+        self._access.end(record, GrpcOutcome.COMPLETED, Termination.DRAIN, time.monotonic())
+
+    def end(
         self, record: AccessRecord, progress: _Peeked, outcome: Outcome, termination: Termination,
         answered: tuple[int, int] = (0, 0),
     ) -> None:
@@ -272,7 +328,7 @@ class TcpRouter:
             await poller.wait(conn.fileno())
             peeked = first.feed(await recv(poller, conn, c.MAX_PEEK_BYTES))
 
-    def _decide(self, peeked: _Peeked) -> Target:
+    def decide(self, peeked: _Peeked) -> Target:
         request = peeked.h2_request
         decision = route(
             peeked.hostname, request.path if request is not None else None, self._snapshot(),
@@ -280,7 +336,7 @@ class TcpRouter:
             round_robin_paths=self._settings.round_robin_paths, port_of=_grpc_port,
         )
         if isinstance(decision, Refused):
-            raise _Rejected(decision.refusal, _detail(decision, peeked.hostname), decision.pod_name)
+            raise _Rejected(decision.refusal, refusal_detail(decision, peeked.hostname), decision.pod_name)
         return decision
 
     async def _splice(
@@ -317,37 +373,17 @@ class TcpRouter:
                 loop=self._loop,
             )
         except asyncio.CancelledError:  # cut by the drain: what was relayed so far counts
-            self._count(protocol, GrpcOutcome.COMPLETED)
-            record.settle()
-            self._access.end(record, GrpcOutcome.COMPLETED, Termination.DRAIN, time.monotonic())
+            self.relay_cut(protocol, record)
             raise
         finally:
             active.dec()
-        outcome = (
-            GrpcOutcome.RELAY_ERROR if result.outcome is RelayOutcome.RELAY_ERROR else GrpcOutcome.COMPLETED
-        )
-        self._count(protocol, outcome)
-        record.probe = None
-        record.bytes_client_to_pod += result.client_to_pod_bytes
-        record.bytes_pod_to_client += result.pod_to_client_bytes
-        self._access.end(record, outcome, result.termination, time.monotonic())
-        if result.error:
-            self._rejections.info("relay ended: %s", result.error, extra={"outcome": outcome})
+        self.relay_ended(protocol, record, result)
 
     async def _answer_rejection(self, conn: socket.socket, peeked: _Peeked, rej: _Rejected) -> tuple[int, int]:
         """Tell the client why, in its own protocol, then close without a RST; ``(sent, read)``."""
         request = peeked.h2_request
         stream_id = request.stream_id if request is not None else 1
         return await answer_and_close(conn, rejection_bytes(peeked.protocol, rej.refusal, stream_id, str(rej)))
-
-
-def _read_now(conn: socket.socket, first: FirstBytes) -> _Peeked | None:
-    """Feed ``first`` what the socket holds already, without waiting; None if nothing came yet."""
-    try:
-        data = conn.recv(c.MAX_PEEK_BYTES)
-    except (BlockingIOError, InterruptedError):
-        return None
-    return first.feed(data)
 
 
 def _grpc_port(target: Target) -> int:

@@ -1,0 +1,229 @@
+"""The TCP edge's task-free path: a TLS connection whose ClientHello came with it.
+
+Why: on the usual connection (a worker's TLS ClientHello, read with the connection) the task,
+its coroutine steps and the relay's future cost ~7 us of interpreter time per connection. Here
+the accept callback itself reads the hello, routes, starts the dial and hands both sockets to
+the C pump (``native_relay``), which waits for the connect if it is still in progress; the
+pump's end callback counts and writes the access line. Nothing else differs: the same parse,
+decision, dial, relay, metrics, termination causes and access line as ``edge.TcpRouter._serve``.
+
+Anything else leaves this path as soon as it is seen, with what was read so far (``Head``), for
+the edge's task to go on from: first bytes not all there yet, h2c (its SETTINGS exchange and
+filter), a malformed hello, a client over its limit, a routing refusal; a dial that fails is
+answered by a task too. It is used only when the C pump is there and no PROXY header is
+expected (``TcpRouter.start``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import time
+from collections.abc import Coroutine
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+from discovery.targets import Target
+from router import constants as c
+from router.access_log import AccessRecord, Outcome
+from router.metrics import ProtocolSeries
+from router.outcomes import GrpcOutcome, ProtocolLabel, Termination
+from router.routing import Refusal
+from router.tcp.client_intake import ClientIntake, Intake
+from router.tcp.dial import DialError, dial_error, start_dial
+from router.tcp.first_bytes import FirstBytes, Peeked, Rejected
+from router.tcp.native_relay import NativeRelay
+from router.tcp.relay_common import RelayResult
+
+if TYPE_CHECKING:
+    from router.tcp._relay import Engine
+    from router.tcp.edge import TcpRouterSettings
+
+log = logging.getLogger("router.tcp_router")  # pinned: operators filter logs by this name (the edge's)
+
+
+@dataclass(slots=True)
+class Head:
+    """A connection's state so far, for the edge's task to go on from."""
+
+    who: dict[str, str]
+    started: float
+    record: AccessRecord
+    progress: Peeked
+    first: FirstBytes
+    intake: Intake | None = None
+    """Who the client is, once identified."""
+    peeked: Peeked | None = None
+    """The peek's result, once complete."""
+    failure: Rejected | None = None
+    """The first bytes were refused: the task answers."""
+
+
+class Edge(Protocol):
+    """What this path uses of ``edge.TcpRouter``."""
+
+    @property
+    def settings(self) -> TcpRouterSettings: ...
+    @property
+    def clients(self) -> ClientIntake: ...
+    def series(self, protocol: ProtocolLabel) -> ProtocolSeries: ...
+    def open_connection(self, peer: tuple[Any, ...]) -> Head: ...
+    def decide(self, peeked: Peeked) -> Target: ...
+    def count(self, protocol: ProtocolLabel, outcome: GrpcOutcome) -> None: ...
+    def spawn(self, work: Coroutine[Any, Any, None]) -> None: ...
+    async def refuse_dial(self, conn: socket.socket, head: Head, peeked: Peeked, rej: Rejected) -> None: ...
+    def relay_ended(self, protocol: ProtocolLabel, record: AccessRecord, result: RelayResult) -> None: ...
+    def relay_cut(self, protocol: ProtocolLabel, record: AccessRecord) -> None: ...
+    def end(
+        self, record: AccessRecord, progress: Peeked, outcome: Outcome, termination: Termination,
+        answered: tuple[int, int] = (0, 0),
+    ) -> None: ...
+
+
+def read_now(conn: socket.socket, first: FirstBytes) -> Peeked | None:
+    """Feed ``first`` what the socket holds already, without waiting; None if nothing came yet."""
+    try:
+        data = conn.recv(c.MAX_PEEK_BYTES)
+    except (BlockingIOError, InterruptedError):
+        return None
+    return first.feed(data)
+
+
+class _Connection:
+    """One connection on this path, from its dial to its relay's end."""
+
+    __slots__ = ("accepted", "conn", "decided", "head", "path", "peeked", "relay", "target")
+
+    def __init__(
+        self, path: FastPath, conn: socket.socket, head: Head, peeked: Peeked, target: Target, decided: float,
+        relay: NativeRelay,
+    ) -> None:
+        self.path, self.conn, self.head, self.peeked = path, conn, head, peeked
+        self.target, self.decided, self.relay = target, decided, relay
+        self.accepted = False
+
+    def connected(self) -> None:
+        """The pod answered: counted as accepted, as the task's path counts it after its dial."""
+        self.accepted = True
+        edge = self.path.edge
+        series = edge.series(ProtocolLabel.TLS)
+        series.dial.observe(time.monotonic() - self.decided)
+        edge.count(ProtocolLabel.TLS, GrpcOutcome.ACCEPTED)
+        series.active.inc()
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug(
+                "routing %s connection to %s", ProtocolLabel.TLS, self.target.pod_name,
+                extra={**self.head.who, "hostname": self.peeked.hostname, "pod": self.target.pod_name,
+                       "outcome": GrpcOutcome.ACCEPTED},
+            )
+
+    def ended(self, result: RelayResult) -> None:
+        path = self.path
+        path.forget(self)
+        edge = path.edge
+        edge.series(ProtocolLabel.TLS).active.dec()
+        edge.relay_ended(ProtocolLabel.TLS, self.head.record, result)
+        edge.clients.slots.release(self.conn)
+        self.relay.unlink()
+
+    def dial_failed(self, code: int) -> None:
+        """Not connected (refused, unreachable, the connect timeout): the task answers the client."""
+        path = self.path
+        path.forget(self)
+        self.head.record.probe = None
+        self.relay.unlink()
+        rej = Rejected(Refusal.DIAL_FAILED, str(dial_error(self.target, code)), self.target.pod_name)
+        path.edge.spawn(path.edge.refuse_dial(self.conn, self.head, self.peeked, rej))
+
+    def cut(self) -> None:
+        """The drain ran out: cut as the task's path cuts (RST once relaying, else a close)."""
+        path, record = self.path, self.head.record
+        path.forget(self)
+        edge = path.edge
+        if self.accepted:
+            self.relay.close(reset=True)
+            edge.relay_cut(ProtocolLabel.TLS, record)
+            edge.series(ProtocolLabel.TLS).active.dec()
+        else:
+            self.relay.close(reset=False)
+            record.probe = None
+            edge.end(record, self.head.progress, None, Termination.DRAIN)
+        edge.clients.slots.release(self.conn)
+        self.relay.unlink()
+
+
+class FastPath:
+    """TLS connections relayed without a task (see the module's docstring)."""
+
+    __slots__ = ("_connections", "_engine", "_loop", "edge", "idle")
+
+    def __init__(self, edge: Edge, loop: asyncio.AbstractEventLoop, engine: Engine) -> None:
+        self.edge = edge
+        self._loop, self._engine = loop, engine
+        self._connections: dict[_Connection, None] = {}
+        self.idle = asyncio.Event()
+        """Set while no connection is on this path (the drain waits for it)."""
+        self.idle.set()
+
+    @property
+    def live(self) -> int:
+        return len(self._connections)
+
+    def forget(self, connection: _Connection) -> None:
+        self._connections.pop(connection, None)
+        if not self._connections:
+            self.idle.set()
+
+    def cut_all(self) -> None:
+        for connection in list(self._connections):
+            connection.cut()
+
+    def serve(self, conn: socket.socket, peer: tuple[Any, ...]) -> Head | None:
+        """Relay ``conn`` if it is the usual TLS connection; else what was read, for the task."""
+        edge = self.edge
+        head = edge.open_connection(peer)
+        intake = head.intake = edge.clients.identify_peer(conn, (peer[0], peer[1]))
+        try:
+            peeked = head.peeked = read_now(conn, head.first)
+        except Rejected as rej:
+            head.failure = rej
+            return head
+        if peeked is None or peeked.protocol is not ProtocolLabel.TLS or not intake.within_limit:
+            return head
+        try:
+            target = edge.decide(peeked)
+        except Rejected:
+            return head  # the task decides again (the same snapshot), refuses and answers
+        record = head.record
+        record.protocol, record.hostname = ProtocolLabel.TLS, peeked.hostname
+        record.decided_at = decided = time.monotonic()
+        series = edge.series(ProtocolLabel.TLS)
+        series.decision.observe(decided - head.started)
+        record.pod, record.pod_address = target.pod_name, target.grpc_endpoint
+        try:
+            pod, connected = start_dial(target)
+        except DialError as exc:
+            refused = Rejected(Refusal.DIAL_FAILED, str(exc), target.pod_name)
+            edge.spawn(edge.refuse_dial(conn, head, peeked, refused))
+            return None
+        settings = edge.settings
+        relay = NativeRelay(
+            self._loop, self._engine, conn, pod, settings.use_splice is not False, settings.relay_idle_timeout_s,
+            series.count_bytes,
+        )
+        connection = _Connection(self, conn, head, peeked, target, decided, relay)
+        relay.on_result = connection.ended
+        self._connections[connection] = None
+        self.idle.clear()
+        if connected:
+            connection.connected()
+            handle = relay.start(peeked.buffered)
+        else:
+            handle = relay.start_connecting(
+                peeked.buffered, settings.connect_timeout_s, connection.connected, connection.dial_failed
+            )
+        if connection in self._connections:  # not over already
+            record.probe = handle.probe
+        return None
+

@@ -1,0 +1,303 @@
+"""The TCP edge's task-free path (``router.tcp.fast_path``) on real loopback sockets.
+
+A TLS connection whose ClientHello comes with it is routed, dialled and relayed by the C pump
+without a task; anything else goes on in the edge's task from what was read. These tests check
+that the path is taken, and that it ends, counts, refuses and drains exactly as the task does:
+the same outcome counters, termination causes and access lines. asyncio and uvloop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import logging
+import socket
+import threading
+from collections.abc import AsyncIterator, Callable, Coroutine
+from contextlib import asynccontextmanager
+from typing import Any
+
+import pytest
+import uvloop
+
+from discovery.targets import Target, TargetSnapshot
+from router import constants as c
+from router.access_log import AccessLog
+from router.hostname import HostnameTemplate
+from router.metrics import RouterMetrics
+from router.outcomes import GrpcOutcome, ProtocolLabel, Termination
+from router.tcp import native_relay
+from router.tcp.edge import TcpRouter, TcpRouterSettings
+from tests.faults.tcp_peers import SynDroppingPod
+from tests.support.tls import ssl_client_hello_records
+
+pytestmark = [
+    pytest.mark.timeout(30),
+    pytest.mark.skipif(not native_relay.is_built(), reason="the C relay router.tcp._relay is not built"),
+]
+
+Runner = Callable[[Coroutine[Any, Any, None]], None]
+HELLO = ssl_client_hello_records("stargate-0.stargate.external")
+TLS_ALERT = 21
+"""A TLS record of content type alert: how a refused TLS client is told (``rejection``)."""
+
+
+@pytest.fixture(params=["asyncio", "uvloop"])
+def run(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Runner:
+    monkeypatch.delenv(c.NO_EXTENSIONS_ENV, raising=False)
+    return uvloop.run if request.param == "uvloop" else asyncio.run  # type: ignore[return-value]
+
+
+class Lines(logging.Handler):
+    """The access lines' fields, as the access log hands them to its logger."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fields: list[dict[str, Any]] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.fields.append(dict(getattr(record, "event_fields", {})))
+
+
+@asynccontextmanager
+async def edge(pod_port: int, **settings: Any) -> AsyncIterator[tuple[TcpRouter, RouterMetrics, int]]:
+    snapshot = TargetSnapshot.of([Target("stargate-0", "127.0.0.2", pod_port, 0)])
+    metrics = RouterMetrics()
+    router = TcpRouter(TcpRouterSettings(**settings), HostnameTemplate.parse("{pod_name}.stargate.external", "default"),
+                       lambda: snapshot, metrics, AccessLog(metrics))
+    _, port = await router.start("127.0.0.1", 0)
+    try:
+        yield router, metrics, port
+    finally:
+        await router.close()
+
+
+@asynccontextmanager
+async def echo_pod() -> AsyncIterator[int]:
+    async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while data := await reader.read(65536):
+            writer.write(data)
+            await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(echo, "127.0.0.2", 0)
+    try:
+        yield server.sockets[0].getsockname()[1]
+    finally:
+        server.close()
+
+
+def outcome(metrics: RouterMetrics, name: GrpcOutcome) -> float:
+    return metrics.grpc_connections.labels(protocol=ProtocolLabel.TLS, outcome=name)._value.get()
+
+
+def ended(metrics: RouterMetrics, termination: Termination) -> float:
+    return metrics.terminations.labels(protocol=ProtocolLabel.TLS, termination=termination)._value.get()
+
+
+async def connect_with_hello(port: int, extra: bytes = b"") -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A client whose hello (and ``extra``) is there when the router accepts it."""
+    sock = socket.create_connection(("127.0.0.1", port))
+    sock.sendall(HELLO + extra)
+    await asyncio.sleep(0.02)  # the router has accepted it with the bytes there
+    return await asyncio.open_connection(sock=sock)
+
+
+async def until(condition: Callable[[], bool], timeout_s: float = 5.0) -> None:
+    async with asyncio.timeout(timeout_s):
+        while not condition():
+            await asyncio.sleep(0.01)
+
+
+def test_a_tls_connection_is_relayed_without_a_task_and_ends_as_the_task_ends_it(run: Runner) -> None:
+    async def main() -> None:
+        async with echo_pod() as pod_port, edge(pod_port) as (router, metrics, port):
+            reader, writer = await connect_with_hello(port, b"ping")
+            assert await reader.readexactly(len(HELLO) + 4) == HELLO + b"ping"
+            assert router.active_connections == 1 and not router._tasks  # on the fast path
+            writer.write_eof()  # the client closes first
+            assert await reader.read() == b""
+            writer.close()
+            await until(lambda: router.active_connections == 0)
+            assert outcome(metrics, GrpcOutcome.ACCEPTED) == 1
+            assert outcome(metrics, GrpcOutcome.COMPLETED) == 1
+            assert ended(metrics, Termination.CLIENT_CLOSE) == 1
+            assert router.series(ProtocolLabel.TLS).active._value.get() == 0
+
+    run(main())
+
+
+def blocking_echo_pod() -> tuple[socket.socket, threading.Thread]:
+    """A pod with no event loop (its objects are no garbage of the router's): echoes each
+    connection in turn until its end."""
+    listener = socket.create_server(("127.0.0.2", 0))
+
+    def serve() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                conn, _ = listener.accept()
+                with conn:
+                    while data := conn.recv(65536):
+                        conn.sendall(data)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    return listener, thread
+
+
+def hello_and_close(port: int) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        sock.sendall(HELLO)
+        return recv_exactly(sock, len(HELLO))
+
+
+def recv_exactly(sock: socket.socket, n: int) -> bytes:
+    data = b""
+    while len(data) < n and (chunk := sock.recv(n - len(data))):
+        data += chunk
+    return data
+
+
+def test_the_fast_path_leaves_no_cyclic_garbage(run: Runner) -> None:
+    """Peers without an event loop, so that whatever the collector finds is the router's."""
+    listener, pod = blocking_echo_pod()
+
+    async def main() -> None:
+        async with edge(listener.getsockname()[1]) as (router, metrics, port):
+            await asyncio.to_thread(hello_and_close, port)  # the loop's and the pool's own objects, once
+            await until(lambda: router.active_connections == 0)
+            gc.collect()
+            gc.disable()
+            try:
+                for _ in range(20):
+                    assert await asyncio.to_thread(hello_and_close, port) == HELLO
+                    await until(lambda: router.active_connections == 0)
+                assert gc.collect() == 0
+            finally:
+                gc.enable()
+            assert outcome(metrics, GrpcOutcome.COMPLETED) == 21
+
+    try:
+        run(main())
+    finally:
+        listener.shutdown(socket.SHUT_RDWR)  # wakes its accept
+        listener.close()
+        pod.join(5)
+
+
+def test_a_refused_dial_is_answered_with_an_alert(run: Runner) -> None:
+    async def main() -> None:
+        with socket.create_server(("127.0.0.2", 0)) as closed:
+            closed_port = closed.getsockname()[1]
+        async with edge(closed_port) as (router, metrics, port):
+            reader, writer = await connect_with_hello(port)
+            answer = await reader.read()
+            assert answer[:1] == bytes([TLS_ALERT])
+            writer.close()
+            await until(lambda: router.active_connections == 0)
+            assert outcome(metrics, GrpcOutcome.ACCEPTED) == 0
+            assert ended(metrics, Termination.DIAL_FAILED) == 1
+
+    run(main())
+
+
+def test_a_dial_still_in_progress_is_waited_for_by_the_pump(run: Runner) -> None:
+    """The pod's accept queue is full: the SYN is dropped and retransmitted (1 s later) once the
+    queue has room. Meanwhile the C pump holds the hello; then it goes out and the relay runs."""
+
+    async def main() -> None:
+        pod = SynDroppingPod("127.0.0.2")
+        try:
+            async with edge(pod.port, connect_timeout_s=5.0) as (router, metrics, port):
+                reader, writer = await connect_with_hello(port)
+                await asyncio.sleep(0.1)
+                assert outcome(metrics, GrpcOutcome.ACCEPTED) == 0  # not connected yet
+                filler, _ = await asyncio.to_thread(pod._listener.accept)  # room in the queue
+                filler.close()
+                pod_end, _ = await asyncio.to_thread(pod._listener.accept)
+                with pod_end:
+                    pod_end.settimeout(5)
+                    assert await asyncio.to_thread(pod_end.recv, len(HELLO) + 1) == HELLO
+                    await asyncio.to_thread(pod_end.sendall, b"welcome")
+                    assert await reader.readexactly(7) == b"welcome"
+                    assert outcome(metrics, GrpcOutcome.ACCEPTED) == 1
+                writer.close()
+                await until(lambda: router.active_connections == 0)
+                assert ended(metrics, Termination.POD_CLOSE) + ended(metrics, Termination.CLIENT_CLOSE) == 1
+        finally:
+            pod.close()
+
+    run(main())
+
+
+def test_a_dial_that_times_out_is_answered_with_an_alert(run: Runner) -> None:
+    async def main() -> None:
+        pod = SynDroppingPod("127.0.0.2")
+        try:
+            async with edge(pod.port, connect_timeout_s=0.3) as (router, metrics, port):
+                reader, writer = await connect_with_hello(port)
+                answer = await asyncio.wait_for(reader.read(), 5.0)
+                assert answer[:1] == bytes([TLS_ALERT])
+                writer.close()
+                await until(lambda: router.active_connections == 0)
+                assert ended(metrics, Termination.DIAL_FAILED) == 1
+                assert outcome(metrics, GrpcOutcome.ACCEPTED) == 0
+        finally:
+            pod.close()
+
+    run(main())
+
+
+def test_a_hello_in_pieces_goes_on_in_a_task(run: Runner) -> None:
+    async def main() -> None:
+        async with echo_pod() as pod_port, edge(pod_port) as (router, metrics, port):
+            sock = socket.create_connection(("127.0.0.1", port))
+            sock.sendall(HELLO[:10])
+            await asyncio.sleep(0.05)
+            assert len(router._tasks) == 1  # the fast path found the hello incomplete
+            sock.sendall(HELLO[10:])
+            reader, writer = await asyncio.open_connection(sock=sock)
+            assert await reader.readexactly(len(HELLO)) == HELLO
+            writer.close()
+            await until(lambda: router.active_connections == 0)
+            assert outcome(metrics, GrpcOutcome.COMPLETED) == 1
+
+    run(main())
+
+
+def test_the_drain_cuts_fast_connections_and_counts_them(run: Runner) -> None:
+    async def main() -> None:
+        async with echo_pod() as pod_port, edge(pod_port) as (router, metrics, port):
+            reader, writer = await connect_with_hello(port)
+            assert await reader.readexactly(len(HELLO)) == HELLO
+            await router.drain(0.2)  # the client never closes: cut when the drain runs out
+            assert router.active_connections == 0
+            assert ended(metrics, Termination.DRAIN) == 1
+            assert outcome(metrics, GrpcOutcome.COMPLETED) == 1
+            assert router.series(ProtocolLabel.TLS).active._value.get() == 0
+            with pytest.raises(ConnectionResetError):
+                while await reader.read(65536):
+                    pass
+            writer.close()
+
+    run(main())
+
+
+def test_the_drain_waits_for_a_fast_connection_that_ends_in_time(run: Runner) -> None:
+    async def main() -> None:
+        async with echo_pod() as pod_port, edge(pod_port) as (router, metrics, port):
+            reader, writer = await connect_with_hello(port)
+            assert await reader.readexactly(len(HELLO)) == HELLO
+
+            async def close_soon() -> None:
+                await asyncio.sleep(0.1)
+                writer.close()
+
+            closing = asyncio.ensure_future(close_soon())
+            await router.drain(5.0)
+            await closing
+            assert ended(metrics, Termination.DRAIN) == 0
+            assert ended(metrics, Termination.CLIENT_CLOSE) == 1
+
+    run(main())
