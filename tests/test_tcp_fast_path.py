@@ -49,17 +49,6 @@ def run(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Runn
     return uvloop.run if request.param == "uvloop" else asyncio.run  # type: ignore[return-value]
 
 
-class Lines(logging.Handler):
-    """The access lines' fields, as the access log hands them to its logger."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.fields: list[dict[str, Any]] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.fields.append(dict(getattr(record, "event_fields", {})))
-
-
 @asynccontextmanager
 async def edge(pod_port: int, **settings: Any) -> AsyncIterator[tuple[TcpRouter, RouterMetrics, int]]:
     snapshot = TargetSnapshot.of([Target("stargate-0", "127.0.0.2", pod_port, 0)])
@@ -76,9 +65,10 @@ async def edge(pod_port: int, **settings: Any) -> AsyncIterator[tuple[TcpRouter,
 @asynccontextmanager
 async def echo_pod() -> AsyncIterator[int]:
     async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        while data := await reader.read(65536):
-            writer.write(data)
-            await writer.drain()
+        with contextlib.suppress(ConnectionError):  # a client the router reset
+            while data := await reader.read(65536):
+                writer.write(data)
+                await writer.drain()
         writer.close()
 
     server = await asyncio.start_server(echo, "127.0.0.2", 0)
@@ -301,3 +291,45 @@ def test_the_drain_waits_for_a_fast_connection_that_ends_in_time(run: Runner) ->
             assert ended(metrics, Termination.CLIENT_CLOSE) == 1
 
     run(main())
+
+
+@pytest.mark.parametrize("failing", ["decide", "start"])
+def test_a_bug_costs_one_connection_never_the_listener(
+    run: Runner, failing: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A failure inside the path (before the decision, or once the relay holds both sockets):
+    that connection is closed and its line ended; the next one is routed."""
+    calls = {"n": 0}
+
+    def first_fails(original: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            calls["n"] += 1
+            if calls["n"] == 1:
+                raise RuntimeError("injected")
+            return original(*args, **kwargs)
+        return wrapper
+
+    async def main() -> None:
+        async with echo_pod() as pod_port, edge(pod_port) as (router, metrics, port):
+            if failing == "decide":
+                monkeypatch.setattr(router, "decide", first_fails(router.decide))
+            else:
+                monkeypatch.setattr(native_relay.NativeRelay, "start", first_fails(native_relay.NativeRelay.start))
+            reader, writer = await connect_with_hello(port)
+            try:  # closed unanswered: a FIN before the relay, a RST once it held both sockets
+                assert await asyncio.wait_for(reader.read(), 5.0) == b""
+            except ConnectionResetError:
+                assert failing == "start"
+            writer.close()
+            await until(lambda: router.active_connections == 0)
+            assert ended(metrics, Termination.ROUTER_ERROR) == 1
+            assert router.series(ProtocolLabel.TLS).active._value.get() == 0
+            reader, writer = await connect_with_hello(port)  # the next one is served
+            assert await reader.readexactly(len(HELLO)) == HELLO
+            writer.close()
+            await until(lambda: router.active_connections == 0)
+            assert outcome(metrics, GrpcOutcome.COMPLETED) == 1
+
+    with caplog.at_level(logging.ERROR, logger="router.tcp_router"):
+        run(main())
+    assert any("unexpected error serving" in r.getMessage() for r in caplog.records)

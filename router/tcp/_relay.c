@@ -13,6 +13,11 @@
  * (on_end(relay, errno or 0, failing direction, first end of stream, client->pod done, pod->client done)),
  * has carried report_bytes more (on_bytes) or takes a pipe (on_acquired).
  *
+ * A relay may start while the pod's connect(2) is still in progress (the fast path's dial,
+ * router/tcp/fast_path.py): then only the pod's EPOLLOUT is watched and the peeked bytes wait in
+ * the client->pod buffer; SO_ERROR says how the connect ended: on_connected, or on_end with the
+ * direction CONNECT (the client's socket is then left to Python, which answers it).
+ *
  * The pump, per direction, as in pump.py: write what is pending, then read more, up to `rounds`
  * rounds per wake-up; copy through the engine's one scratch buffer (a sink that cannot take it
  * all keeps only the rest), switch to splice(2) through a pipe of its own once the direction has

@@ -181,8 +181,18 @@ class FastPath:
 
     def serve(self, conn: socket.socket, peer: tuple[Any, ...]) -> Head | None:
         """Relay ``conn`` if it is the usual TLS connection; else what was read, for the task."""
+        head = self.edge.open_connection(peer)
+        try:
+            return self._serve(conn, peer, head)
+        except Exception:  # a bug must cost one connection, never the listener (as in the task)
+            log.exception("unexpected error serving %s", peer)
+            conn.close()
+            self.edge.end(head.record, head.progress, None, Termination.ROUTER_ERROR)
+            self.edge.clients.slots.release(conn)
+            return None
+
+    def _serve(self, conn: socket.socket, peer: tuple[Any, ...], head: Head) -> Head | None:
         edge = self.edge
-        head = edge.open_connection(peer)
         intake = head.intake = edge.clients.identify_peer(conn, (peer[0], peer[1]))
         try:
             peeked = head.peeked = read_now(conn, head.first)
@@ -216,13 +226,25 @@ class FastPath:
         relay.on_result = connection.ended
         self._connections[connection] = None
         self.idle.clear()
-        if connected:
-            connection.connected()
-            handle = relay.start(peeked.buffered)
-        else:
-            handle = relay.start_connecting(
-                peeked.buffered, settings.connect_timeout_s, connection.connected, connection.dial_failed
-            )
+        try:
+            if connected:
+                connection.connected()
+                handle = relay.start(peeked.buffered)
+            else:
+                handle = relay.start_connecting(
+                    peeked.buffered, settings.connect_timeout_s, connection.connected, connection.dial_failed
+                )
+        except Exception:  # a bug, once both sockets are the relay's: both closed, the line ended
+            log.exception("unexpected error serving %s", peer)
+            self.forget(connection)
+            relay.close(reset=True)
+            if connection.accepted:
+                series.active.dec()
+            outcome = GrpcOutcome.RELAY_ERROR if connection.accepted else None
+            edge.end(record, head.progress, outcome, Termination.ROUTER_ERROR)
+            edge.clients.slots.release(conn)
+            relay.unlink()
+            return None
         if connection in self._connections:  # not over already
             record.probe = handle.probe
         return None
