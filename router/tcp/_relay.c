@@ -38,7 +38,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#define EVENTS_PER_DISPATCH 256 /* the poller's POLL_BATCH: more stay pending (level-triggered) */
 
 enum { NONE = 0, READ = 1, WRITE = 2 };
 enum { CLIENT_TO_POD = 0, POD_TO_CLIENT = 1, CONNECT = 2 }; /* directions, and the dial's failure */
@@ -75,6 +74,8 @@ struct EngineObject {
     PyObject_HEAD
     int epfd;
     char *scratch;
+    struct epoll_event *events; /* one dispatch's events: at most `batch` */
+    int batch;
     Py_ssize_t chunk, splice_after, pipe_bytes;
     unsigned long long report_bytes;
     int rounds;
@@ -420,8 +421,8 @@ static void run_way(RelayObject *r, int way, double now) {
 
 /* -- Engine ------------------------------------------------------------------------------- */
 static PyObject *engine_dispatch(EngineObject *e, PyObject *Py_UNUSED(ignored)) {
-    struct epoll_event events[EVENTS_PER_DISPATCH];
-    int n = epoll_wait(e->epfd, events, EVENTS_PER_DISPATCH, 0);
+    struct epoll_event *events = e->events;
+    int n = epoll_wait(e->epfd, events, e->batch, 0); /* more stay pending (level-triggered) */
     if (n <= 0)
         Py_RETURN_NONE;
     double now = monotonic_now();
@@ -559,23 +560,25 @@ static PyObject *engine_watched(EngineObject *e, void *Py_UNUSED(closure)) {
 }
 
 static int engine_init(EngineObject *e, PyObject *args, PyObject *kwds) {
-    static char *names[] = {"chunk_bytes", "splice_after_bytes", "pipe_bytes", "report_bytes", "rounds", NULL};
+    static char *names[] = {"chunk_bytes", "splice_after_bytes", "pipe_bytes", "report_bytes", "rounds",
+                            "events_per_dispatch", NULL};
     Py_ssize_t chunk, splice_after, pipe_bytes;
     unsigned long long report_bytes;
-    int rounds;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "$nnnKi", names, &chunk, &splice_after, &pipe_bytes,
-                                     &report_bytes, &rounds))
+    int rounds, batch;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "$nnnKii", names, &chunk, &splice_after, &pipe_bytes,
+                                     &report_bytes, &rounds, &batch))
         return -1;
-    if (chunk <= 0 || splice_after < 0 || pipe_bytes <= 0 || report_bytes == 0 || rounds <= 0) {
+    if (chunk <= 0 || splice_after < 0 || pipe_bytes <= 0 || report_bytes == 0 || rounds <= 0 || batch <= 0) {
         PyErr_SetString(PyExc_ValueError, "relay engine sizes must be positive (splice_after_bytes: >= 0)");
         return -1;
     }
-    if (e->epfd >= 0 || e->scratch != NULL) {
+    if (e->epfd >= 0 || e->scratch != NULL || e->events != NULL) {
         PyErr_SetString(PyExc_RuntimeError, "the relay engine is initialised once");
         return -1;
     }
     e->scratch = PyMem_Malloc((size_t)chunk);
-    if (e->scratch == NULL) {
+    e->events = PyMem_Calloc((size_t)batch, sizeof *e->events);
+    if (e->scratch == NULL || e->events == NULL) {
         PyErr_NoMemory();
         return -1;
     }
@@ -589,6 +592,7 @@ static int engine_init(EngineObject *e, PyObject *args, PyObject *kwds) {
     e->pipe_bytes = pipe_bytes;
     e->report_bytes = report_bytes;
     e->rounds = rounds;
+    e->batch = batch;
     return 0;
 }
 
@@ -603,6 +607,7 @@ static void engine_dealloc(EngineObject *e) {
     if (e->epfd >= 0)
         close(e->epfd);
     PyMem_Free(e->scratch);
+    PyMem_Free(e->events);
     PyMem_Free(e->graveyard);
     Py_TYPE(e)->tp_free((PyObject *)e);
 }

@@ -17,7 +17,14 @@ class Relay:
 
 class Engine:
     def __init__(
-        self, *, chunk_bytes: int, splice_after_bytes: int, pipe_bytes: int, report_bytes: int, rounds: int
+        self,
+        *,
+        chunk_bytes: int,
+        splice_after_bytes: int,
+        pipe_bytes: int,
+        report_bytes: int,
+        rounds: int,
+        events_per_dispatch: int,
     ) -> None: ...
     @property
     def live(self) -> int: ...

@@ -35,6 +35,7 @@ from router.constants import (
 )
 from router.outcomes import Termination
 from router.tcp.ending import Side, closed_termination, failure_termination, tcp_state
+from router.tcp.poller import POLL_BATCH
 from router.tcp.relay_common import (
     LINGER_RESET,
     LIVE,
@@ -110,7 +111,7 @@ def _make_engine(loop: asyncio.AbstractEventLoop) -> Engine:
         raise NativeUnavailable("the C relay router.tcp._relay is not built (no C compiler at install)") from None
     engine = Engine(
         chunk_bytes=RELAY_CHUNK_BYTES, splice_after_bytes=SPLICE_AFTER_BYTES, pipe_bytes=SPLICE_PIPE_BYTES,
-        report_bytes=RELAY_REPORT_BYTES, rounds=RELAY_ROUNDS_PER_WAKEUP,
+        report_bytes=RELAY_REPORT_BYTES, rounds=RELAY_ROUNDS_PER_WAKEUP, events_per_dispatch=POLL_BATCH,
     )
     loop.add_reader(engine.fileno(), engine.dispatch)
     return engine
