@@ -244,6 +244,20 @@ static int end_of_stream(RelayObject *r, Way *w) {
     return 0;
 }
 
+/* After a read of the source: 1 with bytes to pass on, else what the pump returns (0: waiting
+ * for the source, or its end of stream handled; -errno: a failure). */
+static int after_read(RelayObject *r, Way *w, ssize_t n) {
+    if (n > 0)
+        return 1;
+    if (n == 0)
+        return end_of_stream(r, w); /* 0 or -errno, never 1 */
+    if (errno == EAGAIN || errno == EINTR) {
+        w->want = READ;
+        return 0;
+    }
+    return -errno;
+}
+
 static int pump_buffered(RelayObject *r, Way *w);
 
 static int pump_splice(RelayObject *r, Way *w) {
@@ -264,15 +278,9 @@ static int pump_splice(RelayObject *r, Way *w) {
                 return pump_buffered(r, w);
         }
         ssize_t n = splice(w->src, NULL, w->pipe_w, NULL, (size_t)w->pipe_cap, SPLICE_F_MOVE | SPLICE_F_NONBLOCK);
-        if (n < 0) {
-            if (errno == EAGAIN || errno == EINTR) {
-                w->want = READ;
-                return 0;
-            }
-            return -errno;
-        }
-        if (n == 0)
-            return end_of_stream(r, w);
+        int got = after_read(r, w, n);
+        if (got <= 0)
+            return got;
         w->pending = n;
         drained = n < w->pipe_cap;
     }
@@ -294,15 +302,9 @@ static int pump_buffered(RelayObject *r, Way *w) {
             return pump_splice(r, w);
         }
         ssize_t n = recv(w->src, e->scratch, (size_t)e->chunk, MSG_DONTWAIT);
-        if (n < 0) {
-            if (errno == EAGAIN || errno == EINTR) {
-                w->want = READ;
-                return 0;
-            }
-            return -errno;
-        }
-        if (n == 0)
-            return end_of_stream(r, w);
+        int got = after_read(r, w, n);
+        if (got <= 0)
+            return got;
         /* The scratch buffer is every relay's: write it out now, keep only what the sink refused. */
         ssize_t s = send(w->dst, e->scratch, (size_t)n, MSG_NOSIGNAL | MSG_DONTWAIT);
         if (s < 0) {

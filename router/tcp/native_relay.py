@@ -13,7 +13,6 @@ needs to see bytes, so h2c stays on the Python pump).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import errno
 import logging
 import math
@@ -23,6 +22,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from router import extensions
 from router.constants import (
     NO_EXTENSIONS_ENV,
     RELAY_CHUNK_BYTES,
@@ -33,17 +33,18 @@ from router.constants import (
     SPLICE_AFTER_BYTES,
     SPLICE_PIPE_BYTES,
 )
+from router.extensions import NativeUnavailable
 from router.outcomes import Termination
 from router.tcp.ending import Side, closed_termination, failure_termination, tcp_state
 from router.tcp.poller import POLL_BATCH
 from router.tcp.relay_common import (
-    LINGER_RESET,
     LIVE,
     TIMER_SLACK_S,
     RelayOutcome,
     RelayResult,
     RelayState,
     arm_later,
+    close_sockets,
 )
 
 if TYPE_CHECKING:
@@ -57,17 +58,9 @@ except ImportError:  # not built: no relay ever ends that way
 log = logging.getLogger("router.relay")  # pinned: operators filter logs by this name
 
 
-class NativeUnavailable(RuntimeError):
-    """``native=True`` was asked for, but the C relay is not built."""
-
-
 def is_built() -> bool:
     """Whether the C relay is importable (whatever ``NO_EXTENSIONS_ENV`` says)."""
-    try:
-        import router.tcp._relay  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    return extensions.is_built("router.tcp._relay")
 
 
 _ENGINES: dict[asyncio.AbstractEventLoop, Engine] = {}
@@ -273,13 +266,7 @@ class NativeRelay:
             self.connect_timer = None
         if self.handle is not None:
             self.handle.abort()
-        for sock in (self.client, self.pod):
-            if sock.fileno() < 0:
-                continue
-            if reset:
-                with contextlib.suppress(OSError):
-                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, LINGER_RESET)
-            sock.close()
+        close_sockets(self.client, self.pod, reset=reset)
 
     def report(self) -> None:
         """The engine reports the last bytes when it stops (``close``): nothing is left here."""

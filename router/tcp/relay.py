@@ -25,7 +25,6 @@ Why it looks like this:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import errno
 import logging
 import math
@@ -41,7 +40,6 @@ from router.tcp.native_relay import NativeRelay, engine_for
 from router.tcp.poller import poller_for
 from router.tcp.pump import READ, Direction
 from router.tcp.relay_common import (
-    LINGER_RESET,
     LIVE,
     TIMER_SLACK_S,
     RelayOutcome,
@@ -49,6 +47,7 @@ from router.tcp.relay_common import (
     RelayResult,
     RelayState,
     arm_later,
+    close_sockets,
     live_relays,
 )
 
@@ -184,13 +183,7 @@ class _Relay:
         self.timer_at = math.inf
         self.c2p.close()
         self.p2c.close()
-        for sock in (self.client, self.pod):
-            if sock.fileno() < 0:
-                continue
-            if reset:
-                with contextlib.suppress(OSError):
-                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, LINGER_RESET)
-            sock.close()
+        close_sockets(self.client, self.pod, reset=reset)
 
     def report(self) -> None:
         """Hand the unreported byte deltas to ``on_bytes`` (every ~1 MiB and at the end)."""

@@ -7,6 +7,8 @@ The relay (``relay``) runs on the Python pump (``relay._Relay``) or the C one
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import socket
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -64,6 +66,17 @@ class RelayState:
     """Capacity of the pipes and buffers currently held (0 for an idle connection)."""
     client_to_pod_bytes: int
     pod_to_client_bytes: int
+
+
+def close_sockets(client: socket.socket, pod: socket.socket, *, reset: bool) -> None:
+    """Close a relay's two sockets (idempotent); ``reset`` makes both peers see RST, not FIN."""
+    for sock in (client, pod):
+        if sock.fileno() < 0:
+            continue
+        if reset:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, LINGER_RESET)
+        sock.close()
 
 
 class RunningRelay(Protocol):

@@ -15,22 +15,16 @@ from typing import TYPE_CHECKING
 
 from quic import native as quic_native
 from router import constants as c
+from router import extensions
+from router.extensions import NativeUnavailable
 
 if TYPE_CHECKING:
     from router.udp._splice import Splicer
 
 
-class NativeUnavailable(RuntimeError):
-    """``native=True`` was asked for, but the C splice is not built."""
-
-
 def is_built() -> bool:
     """Whether the C splice is importable (whatever ``NO_EXTENSIONS_ENV`` says)."""
-    try:
-        import router.udp._splice  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    return extensions.is_built("router.udp._splice")
 
 
 def splicer_type(wanted: bool | None) -> type[Splicer] | None:
