@@ -262,7 +262,7 @@ static int pump_buffered(RelayObject *r, Way *w);
 
 static int pump_splice(RelayObject *r, Way *w) {
     int drained = 0; /* the last read was short: the source is empty for now */
-    for (int round = 0; round < r->engine->rounds; round++) {
+    for (int round = 0; round < r->engine->rounds && !r->over; round++) {
         if (w->pending) {
             int f = flush(r, w);
             if (f <= 0)
@@ -284,13 +284,14 @@ static int pump_splice(RelayObject *r, Way *w) {
         w->pending = n;
         drained = n < w->pipe_cap;
     }
-    w->want = w->pending ? WRITE : READ;
+    if (!r->over)
+        w->want = w->pending ? WRITE : READ;
     return 0;
 }
 
 static int pump_buffered(RelayObject *r, Way *w) {
     EngineObject *e = r->engine;
-    for (int round = 0; round < e->rounds; round++) {
+    for (int round = 0; round < e->rounds && !r->over; round++) { /* over: a callback ended it */
         if (w->pending) {
             int f = flush(r, w);
             if (f <= 0)
@@ -326,7 +327,8 @@ static int pump_buffered(RelayObject *r, Way *w) {
         if (n < e->chunk)
             break; /* a short read drained the source: wait for more rather than read EAGAIN */
     }
-    w->want = w->pending ? WRITE : READ;
+    if (!r->over)
+        w->want = w->pending ? WRITE : READ;
     return 0;
 }
 
@@ -423,6 +425,8 @@ static void run_way(RelayObject *r, int way, double now) {
 
 /* -- Engine ------------------------------------------------------------------------------- */
 static PyObject *engine_dispatch(EngineObject *e, PyObject *Py_UNUSED(ignored)) {
+    if (e->dispatching || e->epfd < 0) /* called back into from a callback, or closed: not now */
+        Py_RETURN_NONE;
     struct epoll_event *events = e->events;
     int n = epoll_wait(e->epfd, events, e->batch, 0); /* more stay pending (level-triggered) */
     if (n <= 0)
@@ -452,11 +456,9 @@ static PyObject *engine_dispatch(EngineObject *e, PyObject *Py_UNUSED(ignored)) 
             rewatch(r, reads);
     }
     e->dispatching--;
-    if (!e->dispatching) {
-        for (Py_ssize_t i = 0; i < e->dead; i++)
-            Py_DECREF(e->graveyard[i]);
-        e->dead = 0;
-    }
+    for (Py_ssize_t i = 0; i < e->dead; i++)
+        Py_DECREF(e->graveyard[i]);
+    e->dead = 0;
     Py_RETURN_NONE;
 }
 
