@@ -7,8 +7,9 @@
 FROM python:3.11-slim AS wheels
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 # A C compiler (and OpenSSL's headers) for the optional C extensions: the splice of QUIC flows
-# (router/udp/_splice.c) and the opening of their first Initial (quic/_initial_protection.c,
-# against libcrypto, which the runtime image has for Python's ssl). Only this stage has them.
+# (router/udp/_splice.c), the opening of their first Initial (quic/_initial_protection.c,
+# against libcrypto, which the runtime image has for Python's ssl) and the TCP relay's pump
+# (router/tcp/_relay.c). Only this stage has them.
 RUN apt-get update \
     && apt-get install -y --no-install-recommends gcc libc6-dev libssl-dev \
     && rm -rf /var/lib/apt/lists/*

@@ -32,9 +32,11 @@ echo "image-smoke: install wheels only into a fresh venv (stage 2)"
   --no-index --find-links="$work/wheels" "stargate-router[demo]"
 
 if command -v cc >/dev/null 2>&1 && [[ "$(uname -s)" == Linux ]]; then
-  echo "image-smoke: the wheel carries the C splice (a compiler was there)"
+  echo "image-smoke: the wheel carries the C splice and the C TCP pump (a compiler was there)"
   (cd "$work" && env PYTHONDONTWRITEBYTECODE=1 "$work/venv/bin/python" -c \
     "from router.udp import native; raise SystemExit(0 if native.is_built() else 'router.udp._splice missing')")
+  (cd "$work" && env PYTHONDONTWRITEBYTECODE=1 "$work/venv/bin/python" -c \
+    "from router.tcp import native_relay as n; raise SystemExit(0 if n.is_built() else 'router.tcp._relay missing')")
   if [[ -f /usr/include/openssl/evp.h ]]; then
     echo "image-smoke: the wheel carries the C Initial protection (OpenSSL headers were there)"
     (cd "$work" && env PYTHONDONTWRITEBYTECODE=1 "$work/venv/bin/python" -c \
