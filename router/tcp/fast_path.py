@@ -1,7 +1,8 @@
 """The TCP edge's task-free path: a TLS connection whose ClientHello came with it.
 
 Why: on the usual connection (a worker's TLS ClientHello, read with the connection) the task,
-its coroutine steps and the relay's future cost ~7 us of interpreter time per connection. Here
+its coroutine steps, the relay's future and their loop rounds are interpreter time spent on
+nothing but waiting (2-4% of a connection's CPU on the bench, 0.96-0.98x; bench/README). Here
 the accept callback itself reads the hello, routes, starts the dial and hands both sockets to
 the C pump (``native_relay``), which waits for the connect if it is still in progress; the
 pump's end callback counts and writes the access line. Nothing else differs: the same parse,
