@@ -333,3 +333,27 @@ def test_a_bug_costs_one_connection_never_the_listener(
     with caplog.at_level(logging.ERROR, logger="router.tcp_router"):
         run(main())
     assert any("unexpected error serving" in r.getMessage() for r in caplog.records)
+
+
+def test_a_dial_refused_after_it_was_in_progress_is_answered_with_an_alert(run: Runner) -> None:
+    """The SYN is dropped (full accept queue), then the pod goes away: the retransmitted SYN meets
+    a RST, and the pump, waiting for the connect, reads the refusal from SO_ERROR."""
+
+    async def main() -> None:
+        pod = SynDroppingPod("127.0.0.2")
+        try:
+            async with edge(pod.port, connect_timeout_s=10.0) as (router, metrics, port):
+                reader, writer = await connect_with_hello(port)
+                await asyncio.sleep(0.1)
+                assert outcome(metrics, GrpcOutcome.ACCEPTED) == 0  # still connecting
+                pod.close()  # the listener is gone before the SYN is sent again (after ~1 s)
+                answer = await asyncio.wait_for(reader.read(), 5.0)
+                assert answer[:1] == bytes([TLS_ALERT])
+                writer.close()
+                await until(lambda: router.active_connections == 0)
+                assert ended(metrics, Termination.DIAL_FAILED) == 1
+                assert outcome(metrics, GrpcOutcome.ACCEPTED) == 0
+        finally:
+            pod.close()
+
+    run(main())
