@@ -1,5 +1,8 @@
 """Prometheus families of the router, on its own registry, every series present at 0.
 
+The families are ``router.metric_families``' (plain numbers, no lock: the router updates and
+scrapes them on its event loop); the exposition is prometheus_client's.
+
 Dashboards and alerts divide rates of outcomes; a series that appears only after its
 first event makes those ratios jump from "no data" to a value, and hides rejections
 that never happened yet. So every declared label combination is created up front.
@@ -10,11 +13,12 @@ from __future__ import annotations
 from itertools import product
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
+from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
 from prometheus_client.registry import Collector
 
 from discovery.observer import RewatchCause
 from router import constants as c
+from router.metric_families import CounterFamily, GaugeFamily, HistogramFamily
 from router.outcomes import (
     TCP_PROTOCOLS,
     DiscoveryResult,
@@ -34,61 +38,61 @@ class RouterMetrics:
     def __init__(self, version: str = "0.0.0", registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
         r = self.registry
-        self.grpc_connections = Counter(
+        self.grpc_connections = CounterFamily(
             c.GRPC_CONNECTIONS_TOTAL, "TCP (gRPC) connections by protocol and outcome.",
             ["protocol", "outcome"], registry=r,
         )
-        self.quic_connections = Counter(
+        self.quic_connections = CounterFamily(
             c.QUIC_CONNECTIONS_TOTAL, "QUIC flows by outcome.", ["outcome"], registry=r,
         )
-        self.relayed_bytes = Counter(
+        self.relayed_bytes = CounterFamily(
             c.RELAYED_BYTES_TOTAL, "Bytes spliced between clients and pods.",
             ["protocol", "direction"], registry=r,
         )
-        self.active_connections = Gauge(
+        self.active_connections = GaugeFamily(
             c.ACTIVE_CONNECTIONS, "Spliced TCP connections and UDP flows now open.",
             ["protocol"], registry=r,
         )
-        self.pending_flows = Gauge(
+        self.pending_flows = GaugeFamily(
             c.PENDING_FLOWS, "UDP flows waiting for a complete ClientHello.", registry=r,
         )
-        self.quic_dropped = Counter(
+        self.quic_dropped = CounterFamily(
             c.QUIC_DROPPED_DATAGRAMS_TOTAL, "Datagrams dropped without routing, by reason.",
             ["reason"], registry=r,
         )
-        self.ready_targets = Gauge(
+        self.ready_targets = GaugeFamily(
             c.READY_TARGETS, "Pods in the current routing snapshot.", registry=r,
         )
-        self.decision_latency = Histogram(
+        self.decision_latency = HistogramFamily(
             c.DECISION_LATENCY_SECONDS, "First byte to routing decision.", ["protocol"],
             buckets=c.LATENCY_BUCKETS_S, registry=r,
         )
-        self.dial_latency = Histogram(
+        self.dial_latency = HistogramFamily(
             c.DIAL_LATENCY_SECONDS, "Time to connect to the pod.", ["protocol"],
             buckets=c.LATENCY_BUCKETS_S, registry=r,
         )
-        self.discovery_updates = Counter(
+        self.discovery_updates = CounterFamily(
             c.DISCOVERY_UPDATES_TOTAL, "Discovery events by source and result.",
             ["source", "result"], registry=r,
         )
-        self.discovery_last_sync_age = Gauge(
+        self.discovery_last_sync_age = GaugeFamily(
             c.DISCOVERY_LAST_SYNC_AGE_SECONDS,
             "Seconds since discovery last synced successfully (-1 before the first sync).",
             registry=r,
         )
         self.discovery_last_sync_age.set(-1)
-        self.terminations = Counter(
+        self.terminations = CounterFamily(
             c.TERMINATIONS_TOTAL, "Ended connections and flows by protocol and termination (who ended it, how).",
             ["protocol", "termination"], registry=r,
         )
-        self.connection_duration = Histogram(
+        self.connection_duration = HistogramFamily(
             c.CONNECTION_DURATION_SECONDS, "Accept (or first datagram) to end of a connection or flow.",
             ["protocol"], buckets=c.DURATION_BUCKETS_S, registry=r,
         )
-        self.discovery_rewatches = Counter(
+        self.discovery_rewatches = CounterFamily(
             c.DISCOVERY_REWATCHES_TOTAL, "Kubernetes watches re-opened, by cause.", ["cause"], registry=r,
         )
-        self.build_info = Gauge(c.BUILD_INFO, "Build information.", ["version"], registry=r)
+        self.build_info = GaugeFamily(c.BUILD_INFO, "Build information.", ["version"], registry=r)
         self.build_info.labels(version=version).set(1)
         ProcessCollector(registry=r)  # process_cpu_seconds_total, process_resident_memory_bytes, fds
         self._zero_init()

@@ -79,11 +79,11 @@ async def echo_pod() -> AsyncIterator[int]:
 
 
 def outcome(metrics: RouterMetrics, name: GrpcOutcome) -> float:
-    return metrics.grpc_connections.labels(protocol=ProtocolLabel.TLS, outcome=name)._value.get()
+    return metrics.grpc_connections.labels(protocol=ProtocolLabel.TLS, outcome=name).value
 
 
 def ended(metrics: RouterMetrics, termination: Termination) -> float:
-    return metrics.terminations.labels(protocol=ProtocolLabel.TLS, termination=termination)._value.get()
+    return metrics.terminations.labels(protocol=ProtocolLabel.TLS, termination=termination).value
 
 
 async def connect_with_hello(port: int, extra: bytes = b"") -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
@@ -113,7 +113,7 @@ def test_a_tls_connection_is_relayed_without_a_task_and_ends_as_the_task_ends_it
             assert outcome(metrics, GrpcOutcome.ACCEPTED) == 1
             assert outcome(metrics, GrpcOutcome.COMPLETED) == 1
             assert ended(metrics, Termination.CLIENT_CLOSE) == 1
-            assert router.series(ProtocolLabel.TLS).active._value.get() == 0
+            assert router.series(ProtocolLabel.TLS).active.value == 0
 
     run(main())
 
@@ -247,7 +247,7 @@ def test_the_drain_cuts_fast_connections_and_counts_them(run: Runner) -> None:
             assert router.active_connections == 0
             assert ended(metrics, Termination.DRAIN) == 1
             assert outcome(metrics, GrpcOutcome.COMPLETED) == 1
-            assert router.series(ProtocolLabel.TLS).active._value.get() == 0
+            assert router.series(ProtocolLabel.TLS).active.value == 0
             with pytest.raises(ConnectionResetError):
                 while await reader.read(65536):
                     pass
@@ -305,7 +305,7 @@ def test_a_bug_costs_one_connection_never_the_listener(
             writer.close()
             await until(lambda: router.active_connections == 0)
             assert ended(metrics, Termination.ROUTER_ERROR) == 1
-            assert router.series(ProtocolLabel.TLS).active._value.get() == 0
+            assert router.series(ProtocolLabel.TLS).active.value == 0
             reader, writer = await connect_with_hello(port)  # the next one is served
             assert await reader.readexactly(len(HELLO)) == HELLO
             writer.close()

@@ -118,11 +118,11 @@ async def _demo(workdir: Path) -> int:
     ok = await asyncio.to_thread(_grpc_calls_h2c_then_tls, tcp_port, pki, out, rows, tls_pods, endpoints, app)
     ok &= await _quic_calls(udp_port, pki, out)
     accepted = sum(
-        app.metrics.grpc_connections.labels(protocol=p, outcome="accepted")._value.get()
+        app.metrics.grpc_connections.labels(protocol=p, outcome="accepted").value
         for p in ("h2c", "tls")
     )
     out.append(f"router metrics: {int(accepted)} gRPC connections accepted, "
-               f"{int(app.metrics.quic_connections.labels(outcome='accepted')._value.get())} QUIC flows accepted")
+               f"{int(app.metrics.quic_connections.labels(outcome='accepted').value)} QUIC flows accepted")
     print("\n".join(out))
     app.request_stop()
     await app.shutdown()
