@@ -97,6 +97,7 @@ class ClientIntake:
         self._trusted = TrustedSources(trusted)
         self.slots = ClientSlots(max_per_client)
         """Held per connection socket; the edge releases a connection's slot when it ends."""
+        self._unlimited = max_per_client <= 0
 
     async def identify(self, conn: socket.socket, peer: Peer) -> Intake:
         """The connection's client and first bytes; ``ProxyHeaderError`` for an untrusted source
@@ -109,7 +110,8 @@ class ClientIntake:
 
     def identify_peer(self, conn: socket.socket, peer: Peer) -> Intake:
         """``identify`` without a PROXY header: the client is the peer (nothing to wait for)."""
-        return self._limited(conn, Intake(peer, b""))
+        intake = Intake(peer, b"")
+        return intake if self._unlimited else self._limited(conn, intake)
 
     def _limited(self, conn: socket.socket, intake: Intake) -> Intake:
         if self.slots.take(conn, intake.client[0]):

@@ -24,6 +24,7 @@ from router.access_log import AccessLog, AccessRecord, Outcome
 from router.config import IPNetwork
 from router.hostname import HostnameTemplate
 from router.log_limiter import RateLimitedLog
+from router.metric_families import CounterSeries
 from router.metrics import ProtocolSeries, RouterMetrics, TcpSeries
 from router.outcomes import TCP_PROTOCOLS, GrpcOutcome, ProtocolLabel, Termination
 from router.routing import Refusal, Refused, RoundRobin, route
@@ -156,6 +157,10 @@ class TcpRouter:
     def count(self, protocol: ProtocolLabel, outcome: GrpcOutcome) -> None:
         self._series[protocol].outcomes[outcome].inc()
 
+    def outcome_series(self, protocol: ProtocolLabel, outcome: GrpcOutcome) -> CounterSeries:
+        """The counter ``count`` adds to, for a caller that counts often."""
+        return self._series[protocol].outcomes[outcome]
+
     # -- one connection --------------------------------------------------------------------
     def open_connection(self, peer: tuple[Any, ...]) -> Head:
         """A new connection's record and peek state, before anything is read."""
@@ -163,10 +168,9 @@ class TcpRouter:
         # updates ``progress.protocol`` as soon as they do, so a timeout or a malformed
         # ClientHello is counted (and answered) as TLS.
         progress = _Peeked(ProtocolLabel.H2C, b"", None)
-        who = {"peer": host_port(peer[0], peer[1])}
         started = time.monotonic()
-        record = self._access.open(progress.protocol, who["peer"], started)
-        return Head(who, started, record, progress, FirstBytes(progress))
+        record = self._access.open(progress.protocol, host_port(peer[0], peer[1]), started)
+        return Head(started, record, progress, FirstBytes(progress))
 
     async def _serve(self, conn: socket.socket, peer: tuple[Any, ...], head: Head | None = None) -> None:
         if head is None:

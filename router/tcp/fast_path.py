@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from discovery.targets import Target
 from router import constants as c
 from router.access_log import AccessRecord, Outcome
+from router.metric_families import CounterSeries
 from router.metrics import ProtocolSeries
 from router.outcomes import GrpcOutcome, ProtocolLabel, Termination
 from router.routing import Refusal
@@ -48,7 +49,6 @@ log = logging.getLogger("router.tcp_router")  # pinned: operators filter logs by
 class Head:
     """A connection's state so far, for the edge's task to go on from."""
 
-    who: dict[str, str]
     started: float
     record: AccessRecord
     progress: Peeked
@@ -60,6 +60,11 @@ class Head:
     failure: Rejected | None = None
     """The first bytes were refused: the task answers."""
 
+    @property
+    def who(self) -> dict[str, str]:
+        """The log fields naming the client (made only for a line that is written)."""
+        return self.intake.log_fields() if self.intake is not None else {"peer": self.record.client}
+
 
 class Edge(Protocol):
     """What this path uses of ``edge.TcpRouter``."""
@@ -69,6 +74,7 @@ class Edge(Protocol):
     @property
     def clients(self) -> ClientIntake: ...
     def series(self, protocol: ProtocolLabel) -> ProtocolSeries: ...
+    def outcome_series(self, protocol: ProtocolLabel, outcome: GrpcOutcome) -> CounterSeries: ...
     def open_connection(self, peer: tuple[Any, ...]) -> Head: ...
     def decide(self, peeked: Peeked) -> Target: ...
     def count(self, protocol: ProtocolLabel, outcome: GrpcOutcome) -> None: ...
@@ -107,10 +113,10 @@ class _Connection:
     def connected(self) -> None:
         """The pod answered: counted as accepted, as the task's path counts it after its dial."""
         self.accepted = True
-        edge = self.path.edge
-        series = edge.series(ProtocolLabel.TLS)
+        path = self.path
+        series = path.series
         series.dial.observe(time.monotonic() - self.decided)
-        edge.count(ProtocolLabel.TLS, GrpcOutcome.ACCEPTED)
+        path.accepted.inc()
         series.active.inc()
         if log.isEnabledFor(logging.DEBUG):
             log.debug(
@@ -122,8 +128,8 @@ class _Connection:
     def ended(self, result: RelayResult) -> None:
         path = self.path
         path.forget(self)
+        path.series.active.dec()
         edge = path.edge
-        edge.series(ProtocolLabel.TLS).active.dec()
         edge.relay_ended(ProtocolLabel.TLS, self.head.record, result)
         edge.clients.slots.release(self.conn)
         self.relay.unlink()
@@ -157,10 +163,12 @@ class _Connection:
 class FastPath:
     """TLS connections relayed without a task (see the module's docstring)."""
 
-    __slots__ = ("_connections", "_engine", "_loop", "edge", "idle")
+    __slots__ = ("_connections", "_engine", "_loop", "accepted", "edge", "idle", "series")
 
     def __init__(self, edge: Edge, loop: asyncio.AbstractEventLoop, engine: Engine) -> None:
         self.edge = edge
+        self.series = edge.series(ProtocolLabel.TLS)
+        self.accepted = edge.outcome_series(ProtocolLabel.TLS, GrpcOutcome.ACCEPTED)
         self._loop, self._engine = loop, engine
         self._connections: dict[_Connection, None] = {}
         self.idle = asyncio.Event()
@@ -209,7 +217,7 @@ class FastPath:
         record = head.record
         record.protocol, record.hostname = ProtocolLabel.TLS, peeked.hostname
         record.decided_at = decided = time.monotonic()
-        series = edge.series(ProtocolLabel.TLS)
+        series = self.series
         series.decision.observe(decided - head.started)
         record.pod, record.pod_address = target.pod_name, target.grpc_endpoint
         try:

@@ -118,8 +118,8 @@ def _describe(code: int) -> str:
 class NativeRelay:
     """One connection relayed by the C engine: its timer, its ending and its result future."""
 
-    __slots__ = ("client", "connect_timer", "engine", "final", "future", "handle", "idle_s", "loop", "on_bytes",
-                 "on_connected", "on_dial_failed", "on_result", "pod", "splice", "timer", "timer_at")
+    __slots__ = ("_future", "client", "connect_timer", "engine", "final", "handle", "idle_s", "loop", "on_bytes",
+                 "on_connected", "on_dial_failed", "on_result", "outcome", "pod", "splice", "timer", "timer_at")
 
     def __init__(
         self,
@@ -136,7 +136,9 @@ class NativeRelay:
         self.splice = splice
         self.idle_s = idle_timeout_s if idle_timeout_s > 0 and math.isfinite(idle_timeout_s) else math.inf
         self.on_bytes = on_bytes
-        self.future: asyncio.Future[RelayResult] = loop.create_future()
+        self._future: asyncio.Future[RelayResult] | None = None
+        self.outcome: RelayResult | None = None
+        """The result once over (the task-free path is told it by ``on_result``, no future)."""
         self.timer: asyncio.TimerHandle | None = None
         self.timer_at = math.inf
         self.handle: Relay | None = None
@@ -146,6 +148,18 @@ class NativeRelay:
         self.on_connected: Callable[[], None] | None = None
         self.on_dial_failed: Callable[[int], None] | None = None
         self.connect_timer: asyncio.TimerHandle | None = None
+
+    @property
+    def future(self) -> asyncio.Future[RelayResult]:
+        """The result, to await (made on first use: the task-free path never awaits it)."""
+        if self._future is None:
+            self._future = self.loop.create_future()
+            if self.outcome is not None:
+                self._future.set_result(self.outcome)
+        return self._future
+
+    def done(self) -> bool:
+        return self.outcome is not None
 
     def start(self, initial: bytes) -> Relay:
         """Hand both sockets to the engine (it writes ``initial`` at once); the live handle."""
@@ -206,7 +220,7 @@ class NativeRelay:
             self.on_dial_failed(code)
 
     def _arm_first_timer(self) -> None:
-        if not self.future.done():
+        if self.outcome is None:
             if self.idle_s > RELAY_TIMER_DEFER_S:
                 arm_later(self)
             else:
@@ -235,13 +249,14 @@ class NativeRelay:
     def finish(
         self, outcome: RelayOutcome, error: str | None, termination: Termination, *, reset: bool = False
     ) -> None:
-        if self.future.done():
+        if self.outcome is not None:
             return
         self.close(reset=reset)
-        result = self.result(outcome, error, termination)
+        result = self.outcome = self.result(outcome, error, termination)
         if self.on_result is not None:
             self.on_result(result)
-        self.future.set_result(result)
+        if self._future is not None:
+            self._future.set_result(result)
 
     def result(
         self, outcome: RelayOutcome, error: str | None, termination: Termination = Termination.ROUTER_ERROR
@@ -296,7 +311,7 @@ class NativeRelay:
 
     def arm_timer(self) -> None:
         handle = self.handle
-        if handle is None or self.future.done():
+        if handle is None or self.outcome is not None:
             return
         at = min(handle.probe()[2] + self.idle_s, handle.next_release(RELAY_RELEASE_QUIET_S))
         if self.timer is not None:

@@ -226,6 +226,9 @@ class _Relay:
                 d.release()
         self.arm_timer()
 
+    def done(self) -> bool:
+        return self.future.done()
+
     def state(self) -> RelayState:
         c2p, p2c = self.c2p, self.p2c
         return RelayState(

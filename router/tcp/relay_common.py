@@ -83,11 +83,11 @@ class RunningRelay(Protocol):
     """What the shared bookkeeping needs of a relay on either pump."""
 
     loop: asyncio.AbstractEventLoop
-    future: asyncio.Future[RelayResult]
     timer: asyncio.TimerHandle | None
 
     def arm_timer(self) -> None: ...
     def state(self) -> RelayState: ...
+    def done(self) -> bool: ...
 
 
 LIVE: set[RunningRelay] = set()
@@ -117,5 +117,5 @@ def arm_later(state: RunningRelay) -> None:
 
 def _arm_young(loop: asyncio.AbstractEventLoop) -> None:
     for state in _YOUNG.pop(loop, ()):
-        if not state.future.done() and state.timer is None:
+        if not state.done() and state.timer is None:
             state.arm_timer()
