@@ -11,7 +11,8 @@ the router (and HAProxy), which is deterministic; ``--py-spy FILE`` records a py
 its main thread's CPU by the callback that spent it (``bench.callback_hooks``: thread CPU clock
 around each, so unlike py-spy's wall-clock samples it is not skewed by waits for a core).
 ``--router-args`` adds flags to both routers (``--router-args=--access-log=off``: the path
-without its access line).
+without its access line); ``--haproxy-log`` has HAProxy log each connection too (``option tcplog``
+on stdout), so that both write a line per connection.
 
     python -m bench.conn_profile --rounds 6
     python -m bench.conn_profile --rounds 6 --baseline /tmp/main-tree
@@ -107,6 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--py-spy", type=Path, help="record a py-spy raw profile of the router here")
     p.add_argument("--router-args", default="", help="extra router flags, space-separated")
     p.add_argument("--callbacks", action="store_true", help="the router alone: its CPU split by callback")
+    p.add_argument("--haproxy-log", action="store_true",
+                   help="HAProxy writes a tcplog line per connection too, as the router's access log does")
     p.add_argument("--concurrency", type=int, default=RATE_CONCURRENCY,
                    help=f"connections at a time (default {RATE_CONCURRENCY}, the bench's; 2: a router that "
                    "is mostly idle, so it accepts before the ClientHello arrives and waits for it)")
@@ -127,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.baseline is not None:
                 base = stack.enter_context(router_from(args.baseline.resolve(), workdir, rows, extra))
                 boxes["baseline"] = (("127.0.0.1", base.tcp_port), base.pid)
-            haproxy = Haproxy(workdir, sni_routes=[(SNI, POD_HOST, port)])
+            haproxy = Haproxy(workdir, sni_routes=[(SNI, POD_HOST, port)], log_connections=args.haproxy_log)
             stack.callback(haproxy.close)
             boxes["haproxy"] = (("127.0.0.1", haproxy.ports[0]), haproxy.pid)
             if counts is not None:

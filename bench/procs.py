@@ -327,12 +327,16 @@ HAPROXY_GLOBAL = """global
     nbthread {threads}
     maxconn {maxconn}
     maxpipes {maxpipes}
-{tune}defaults
+{tune}{log_global}defaults
     mode tcp
-{splice}    timeout connect 5s
+{splice}{log_defaults}    timeout connect 5s
     timeout client 10m
     timeout server 10m
 """
+
+HAPROXY_LOG_GLOBAL = "    log stdout format raw local0 info\n"
+HAPROXY_LOG_DEFAULTS = "    log global\n    option tcplog\n"
+"""A line per connection on stdout (``log_connections``), as the router's access log writes one."""
 
 SPLICE_AUTO = "    option splice-auto\n"
 """What the issue asks for; HAProxy 2.6 then mostly copies (its heuristics rarely splice)."""
@@ -358,13 +362,14 @@ backend pod_{port}
 
 class Haproxy(PeerProcess):
     """HAProxy in TCP mode: SNI-routed (``req.ssl_sni``) or plain frontends to one pod each;
-    ``option splice-auto`` unless ``forced_splice``."""
+    ``option splice-auto`` unless ``forced_splice``; no log unless ``log_connections`` (then
+    ``option tcplog`` lines on stdout, the router's access log's counterpart)."""
 
     kind = "haproxy"
 
     def __init__(self, workdir: Path, sni_routes: Sequence[tuple[str, str, int]] = (),
                  plain_routes: Sequence[tuple[str, int]] = (), threads: int = 1,
-                 maxconn: int = 4096, forced_splice: bool = False) -> None:
+                 maxconn: int = 4096, forced_splice: bool = False, log_connections: bool = False) -> None:
         binary = haproxy_binary()
         if binary is None:
             raise BenchError("haproxy not installed")
@@ -377,6 +382,8 @@ class Haproxy(PeerProcess):
             # The same pipe size as the router's (SPLICE_PIPE_BYTES) when splicing always.
             tune=f"    tune.pipesize {SPLICE_PIPE_BYTES}\n" if forced_splice else "",
             splice=SPLICE_FORCED if forced_splice else SPLICE_AUTO,
+            log_global=HAPROXY_LOG_GLOBAL if log_connections else "",
+            log_defaults=HAPROXY_LOG_DEFAULTS if log_connections else "",
         )
         self.ports: list[int] = []
         for sni, host, port in sni_routes:
@@ -391,7 +398,8 @@ class Haproxy(PeerProcess):
         os.close(fd)
         self.config = Path(name)
         self.config.write_text(text)
-        self._start([binary, "-db", "-q", "-f", str(self.config)], self.ports, False, "haproxy")
+        quiet = [] if log_connections else ["-q"]  # -q silences the log lines on stdout too
+        self._start([binary, "-db", *quiet, "-f", str(self.config)], self.ports, False, "haproxy")
 
 
 
