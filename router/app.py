@@ -109,6 +109,7 @@ class RouterApp:
                 accept_proxy_protocol=config.accept_proxy_protocol,
                 proxy_protocol_trusted_cidrs=config.proxy_protocol_trusted_cidrs,
                 max_connections_per_client=config.max_connections_per_client,
+                defer_accept=config.tcp_defer_accept,
             ),
             self.template, self.snapshot, self.metrics, self.access,
         )

@@ -64,6 +64,8 @@ class RouterConfig:
     max_quic_flows_per_client: int = c.DEFAULT_MAX_QUIC_FLOWS_PER_CLIENT
     access_log: bool = True
     """One access line per connection and flow (``--access-log on|off``)."""
+    tcp_defer_accept: bool = c.DEFAULT_TCP_DEFER_ACCEPT == "on"
+    """TCP connections accepted once their first bytes came (``--tcp-defer-accept on|off``)."""
     debug_endpoints: bool = False
     """``/debug/targets`` and ``/debug/connections`` on the health listener (they show client addresses)."""
 
@@ -131,6 +133,11 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     add(
         "--max-quic-flows-per-client", default=str(c.DEFAULT_MAX_QUIC_FLOWS_PER_CLIENT),
         help="routed plus pending QUIC flows one client IP (IPv6: /64) may hold; 0 = no limit",
+    )
+    add(
+        "--tcp-defer-accept", default=c.DEFAULT_TCP_DEFER_ACCEPT,
+        help=f"on or off: accept a TCP connection once its first bytes came (a silent one after "
+        f"{c.TCP_DEFER_ACCEPT_S} s)",
     )
     add(
         "--access-log", default=c.DEFAULT_ACCESS_LOG,
@@ -275,8 +282,9 @@ def config_from_args(
         if not ns.quic_cid_length.isdigit() or not 1 <= int(ns.quic_cid_length) <= 20:
             raise ConfigError(f"--quic-cid-length: expected 1-20, got {ns.quic_cid_length!r}")
         cid_length = int(ns.quic_cid_length)
-    if ns.access_log not in ("on", "off"):
-        raise ConfigError(f"--access-log: expected on or off, got {ns.access_log!r}")
+    for flag, value in (("--access-log", ns.access_log), ("--tcp-defer-accept", ns.tcp_defer_accept)):
+        if value not in ("on", "off"):
+            raise ConfigError(f"{flag}: expected on or off, got {value!r}")
     paths = frozenset(p.strip() for p in ns.round_robin_paths.split(",") if p.strip())
     for path in paths:
         if not path.startswith("/"):
@@ -310,5 +318,6 @@ def config_from_args(
         max_connections_per_client=_per_client_limit("--max-connections-per-client", ns.max_connections_per_client),
         max_quic_flows_per_client=_per_client_limit("--max-quic-flows-per-client", ns.max_quic_flows_per_client),
         access_log=ns.access_log == "on",
+        tcp_defer_accept=ns.tcp_defer_accept == "on",
         debug_endpoints=bool(ns.debug_endpoints),
     )

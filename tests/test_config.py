@@ -61,6 +61,12 @@ def test_access_log_is_on_and_debug_endpoints_off_by_default() -> None:
     assert (cfg.access_log, cfg.debug_endpoints) == (False, True)
 
 
+def test_tcp_accept_is_deferred_by_default() -> None:
+    assert config_from_args([], environ={"POD_NAMESPACE": "x"}).tcp_defer_accept is True
+    cfg = config_from_args(["--tcp-defer-accept", "off"], environ={"POD_NAMESPACE": "x"})
+    assert cfg.tcp_defer_accept is False
+
+
 def test_flag_overrides_environment_namespace() -> None:
     cfg = config_from_args(["--target-namespace", "a"], environ={"POD_NAMESPACE": "b"})
     assert cfg.target_namespace == "a"
@@ -107,6 +113,7 @@ def test_ipv6_listen_address() -> None:
         (["--max-quic-flows-per-client", "1000001"], "--max-quic-flows-per-client"),
         (["--max-quic-flows-per-client", "1.5"], "--max-quic-flows-per-client"),
         (["--access-log", "yes"], "--access-log"),
+        (["--tcp-defer-accept", "1"], "--tcp-defer-accept"),
     ],
 )
 def test_bad_value_names_its_flag(args: list[str], flag: str) -> None:

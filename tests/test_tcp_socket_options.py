@@ -16,6 +16,9 @@ import pytest
 import uvloop
 
 from discovery.targets import Target, TargetSnapshot
+from router import constants as c
+from router.app import RouterApp
+from router.config import config_from_args
 from router.hostname import HostnameTemplate
 from router.metrics import RouterMetrics
 from router.tcp.dial import DialError, dial
@@ -53,6 +56,61 @@ def test_the_edge_listener_sets_tcp_nodelay(run: Runner) -> None:
             listener = router._acceptor._listener
             assert listener is not None
             assert listener.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+        finally:
+            await router.close()
+
+    run(main())
+
+
+@pytest.mark.parametrize("defer", [True, False])
+def test_the_listener_defers_accept_unless_told_not_to(run: Runner, defer: bool) -> None:
+    async def main() -> None:
+        router = TcpRouter(TcpRouterSettings(defer_accept=defer),
+                           HostnameTemplate.parse("{pod_name}.stargate.external", "default"),
+                           TargetSnapshot, RouterMetrics())
+        await router.start("127.0.0.1", 0)
+        try:
+            listener = router._acceptor._listener
+            assert listener is not None
+            deferred = listener.getsockopt(socket.IPPROTO_TCP, socket.TCP_DEFER_ACCEPT)
+            assert (deferred > 0) is defer
+        finally:
+            await router.close()
+
+    run(main())
+
+
+@pytest.mark.parametrize("flag", ["on", "off"])
+def test_the_flag_reaches_the_edge(flag: str) -> None:
+    app = RouterApp(config_from_args(["--tcp-defer-accept", flag], environ={"POD_NAMESPACE": "x"}))
+    assert app.tcp._settings.defer_accept is (flag == "on")
+
+
+def test_a_silent_client_is_accepted_once_it_speaks_or_after_the_deferral(run: Runner) -> None:
+    """With the accept deferred (the default), a connected client that has sent nothing costs the
+    router nothing: no accept, no peek, no record. Its first bytes hand it over at once; a client
+    that stays silent is handed over after ``TCP_DEFER_ACCEPT_S`` and cut at the peek timeout."""
+
+    async def main() -> None:
+        router = TcpRouter(TcpRouterSettings(peek_timeout_s=0.3),
+                           HostnameTemplate.parse("{pod_name}.stargate.external", "default"),
+                           TargetSnapshot, RouterMetrics())
+        host, port = await router.start("127.0.0.1", 0)
+        try:
+            loop = asyncio.get_running_loop()
+            reader, writer = await asyncio.open_connection(host, port)
+            silent_reader, silent = await asyncio.open_connection(host, port)
+            silent_since = loop.time()
+            await asyncio.sleep(0.3)
+            assert router.active_connections == 0  # both connected, neither accepted
+            writer.write(ssl_client_hello_records("nobody.stargate.external"))
+            answer = await asyncio.wait_for(reader.read(), 2.0)  # accepted, read, refused
+            assert answer[:1] == bytes([0x15])  # a TLS alert record (unrecognized_name)
+            assert await asyncio.wait_for(silent_reader.read(), c.TCP_DEFER_ACCEPT_S + 5.0) == b""
+            # held by the kernel for the deferral, then accepted and cut at the peek timeout
+            assert loop.time() - silent_since >= c.TCP_DEFER_ACCEPT_S
+            writer.close()
+            silent.close()
         finally:
             await router.close()
 
@@ -102,7 +160,8 @@ def test_dial_to_a_full_backlog_times_out(run: Runner) -> None:
 
 
 def test_a_hello_that_comes_later_is_waited_for_on_the_epoll_set_and_no_wait_outlives_it(run: Runner) -> None:
-    """A router at rest accepts before the ClientHello arrives: the peek waits on the relay's epoll
+    """A router at rest without ``--tcp-defer-accept`` (or a client silent for longer than the
+    kernel defers it) accepts before the ClientHello arrives: the peek waits on the relay's epoll
     set; the connection is routed once the hello comes, and a client that never sends one is cut
     at the peek timeout. Neither leaves a watch behind."""
 
@@ -117,7 +176,7 @@ def test_a_hello_that_comes_later_is_waited_for_on_the_epoll_set_and_no_wait_out
         pod = await asyncio.start_server(echo, "127.0.0.2", 0)
         pod_port = pod.sockets[0].getsockname()[1]
         snapshot = TargetSnapshot.of([Target("stargate-0", "127.0.0.2", pod_port, 0)])
-        router = TcpRouter(TcpRouterSettings(peek_timeout_s=0.3),
+        router = TcpRouter(TcpRouterSettings(peek_timeout_s=0.3, defer_accept=False),
                            HostnameTemplate.parse("{pod_name}.stargate.external", "default"),
                            lambda: snapshot, RouterMetrics())
         host, port = await router.start("127.0.0.1", 0)

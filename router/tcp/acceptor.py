@@ -35,8 +35,10 @@ class Acceptor:
         self._resume: asyncio.TimerHandle | None = None
         self._exhausted = False
 
-    def start(self, host: str, port: int) -> tuple[str, int]:
-        """Bind and listen; returns the bound ``(host, port)``."""
+    def start(self, host: str, port: int, *, defer_accept_s: int = 0) -> tuple[str, int]:
+        """Bind and listen; returns the bound ``(host, port)``. ``defer_accept_s`` > 0: the kernel
+        hands a connection over once its first bytes came, or after that many seconds of silence
+        (``TCP_DEFER_ACCEPT``, Linux; ignored where the option does not exist)."""
         self._loop = asyncio.get_running_loop()
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM)
@@ -46,6 +48,8 @@ class Acceptor:
         # Accepted sockets inherit TCP_NODELAY from the listener on Linux: one setsockopt, not one
         # per connection (tests/test_tcp_socket_options.py checks the kernel still does).
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if defer_accept_s > 0 and hasattr(socket, "TCP_DEFER_ACCEPT"):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_DEFER_ACCEPT, defer_accept_s)
         sock.bind((host, port))
         sock.listen(4096)
         sock.setblocking(False)

@@ -56,6 +56,8 @@ class TcpRouterSettings:
     proxy_protocol_trusted_cidrs: tuple[IPNetwork, ...] = ()
     """Empty: every source may send a PROXY header."""
     max_connections_per_client: int = c.DEFAULT_MAX_CONNECTIONS_PER_CLIENT
+    defer_accept: bool = c.DEFAULT_TCP_DEFER_ACCEPT == "on"
+    """The listener hands over connections once their first bytes came (``--tcp-defer-accept``)."""
 
 
 class TcpRouter:
@@ -95,7 +97,8 @@ class TcpRouter:
         engine = engine_for(self._loop, None)
         if engine is not None and not self._settings.accept_proxy_protocol:
             self._fast = FastPath(self, self._loop, engine)
-        return self._acceptor.start(host, port)
+        defer_s = c.TCP_DEFER_ACCEPT_S if self._settings.defer_accept else 0
+        return self._acceptor.start(host, port, defer_accept_s=defer_s)
 
     @property
     def settings(self) -> TcpRouterSettings:

@@ -188,6 +188,14 @@ def test_slowloris_peeks_close_at_the_peek_timeout_while_real_calls_pass(
         assert router.stop() == 0
 
 
+def _held_in_peek(router: RouterProcess) -> socket.socket:
+    """A connection the router accepts and then holds, waiting for the rest of its hello: its first
+    byte is sent (a silent one stays in the kernel, ``--tcp-defer-accept``, and holds no fd)."""
+    sock = socket.create_connection(("127.0.0.1", router.grpc_port), timeout=5)
+    sock.sendall(b"\x16")  # a TLS handshake record's first byte
+    return sock
+
+
 def test_fd_exhaustion_answers_unavailable_pauses_accepts_and_recovers(
     tmp_path: Path, grpc_pod: RunningPod,
 ) -> None:
@@ -209,7 +217,7 @@ def test_fd_exhaustion_answers_unavailable_pauses_accepts_and_recovers(
         try:
             # Leave the router exactly one free fd: the next client is accepted, its dial fails.
             for _ in range(headroom - 1):
-                idle.append(socket.create_connection(("127.0.0.1", router.grpc_port), timeout=5))
+                idle.append(_held_in_peek(router))
             deadline = time.monotonic() + 1.0
             while open_fds(pid) < base_fds + headroom - 1 and time.monotonic() < deadline:
                 time.sleep(0.01)
@@ -219,7 +227,7 @@ def test_fd_exhaustion_answers_unavailable_pauses_accepts_and_recovers(
             assert outcome_count(router, "h2c", "connect_error") == 1  # answered and counted
             # Now beyond the limit: accept() fails with EMFILE while connections queue.
             for _ in range(30):
-                idle.append(socket.create_connection(("127.0.0.1", router.grpc_port), timeout=5))
+                idle.append(_held_in_peek(router))
             lines_before, cpu_before, t0 = len(router.lines), cpu_seconds(pid), time.monotonic()
             time.sleep(0.5)
             cpu_share = (cpu_seconds(pid) - cpu_before) / (time.monotonic() - t0)
