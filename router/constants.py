@@ -6,9 +6,8 @@ same Deployment; metric names match it so dashboards keep working (their label v
 the enums of ``router/outcomes.py``; TLS alerts and gRPC status codes sit beside their codecs).
 A parser's limits live beside that parser instead (the ClientHello, CRYPTO and Initial
 bounds in ``quic/``), and protocol codes as enums in their codec (``quic.packet.QuicErrorCode``).
-This module imports nothing from the project. The lower layers ``quic/`` and ``discovery/``
-must not import it (or anything in ``router/``): ``tests/test_layering.py`` checks them.
-"""
+It imports nothing from the project; ``quic/`` and ``discovery/`` must not import it (or
+anything in ``router/``): ``tests/test_layering.py`` checks them."""
 
 from __future__ import annotations
 
@@ -85,9 +84,8 @@ DEFAULT_PROXY_PROTOCOL_TRUSTED_CIDRS: Final = ("0.0.0.0/0", "::/0")
 """Every source may send a PROXY header: inside a cluster the Gateway's pod IPs are not stable."""
 
 DEFAULT_TCP_DEFER_ACCEPT: Final = "on"
-"""The kernel hands over a TCP connection once its first bytes came (every protocol here speaks
-first): no wake-up, task and second read for the connections that would wait (9% of a connection's
-CPU on the bench) and nothing held for a client that connects and stays silent."""
+"""Accept once the first bytes came (every protocol here speaks first): no wait, task or second
+read per connection (9% of its CPU on the bench), nothing held for a silent client."""
 
 DEFAULT_MAX_CONNECTIONS_PER_CLIENT: Final = 0
 """No per-client TCP limit (the Rust router has none): one NAT egress may carry many real workers."""
@@ -147,9 +145,8 @@ GC_YOUNG_THRESHOLD: Final = 20_000
 no cyclic garbage, so each pass only re-scans the objects of the connections in flight."""
 
 RELAY_TIMER_DEFER_S: Final = 0.25
-"""A relay's idle timer is armed this long after it starts, by one shared callback: connections
-shorter than that never create one. Deadlines are absolute, so it still fires on time whenever
-the idle timeout is longer (a shorter one is armed at once)."""
+"""A relay's idle timer is armed this long after it starts, by one shared callback: shorter connections
+never create one; deadlines are absolute, so it fires on time (a shorter idle timeout is armed at once)."""
 
 # ---------------------------------------------------------------------------
 # QUIC / UDP: pending flows and the flow table
@@ -176,9 +173,8 @@ QUIC_FLOW_SWEEP_INTERVAL_MS: Final = 500
 """How often pending deadlines, idle flows and batched byte counters are swept/flushed."""
 
 QUIC_FLOW_TAKEOVER_QUIET_MS: Final = 2_000
-"""A new connection naming another pod takes an established flow's address only if that flow's
-client sent nothing for this long: live connections ACK and keep alive far more often, so a
-spoofed Initial cannot cut a busy flow, while a reused NAT port or socket waits at most this."""
+"""A new connection naming another pod takes a flow's address only if its client sent nothing this
+long: live ones ACK far more often, so a spoofed Initial cannot cut a busy flow (a reused port waits)."""
 
 # ---------------------------------------------------------------------------
 # QUIC / UDP: refusals (answer budget, refused attempts remembered)
@@ -351,10 +347,8 @@ PER_PROCESS_LIMIT_GAUGES: Final = frozenset({"process_max_fds"})
 ACCEPT_PAUSE_ON_EXHAUSTION_MS: Final = 100
 """accept() failing with EMFILE/ENFILE pauses the listener this long: no spin, resumes within 0.1 s."""
 
-
 TCP_DEFER_ACCEPT_S: Final = 1
-"""With ``--tcp-defer-accept on``, a client that sent nothing is accepted anyway after this long
-(then the peek timeout runs): the kernel counts it in SYN-ACK retransmissions, 1 s is its finest."""
+"""A silent client is accepted anyway after this long (then has the peek timeout); the kernel's finest step."""
 
 ACCEPT_BATCH: Final = 64
 """Connections accepted per readiness callback; bounds one callback's latency under a burst."""
