@@ -118,13 +118,13 @@ def router(peers: Peers, tmp_path_factory: pytest.TempPathFactory, tcp_pump: str
 
 def line_of(router: RouterProcess, client: CountingClient | str, timeout_s: float = 10.0) -> dict[str, Any]:
     """The one access line of the connection from ``client``'s address (fails on two)."""
-    address = client if isinstance(client, str) else client.address
+    address, since = (client, 0) if isinstance(client, str) else (client.address, client.log_from)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        mine = [line for line in access_lines(router) if line["client"] == address]
+        mine = [line for line in access_lines(router, since) if line["client"] == address]
         if mine:
             time.sleep(0.1)  # a second line would be a bug: give it the chance to show
-            mine = [line for line in access_lines(router) if line["client"] == address]
+            mine = [line for line in access_lines(router, since) if line["client"] == address]
             assert len(mine) == 1, mine
             return mine[0]
         time.sleep(0.02)

@@ -19,10 +19,10 @@ LINGER_RESET = struct.pack("ii", 1, 0)
 """SO_LINGER {on, 0}: close() sends RST instead of FIN."""
 
 
-def access_lines(router: RouterProcess) -> list[dict[str, Any]]:
-    """The router's access lines so far (``--log-format json``)."""
+def access_lines(router: RouterProcess, since: int = 0) -> list[dict[str, Any]]:
+    """The router's access lines so far (``--log-format json``), from its log line ``since`` on."""
     out = []
-    for line in list(router.lines):
+    for line in router.lines[since:]:
         if '"logger":"router.access"' in line:
             out.append(json.loads(line))
     return out
@@ -115,6 +115,9 @@ class CountingClient:
     """A raw TCP client to the router that counts what it sent and received."""
 
     def __init__(self, router: RouterProcess, timeout_s: float = 10.0) -> None:
+        self.log_from = len(router.lines)
+        """The router's log lines before this connection: an earlier connection from the same
+        (reused) port is not this one."""
         self.sock = socket.create_connection(("127.0.0.1", router.grpc_port), timeout=timeout_s)
         ip, port = self.sock.getsockname()[:2]
         self.address = f"{ip}:{port}"
