@@ -97,7 +97,7 @@ class ClientIntake:
         self._trusted = TrustedSources(trusted)
         self.slots = ClientSlots(max_per_client)
         """Held per connection socket; the edge releases a connection's slot when it ends."""
-        self._unlimited = max_per_client <= 0
+        self._unlimited = not self.slots.table.enabled
 
     async def identify(self, conn: socket.socket, peer: Peer) -> Intake:
         """The connection's client and first bytes; ``ProxyHeaderError`` for an untrusted source
