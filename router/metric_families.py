@@ -89,7 +89,7 @@ S = TypeVar("S", CounterSeries, GaugeSeries, HistogramSeries)
 class _Family(Generic[S]):
     """A named family of series, one per tuple of label values, registered as a collector."""
 
-    def __init__(self, name: str, documentation: str, labelnames: Sequence[str],
+    def __init__(self, name: str, documentation: str, labelnames: Sequence[str] = (), *,
                  registry: CollectorRegistry) -> None:
         self.name, self.documentation, self.labelnames = name, documentation, tuple(labelnames)
         self._series: dict[tuple[str, ...], S] = {}
@@ -131,7 +131,7 @@ class CounterFamily(_Family[CounterSeries]):
 
     def __init__(self, name: str, documentation: str, labelnames: Sequence[str] = (), *,
                  registry: CollectorRegistry) -> None:
-        super().__init__(name.removesuffix(_TOTAL), documentation, labelnames, registry)
+        super().__init__(name.removesuffix(_TOTAL), documentation, labelnames, registry=registry)
 
     def _new_series(self) -> CounterSeries:
         return CounterSeries()
@@ -149,10 +149,6 @@ class CounterFamily(_Family[CounterSeries]):
 
 class GaugeFamily(_Family[GaugeSeries]):
     """A gauge family; unlabelled, it is its own series (``set``, ``set_function``)."""
-
-    def __init__(self, name: str, documentation: str, labelnames: Sequence[str] = (), *,
-                 registry: CollectorRegistry) -> None:
-        super().__init__(name, documentation, labelnames, registry)
 
     def _new_series(self) -> GaugeSeries:
         return GaugeSeries()
@@ -180,7 +176,7 @@ class HistogramFamily(_Family[HistogramSeries]):
             raise ValueError(f"{name}: buckets not in increasing order")
         self.bounds = bounds if bounds and bounds[-1] == math.inf else (*bounds, math.inf)
         self._les = tuple(_go_float(b) for b in self.bounds)
-        super().__init__(name, documentation, labelnames, registry)
+        super().__init__(name, documentation, labelnames, registry=registry)
 
     def _new_series(self) -> HistogramSeries:
         return HistogramSeries(self.bounds)
