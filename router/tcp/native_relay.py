@@ -252,7 +252,8 @@ class NativeRelay:
         if self.outcome is not None:
             return
         self.close(reset=reset)
-        result = self.outcome = self.result(outcome, error, termination)
+        self.final = up, down, _ = self.probe()  # final once the engine let go: ``unlink`` keeps them
+        result = self.outcome = RelayResult(up, down, outcome, error, termination)
         if self.on_result is not None:
             self.on_result(result)
         if self._future is not None:
@@ -299,7 +300,8 @@ class NativeRelay:
         callbacks (bound methods of the relay's owner, which holds the relay) no longer make a
         cycle for the collector to find."""
         if self.handle is not None:
-            self.final = self.handle.probe()
+            if self.outcome is None:  # else ``finish`` read the final counts already
+                self.final = self.handle.probe()
             self.handle = None
         self.on_result = self.on_connected = self.on_dial_failed = None
 
