@@ -12,13 +12,16 @@ its main thread's CPU by the callback that spent it (``bench.callback_hooks``: t
 around each, so unlike py-spy's wall-clock samples it is not skewed by waits for a core).
 ``--router-args`` adds flags to both routers (``--router-args=--access-log=off``: the path
 without its access line); ``--haproxy-log`` has HAProxy log each connection too (``option tcplog``
-on stdout), so that both write a line per connection.
+on stdout), so that both write a line per connection. ``--perf DIR`` records each box with
+``perf record -g`` in turn and writes ``perf report`` by symbol: the kernel's side of the
+comparison (whose wake-ups of the pod and the clients each box pays for, on loopback).
 
     python -m bench.conn_profile --rounds 6
     python -m bench.conn_profile --rounds 6 --baseline /tmp/main-tree
     python -m bench.conn_profile --strace
     python -m bench.conn_profile --py-spy /tmp/conn.txt
     python -m bench.conn_profile --callbacks --rounds 4
+    python -m bench.conn_profile --perf /tmp/conn-perf --rounds 3
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import argparse
 import contextlib
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -45,7 +49,8 @@ CALLBACK_HOOKS = '''
     from router.tcp import acceptor, edge, fast_path, native_relay, poller, relay, relay_common
 
     hook(acceptor.Acceptor, "_on_acceptable", "accept batches (accept4, socket objects, the fast path)")
-    hook(fast_path.FastPath, "serve", "  of which: the fast path (read, route, dial, relay start)")
+    hook(fast_path.FastPath, "serve", "  of which: the fast path's read and decision")
+    hook(fast_path.FastPath, "launch", "  of which: the fast path's batch of dials and relay starts")
     hook(edge.TcpRouter, "_serve", "connection task steps")
     hook(edge, "read_now", "  of which: first read and peek (recv, ClientHello)")
     hook(fast_path, "read_now", "  of which: first read and peek (recv, ClientHello)")
@@ -98,6 +103,26 @@ def _callbacks(clients: list[Agent], box: Box, seconds: float, message: bytes, c
     return 0
 
 
+def _perf(clients: list[Agent], boxes: dict[str, Box], seconds: float, message: bytes, out: Path) -> int:
+    """``--perf``: each box's samples (``perf record``, all symbols) under the same load, and
+    ``perf report`` of each by symbol: where the kernel's share differs between the boxes."""
+    out.mkdir(parents=True, exist_ok=True)
+    for name, box in boxes.items():
+        data = out / f"{name}.data"
+        perf = subprocess.Popen(["perf", "record", "-g", "-F", "2999", "-p", str(box[1]), "-o", str(data)],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(0.5)
+        done, user, system = _run(clients, box, seconds, message)
+        perf.send_signal(signal.SIGINT)
+        perf.wait()
+        report = subprocess.run(["perf", "report", "-i", str(data), "--no-children", "--sort", "dso,sym",
+                                 "--stdio", "--percent-limit", "0.4"], capture_output=True, text=True).stdout
+        (out / f"{name}.txt").write_text(report)
+        print(f"{name:9s} {done / seconds:7.0f} conn/s  {(user + system) / done * 1e6:6.1f} us CPU per connection "
+              f"(user {user / done * 1e6:5.1f}): {out / name}.txt")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.conn_profile", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -106,6 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--baseline", type=Path, help="also run the router of this source tree")
     p.add_argument("--strace", action="store_true", help="system calls per connection instead of CPU")
     p.add_argument("--py-spy", type=Path, help="record a py-spy raw profile of the router here")
+    p.add_argument("--perf", type=Path, help="perf-record each box (kernel and user symbols) into this directory")
     p.add_argument("--router-args", default="", help="extra router flags, space-separated")
     p.add_argument("--callbacks", action="store_true", help="the router alone: its CPU split by callback")
     p.add_argument("--haproxy-log", action="store_true",
@@ -137,6 +163,8 @@ def main(argv: list[str] | None = None) -> int:
                 return _callbacks(clients, boxes["router"], args.rounds * args.seconds, message, counts)
             for box in boxes.values():
                 _run(clients, box, 0.5, message)  # warm up
+            if args.perf is not None:
+                return _perf(clients, boxes, args.rounds * args.seconds, message, args.perf)
             if args.strace:
                 for name, box in boxes.items():
                     counts = _strace(clients, box, message)
