@@ -149,6 +149,61 @@ def recv_exactly(sock: socket.socket, n: int) -> bytes:
     return data
 
 
+def test_an_accept_batch_is_dialled_together_then_relayed(run: Runner, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Connections queued before the router's loop runs arrive in one accept batch: every dial
+    of the batch goes out before the first relay starts, and each connection still reaches its
+    own pod; a name no pod has is refused on its own."""
+    from router.tcp import fast_path
+
+    steps: list[str] = []
+    original_dial, original_start = fast_path.start_dial, native_relay.NativeRelay.start
+
+    def dial(target: Target) -> Any:
+        steps.append("dial")
+        return original_dial(target)
+
+    def start(self: native_relay.NativeRelay, initial: bytes) -> Any:
+        steps.append("start")
+        return original_start(self, initial)
+
+    monkeypatch.setattr(fast_path, "start_dial", dial)
+    monkeypatch.setattr(native_relay.NativeRelay, "start", start)
+
+    async def main() -> None:
+        async with echo_pod() as pod_port:
+            snapshot = TargetSnapshot.of([Target("stargate-0", "127.0.0.2", pod_port, 0),
+                                          Target("stargate-1", "127.0.0.2", pod_port, 0)])
+            metrics = RouterMetrics()
+            router = TcpRouter(TcpRouterSettings(), HostnameTemplate.parse("{pod_name}.stargate.external", "default"),
+                               lambda: snapshot, metrics, AccessLog(metrics))
+            _, port = await router.start("127.0.0.1", 0)
+            names = ["stargate-0", "stargate-1", "stargate-9", "stargate-1", "stargate-0"]
+            clients = []
+            for name in names:  # the loop does not run meanwhile: all wait in the accept queue
+                sock = socket.create_connection(("127.0.0.1", port))
+                sent = ssl_client_hello_records(f"{name}.stargate.external") + name.encode()
+                sock.sendall(sent)
+                clients.append((sock, sent))
+            try:
+                for name, (sock, sent) in zip(names, clients, strict=True):
+                    sock.setblocking(False)
+                    reader, writer = await asyncio.open_connection(sock=sock)
+                    answer = await asyncio.wait_for(reader.read(len(sent)), 5.0)
+                    if name == "stargate-9":
+                        assert answer[:1] == bytes([TLS_ALERT])
+                    else:  # echoed whole: relayed to a pod
+                        answer += await asyncio.wait_for(reader.readexactly(len(sent) - len(answer)), 5.0)
+                        assert answer == sent
+                    writer.close()
+                await until(lambda: router.active_connections == 0)
+            finally:
+                await router.close()
+            assert steps == ["dial"] * 4 + ["start"] * 4
+            assert outcome(metrics, GrpcOutcome.COMPLETED) == 4
+
+    run(main())
+
+
 def test_the_fast_path_leaves_no_cyclic_garbage(run: Runner) -> None:
     """Peers without an event loop, so that whatever the collector finds is the router's."""
     listener, pod = blocking_echo_pod()

@@ -1,11 +1,12 @@
 """The TCP listener: accept in bounded batches, and pause (not spin) when out of descriptors.
 
 Accepting is the edge's only loop-driven part that is not per connection: a readiness
-callback on the listening socket accepts up to ``ACCEPT_BATCH`` connections and hands each
-to ``on_connection``. When ``accept()`` fails for lack of fds or memory the pending connection
-keeps the listener readable, so retrying at once would spin the loop and flood the log: the
-listener is paused for ``ACCEPT_PAUSE_ON_EXHAUSTION_MS`` instead (peeks time out and relays
-end meanwhile, freeing fds).
+callback on the listening socket accepts up to ``ACCEPT_BATCH`` connections, hands each to
+``on_connection``, then calls ``on_batch_end`` (the fast path dials a batch together). When
+``accept()`` fails for lack of fds or memory the pending connection keeps the listener
+readable, so retrying at once would spin the loop and flood the log: the listener is paused
+for ``ACCEPT_PAUSE_ON_EXHAUSTION_MS`` instead (peeks time out and relays end meanwhile,
+freeing fds).
 """
 
 from __future__ import annotations
@@ -28,8 +29,11 @@ _RESOURCE_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.E
 class Acceptor:
     """One listening socket (SO_REUSEPORT, so ``--workers`` share it) feeding ``on_connection``."""
 
-    def __init__(self, on_connection: Callable[[socket.socket, Any], None]) -> None:
+    def __init__(
+        self, on_connection: Callable[[socket.socket, Any], None], on_batch_end: Callable[[], None] | None = None
+    ) -> None:
         self._on_connection = on_connection
+        self._on_batch_end = on_batch_end
         self._listener: socket.socket | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._resume: asyncio.TimerHandle | None = None
@@ -69,6 +73,13 @@ class Acceptor:
             self._listener = None
 
     def _on_acceptable(self) -> None:
+        try:
+            self._accept_batch()
+        finally:
+            if self._on_batch_end is not None:
+                self._on_batch_end()
+
+    def _accept_batch(self) -> None:
         listener = self._listener
         if listener is None:
             return

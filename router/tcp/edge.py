@@ -81,7 +81,7 @@ class TcpRouter:
         self._clients = ClientIntake(
             settings.accept_proxy_protocol, settings.proxy_protocol_trusted_cidrs, settings.max_connections_per_client
         )
-        self._acceptor = Acceptor(self._on_connection)
+        self._acceptor = Acceptor(self._on_connection, self._on_batch_end)
         self._tasks: set[asyncio.Task[None]] = set()
         self._round_robin = RoundRobin()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -141,13 +141,17 @@ class TcpRouter:
         if tasks:
             await asyncio.wait(tasks, timeout=5.0)
 
+    def _on_batch_end(self) -> None:
+        if self._fast is not None:
+            self._fast.launch()
+
     def _on_connection(self, conn: socket.socket, peer: Any) -> None:
         assert self._loop is not None
         head = None
         if self._fast is not None:
             head = self._fast.serve(conn, peer)
             if head is None:
-                return  # relayed (or being refused) without a task
+                return  # to be relayed at the batch's end (or being refused) without a task
         self.spawn(self._serve(conn, peer, head))
 
     def spawn(self, work: Coroutine[Any, Any, None]) -> None:
