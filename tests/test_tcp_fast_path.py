@@ -156,17 +156,17 @@ def test_an_accept_batch_is_dialled_together_then_relayed(run: Runner, monkeypat
     from router.tcp import fast_path
 
     steps: list[str] = []
-    original_dial, original_start = fast_path.start_dial, native_relay.NativeRelay.start
+    original_dial, original_start = fast_path.FastPath._dial, native_relay.NativeRelay.start
 
-    def dial(target: Target) -> Any:
+    def dial(self: fast_path.FastPath, target: Target) -> Any:
         steps.append("dial")
-        return original_dial(target)
+        return original_dial(self, target)
 
     def start(self: native_relay.NativeRelay, initial: bytes) -> Any:
         steps.append("start")
         return original_start(self, initial)
 
-    monkeypatch.setattr(fast_path, "start_dial", dial)
+    monkeypatch.setattr(fast_path.FastPath, "_dial", dial)
     monkeypatch.setattr(native_relay.NativeRelay, "start", start)
 
     async def main() -> None:
@@ -307,6 +307,66 @@ def test_the_drain_cuts_fast_connections_and_counts_them(run: Runner) -> None:
                 while await reader.read(65536):
                     pass
             writer.close()
+
+    run(main())
+
+
+def test_a_pod_that_resets_is_told_as_pod_reset_and_leaves_no_fd(run: Runner) -> None:
+    """The pod's side is a bare fd on this path (the C dial): its TCP state is still read for the
+    termination cause, and it is closed once."""
+    import os
+    import struct
+
+    async def reset_after_hello(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readexactly(len(HELLO))
+        writer.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        writer.transport.abort()
+
+    async def main() -> None:
+        server = await asyncio.start_server(reset_after_hello, "127.0.0.2", 0)
+        try:
+            async with edge(server.sockets[0].getsockname()[1]) as (router, metrics, port):
+                before = len(os.listdir("/proc/self/fd"))
+                reader, writer = await connect_with_hello(port)
+                with contextlib.suppress(ConnectionResetError):
+                    assert await asyncio.wait_for(reader.read(), 5.0) == b""
+                writer.close()
+                await until(lambda: router.active_connections == 0)
+                assert ended(metrics, Termination.POD_RESET) == 1
+                assert outcome(metrics, GrpcOutcome.RELAY_ERROR) == 1
+                await asyncio.sleep(0.05)  # the test client's socket is gone too
+                assert len(os.listdir("/proc/self/fd")) <= before
+        finally:
+            server.close()
+
+    run(main())
+
+
+def test_a_pod_named_by_a_host_name_is_dialled_through_the_resolver(run: Runner) -> None:
+    """The C dial takes IP literals only (what EndpointSlices carry); a name still works."""
+
+    async def echo_once(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(await reader.readexactly(len(HELLO)))
+        await writer.drain()
+        writer.close()
+
+    async def main() -> None:
+        server = await asyncio.start_server(echo_once, "127.0.0.1", 0)  # where "localhost" resolves first
+        pod_port = server.sockets[0].getsockname()[1]
+        snapshot = TargetSnapshot.of([Target("stargate-0", "localhost", pod_port, 0)])
+        metrics = RouterMetrics()
+        router = TcpRouter(TcpRouterSettings(), HostnameTemplate.parse("{pod_name}.stargate.external", "default"),
+                           lambda: snapshot, metrics, AccessLog(metrics))
+        _, port = await router.start("127.0.0.1", 0)
+        try:
+            reader, writer = await connect_with_hello(port)
+            assert await asyncio.wait_for(reader.read(), 5.0) == HELLO  # echoed, then the pod closed
+            writer.close()
+            await until(lambda: router.active_connections == 0)
+            assert outcome(metrics, GrpcOutcome.COMPLETED) == 1
+        finally:
+            await router.close()
+            server.close()
 
     run(main())
 

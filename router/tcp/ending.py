@@ -33,8 +33,20 @@ _RESET: Final = {"client": Termination.CLIENT_RESET, "pod": Termination.POD_RESE
 _CLOSE: Final = {"client": Termination.CLIENT_CLOSE, "pod": Termination.POD_CLOSE}
 
 
-def tcp_state(sock: socket.socket) -> int | None:
-    """The kernel's TCP state of ``sock`` (first byte of ``TCP_INFO``), None if unavailable."""
+def tcp_state(sock: socket.socket | int) -> int | None:
+    """The kernel's TCP state of ``sock`` (a socket or its bare fd; first byte of ``TCP_INFO``),
+    None if unavailable."""
+    if isinstance(sock, int):
+        if sock < 0:
+            return None
+        try:
+            borrowed = socket.socket(fileno=sock)  # read through a socket object that never closes it
+        except OSError:
+            return None
+        try:
+            return tcp_state(borrowed)
+        finally:
+            borrowed.detach()
     if not hasattr(socket, "TCP_INFO") or sock.fileno() < 0:
         return None
     with contextlib.suppress(OSError):

@@ -25,6 +25,7 @@ waits at most for the decisions of the rest of its batch (``ACCEPT_BATCH``).
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import socket
 import time
@@ -182,13 +183,16 @@ class _Connection:
 class FastPath:
     """TLS connections relayed without a task (see the module's docstring)."""
 
-    __slots__ = ("_connections", "_dials", "_engine", "_loop", "accepted", "edge", "idle", "series")
+    __slots__ = ("_connections", "_dials", "_engine", "_loop", "_native_dial", "accepted", "edge", "idle", "series")
 
     def __init__(self, edge: Edge, loop: asyncio.AbstractEventLoop, engine: Engine) -> None:
         self.edge = edge
         self.series = edge.series(ProtocolLabel.TLS)
         self.accepted = edge.outcome_series(ProtocolLabel.TLS, GrpcOutcome.ACCEPTED)
         self._loop, self._engine = loop, engine
+        from router.tcp._relay import dial  # built: this path exists only with the C relay
+
+        self._native_dial = dial
         self._dials: list[_Dial] = []
         """Decided, to dial at the accept batch's end (``launch``)."""
         self._connections: dict[_Connection, None] = {}
@@ -252,11 +256,11 @@ class FastPath:
     def launch(self) -> None:
         """Dial every connection ``serve`` queued, then start their relays (see the module's docstring)."""
         dials, self._dials = self._dials, []
-        ready: list[tuple[_Dial, socket.socket, bool]] = []
+        ready: list[tuple[_Dial, socket.socket | int, bool]] = []
         edge = self.edge
         for dial in dials:
             try:
-                pod, connected = start_dial(dial.target)
+                pod, connected = self._dial(dial.target)
             except DialError as exc:
                 refused = Rejected(Refusal.DIAL_FAILED, str(exc), dial.target.pod_name)
                 edge.spawn(edge.refuse_dial(dial.conn, dial.head, dial.peeked, refused))
@@ -268,7 +272,17 @@ class FastPath:
         for dial, pod, connected in ready:
             self._start(dial, pod, connected)
 
-    def _start(self, dial: _Dial, pod: socket.socket, connected: bool) -> None:
+    def _dial(self, target: Target) -> tuple[socket.socket | int, bool]:
+        """``start_dial`` in C (the pod's bare fd: no socket object), as long as the address is an
+        IP literal; DialError if the connect failed at once."""
+        try:
+            return self._native_dial(target.address, target.grpc_port)
+        except OSError as exc:
+            raise dial_error(target, exc.errno or errno.EIO) from None
+        except ValueError:  # not an IP literal: Python's resolver
+            return start_dial(target)
+
+    def _start(self, dial: _Dial, pod: socket.socket | int, connected: bool) -> None:
         """Hand a dialed connection to the C pump (which waits for the connect if need be)."""
         edge, series = self.edge, self.series
         conn, peer, head, peeked = dial.conn, dial.peer, dial.head, dial.peeked

@@ -45,6 +45,7 @@ from router.tcp.relay_common import (
     RelayResult,
     RelayState,
     arm_later,
+    close_fd,
     close_sockets,
 )
 
@@ -126,13 +127,16 @@ class NativeRelay:
         loop: asyncio.AbstractEventLoop,
         engine: Engine,
         client: socket.socket,
-        pod: socket.socket,
+        pod: socket.socket | int,
         splice: bool,
         idle_timeout_s: float,
         on_bytes: Callable[[int, int], None] | None,
     ) -> None:
         self.loop, self.engine = loop, engine
-        self.client, self.pod = client, pod
+        self.client = client
+        self.pod = pod
+        """The pod's socket, or its bare fd (the fast path's C dial): then this relay closes it
+        and sets it to -1."""
         self.splice = splice
         self.idle_s = idle_timeout_s if idle_timeout_s > 0 and math.isfinite(idle_timeout_s) else math.inf
         self.on_bytes = on_bytes
@@ -165,7 +169,7 @@ class NativeRelay:
         """Hand both sockets to the engine (it writes ``initial`` at once); the live handle."""
         LIVE.add(self)
         handle = self.handle = self.engine.start(
-            self.client.fileno(), self.pod.fileno(), initial, self.splice, False, self._on_end,
+            self.client.fileno(), self._pod_fd(), initial, self.splice, False, self._on_end,
             self._report if self.on_bytes is not None else None, self.acquired, None,
         )
         self._arm_first_timer()
@@ -186,7 +190,7 @@ class NativeRelay:
         self.on_connected, self.on_dial_failed = on_connected, on_dial_failed
         self.connect_timer = self.loop.call_later(timeout_s, self._connect_timed_out)
         handle = self.handle = self.engine.start(
-            self.client.fileno(), self.pod.fileno(), initial, self.splice, True, self._on_end,
+            self.client.fileno(), self._pod_fd(), initial, self.splice, True, self._on_end,
             self._report if self.on_bytes is not None else None, self.acquired, self._connected,
         )
         self._arm_first_timer()
@@ -215,7 +219,7 @@ class NativeRelay:
             self.connect_timer.cancel()
             self.connect_timer = None
         self.timer_at = math.inf
-        self.pod.close()
+        self._close_pod(reset=False)
         if self.on_dial_failed is not None:
             self.on_dial_failed(code)
 
@@ -283,7 +287,24 @@ class NativeRelay:
             self.connect_timer = None
         if self.handle is not None:
             self.handle.abort()
-        close_sockets(self.client, self.pod, reset=reset)
+        if isinstance(self.pod, int):
+            close_sockets(self.client, reset=reset)
+            self._close_pod(reset=reset)
+        else:
+            close_sockets(self.client, self.pod, reset=reset)
+
+    def _pod_fd(self) -> int:
+        pod = self.pod
+        return pod if isinstance(pod, int) else pod.fileno()
+
+    def _close_pod(self, *, reset: bool) -> None:
+        """Close the pod's socket or fd (idempotent: a bare fd is closed once, then -1)."""
+        pod = self.pod
+        if not isinstance(pod, int):
+            close_sockets(pod, reset=reset)
+        elif pod >= 0:
+            self.pod = -1
+            close_fd(pod, reset=reset)
 
     def report(self) -> None:
         """The engine reports the last bytes when it stops (``close``): nothing is left here."""

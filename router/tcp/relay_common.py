@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import socket
 import struct
 from collections.abc import Callable
@@ -68,15 +69,24 @@ class RelayState:
     pod_to_client_bytes: int
 
 
-def close_sockets(client: socket.socket, pod: socket.socket, *, reset: bool) -> None:
-    """Close a relay's two sockets (idempotent); ``reset`` makes both peers see RST, not FIN."""
-    for sock in (client, pod):
+def close_sockets(*socks: socket.socket, reset: bool) -> None:
+    """Close a relay's sockets (idempotent); ``reset`` makes the peers see RST, not FIN."""
+    for sock in socks:
         if sock.fileno() < 0:
             continue
         if reset:
             with contextlib.suppress(OSError):
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, LINGER_RESET)
         sock.close()
+
+
+def close_fd(fd: int, *, reset: bool) -> None:
+    """``close_sockets`` for a bare socket fd (closed exactly once: the caller forgets it)."""
+    if reset:
+        with contextlib.suppress(OSError):  # else closed without the RST
+            close_sockets(socket.socket(fileno=fd), reset=True)
+            return
+    os.close(fd)
 
 
 class RunningRelay(Protocol):
