@@ -581,3 +581,45 @@ def test_an_engine_that_cannot_watch_a_socket_ends_the_relay(run: Runner, pump_i
         link.close_peers()
 
     run(scenario())
+
+
+@pytest.mark.parametrize("ending", ["completed", "cancelled"])
+def test_the_engine_closes_an_ended_relays_sockets_and_its_epoll_set_is_empty(
+    run: Runner, pump_in: str, ending: str
+) -> None:
+    """On the C engine the sockets of a relay that ends are closed by the engine (``close_fds``:
+    their close takes them out of its epoll set, no ``epoll_ctl``). The kernel's view of the set
+    (``/proc/self/fdinfo``) must be empty after, and each socket closed exactly once."""
+    if pump_in != "c":
+        pytest.skip("the C engine's own closing")
+
+    def in_epoll_set(epfd: int) -> list[str]:
+        with open(f"/proc/self/fdinfo/{epfd}") as info:
+            return [line for line in info if line.startswith("tfd:")]
+
+    async def scenario() -> None:
+        engine = native_relay_module.engine_for(asyncio.get_running_loop(), True)
+        assert engine is not None
+        link = Link()
+        fds = (link.relay_client.fileno(), link.relay_pod.fileno())
+        task = link.start()
+        await thread(link.client_peer.sendall, b"ping")
+        assert await thread(recv_exactly, link.pod_peer, 4) == b"ping"
+        assert len(in_epoll_set(engine.fileno())) == 2
+        if ending == "completed":
+            await thread(link.client_peer.shutdown, socket.SHUT_WR)
+            await thread(link.pod_peer.shutdown, socket.SHUT_WR)
+            assert (await finished(task)).outcome == "completed"
+        else:
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+        assert in_epoll_set(engine.fileno()) == [] and engine.watched == 0
+        assert link.relay_client.fileno() == link.relay_pod.fileno() == -1
+        for fd in fds:  # closed (nothing in this test opened an fd since)
+            with pytest.raises(OSError) as raised:
+                os.fstat(fd)
+            assert raised.value.errno == errno.EBADF
+        link.close_peers()
+
+    run(scenario())

@@ -285,13 +285,21 @@ class NativeRelay:
         if self.connect_timer is not None:
             self.connect_timer.cancel()
             self.connect_timer = None
-        if self.handle is not None:
-            self.handle.abort()
-        if isinstance(self.pod, int):
-            close_sockets(self.client, reset=reset)
-            self._close_pod(reset=reset)
-        else:
-            close_sockets(self.client, self.pod, reset=reset)
+        handle, client, pod = self.handle, self.client, self.pod
+        if handle is not None and client.fileno() >= 0 and (isinstance(pod, int) or pod.fileno() >= 0):
+            # Both still open: the engine closes them, which takes them out of its epoll set
+            # without an epoll_ctl each. The socket objects give their fds up first.
+            client.detach()
+            if isinstance(pod, int):
+                self.pod = -1
+            else:
+                pod.detach()
+            handle.close_fds(reset)
+            return
+        if handle is not None:
+            handle.abort()
+        close_sockets(client, reset=reset)
+        self._close_pod(reset=reset)
 
     def _pod_fd(self) -> int:
         pod = self.pod
