@@ -726,6 +726,59 @@ failed: {
     }
 }
 
+/* -- the accept ------------------------------------------------------------------------------ */
+/* accept(listen_fd, max) -> ([(fd, host, port), ...], errno): up to `max` connections, each a
+ * non-blocking, close-on-exec fd (accept4 flags: no ioctl after, and no socket object, whose
+ * constructor asks getsockname) with its peer's address as text. errno is 0 once the queue is
+ * empty, else what stopped the batch (EMFILE...: the caller pauses); a connection the client gave
+ * up while queued (ECONNABORTED) is skipped. The caller owns the fds. */
+static PyObject *module_accept(PyObject *Py_UNUSED(module), PyObject *args) {
+    int listener, most;
+    if (!PyArg_ParseTuple(args, "ii", &listener, &most))
+        return NULL;
+    PyObject *accepted = PyList_New(0);
+    if (accepted == NULL)
+        return NULL;
+    int error = 0;
+    for (int i = 0; i < most; i++) {
+        struct sockaddr_storage from;
+        socklen_t from_len = sizeof from;
+        int fd = accept4(listener, (struct sockaddr *)&from, &from_len, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0) {
+            if (errno == ECONNABORTED || errno == EINTR)
+                continue;
+            if (errno != EAGAIN && errno != EWOULDBLOCK)
+                error = errno;
+            break;
+        }
+        char host[INET6_ADDRSTRLEN] = "";
+        int port = 0;
+        if (from.ss_family == AF_INET) {
+            struct sockaddr_in *v4 = (struct sockaddr_in *)&from;
+            inet_ntop(AF_INET, &v4->sin_addr, host, sizeof host);
+            port = ntohs(v4->sin_port);
+        } else if (from.ss_family == AF_INET6) {
+            struct sockaddr_in6 *v6 = (struct sockaddr_in6 *)&from;
+            inet_ntop(AF_INET6, &v6->sin6_addr, host, sizeof host);
+            port = ntohs(v6->sin6_port);
+        }
+        PyObject *item = Py_BuildValue("(isi)", fd, host, port);
+        if (item == NULL || PyList_Append(accepted, item) < 0) {
+            Py_XDECREF(item);
+            close(fd);
+            Py_ssize_t n = PyList_GET_SIZE(accepted); /* the fds handed over so far: not leaked either */
+            for (Py_ssize_t j = 0; j < n; j++)
+                close((int)PyLong_AsLong(PyTuple_GET_ITEM(PyList_GET_ITEM(accepted, j), 0)));
+            Py_DECREF(accepted);
+            return NULL;
+        }
+        Py_DECREF(item);
+    }
+    PyObject *result = Py_BuildValue("(Oi)", accepted, error);
+    Py_DECREF(accepted);
+    return result;
+}
+
 /* -- Relay ---------------------------------------------------------------------------------- */
 static PyObject *relay_abort(RelayObject *r, PyObject *Py_UNUSED(ignored)) {
     if (!r->over) {
@@ -862,6 +915,7 @@ static PyTypeObject RelayType = {
 
 static PyMethodDef module_methods[] = {
     {"dial", module_dial, METH_VARARGS, "dial(address, port) -> (fd, connected): a non-blocking connect"},
+    {"accept", module_accept, METH_VARARGS, "accept(listen_fd, max) -> ([(fd, host, port)...], errno)"},
     {NULL, NULL, 0, NULL},
 };
 
