@@ -293,6 +293,40 @@ def test_a_hello_in_pieces_goes_on_in_a_task(run: Runner) -> None:
     run(main())
 
 
+def test_client_slots_are_held_by_fast_connections_and_follow_one_into_its_task(run: Runner) -> None:
+    """A per-client limit of 2 on the fast path (bare fds, the slot held by the connection's
+    ``Head``): a third connection is refused with an alert; a connection that leaves the path
+    for a task (its hello in pieces) takes its slot along; every slot is back at the end."""
+
+    async def main() -> None:
+        async with echo_pod() as pod_port, edge(pod_port, max_connections_per_client=2) as (router, metrics, port):
+            slots = router.clients.slots
+            first = await connect_with_hello(port)
+            assert await first[0].readexactly(len(HELLO)) == HELLO
+            sock = socket.create_connection(("127.0.0.1", port))
+            sock.sendall(HELLO[:10])
+            await asyncio.sleep(0.05)
+            assert len(router._tasks) == 1 and len(slots) == 2  # the task holds the slot it took
+            refused = await connect_with_hello(port)
+            assert (await asyncio.wait_for(refused[0].read(), 5.0))[:1] == bytes([TLS_ALERT])
+            refused[1].close()
+            sock.sendall(HELLO[10:])
+            reader, writer = await asyncio.open_connection(sock=sock)
+            assert await reader.readexactly(len(HELLO)) == HELLO
+            writer.close()
+            first[1].close()
+            await until(lambda: router.active_connections == 0)
+            assert len(slots) == 0
+            assert outcome(metrics, GrpcOutcome.COMPLETED) == 2
+            again = await connect_with_hello(port)  # the slots are reusable
+            assert await again[0].readexactly(len(HELLO)) == HELLO
+            again[1].close()
+            await until(lambda: router.active_connections == 0)
+            assert len(slots) == 0
+
+    run(main())
+
+
 def test_the_drain_cuts_fast_connections_and_counts_them(run: Runner) -> None:
     async def main() -> None:
         async with echo_pod() as pod_port, edge(pod_port) as (router, metrics, port):

@@ -6,7 +6,8 @@ callback on the listening socket accepts up to ``ACCEPT_BATCH`` connections, han
 ``accept()`` fails for lack of fds or memory the pending connection keeps the listener
 readable, so retrying at once would spin the loop and flood the log: the listener is paused
 for ``ACCEPT_PAUSE_ON_EXHAUSTION_MS`` instead (peeks time out and relays end meanwhile,
-freeing fds).
+freeing fds). With ``native_accept`` (the C relay's ``accept``, for the fast path) a batch is
+accepted in one call and each connection is handed over as its bare non-blocking fd.
 """
 
 from __future__ import annotations
@@ -14,11 +15,15 @@ from __future__ import annotations
 import asyncio
 import errno
 import logging
+import os
 import socket
 from collections.abc import Callable
 from typing import Any
 
 from router import constants as c
+
+NativeAccept = Callable[[int, int], tuple[list[tuple[int, str, int]], int]]
+"""``router.tcp._relay.accept``: (listening fd, most) -> ([(fd, host, port)...], errno or 0)."""
 
 log = logging.getLogger("router.tcp_router")  # pinned: operators filter logs by this name (the edge's)
 
@@ -30,20 +35,27 @@ class Acceptor:
     """One listening socket (SO_REUSEPORT, so ``--workers`` share it) feeding ``on_connection``."""
 
     def __init__(
-        self, on_connection: Callable[[socket.socket, Any], None], on_batch_end: Callable[[], None] | None = None
+        self,
+        on_connection: Callable[[socket.socket | int, Any], None],
+        on_batch_end: Callable[[], None] | None = None,
     ) -> None:
         self._on_connection = on_connection
         self._on_batch_end = on_batch_end
+        self._native_accept: NativeAccept | None = None
         self._listener: socket.socket | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._resume: asyncio.TimerHandle | None = None
         self._exhausted = False
 
-    def start(self, host: str, port: int, *, defer_accept_s: int = 0) -> tuple[str, int]:
+    def start(
+        self, host: str, port: int, *, defer_accept_s: int = 0, native_accept: NativeAccept | None = None
+    ) -> tuple[str, int]:
         """Bind and listen; returns the bound ``(host, port)``. ``defer_accept_s`` > 0: the kernel
         hands a connection over once its first bytes came, or after that many seconds of silence
-        (``TCP_DEFER_ACCEPT``, Linux; ignored where the option does not exist)."""
+        (``TCP_DEFER_ACCEPT``, Linux; ignored where the option does not exist). ``native_accept``:
+        connections are handed over as bare fds."""
         self._loop = asyncio.get_running_loop()
+        self._native_accept = native_accept
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -83,6 +95,9 @@ class Acceptor:
         listener = self._listener
         if listener is None:
             return
+        if self._native_accept is not None:
+            self._accept_fds(listener, self._native_accept)
+            return
         family = listener.family
         for _ in range(c.ACCEPT_BATCH):
             try:
@@ -93,17 +108,36 @@ class Acceptor:
             except ConnectionAbortedError:  # the client gave up while queued: next one
                 continue
             except OSError as exc:
-                if exc.errno in _RESOURCE_ERRNOS:
-                    self._pause(exc)
-                else:
-                    log.warning("accept failed: %s", exc)
+                self._failed(exc)
                 return
-            if self._exhausted:
-                self._exhausted = False
-                log.info("accepting again")
+            self._accepting_again()
             conn = socket.socket(family, socket.SOCK_STREAM, 0, fd)
             conn.setblocking(False)
             self._on_connection(conn, peer)
+
+    def _accept_fds(self, listener: socket.socket, native_accept: NativeAccept) -> None:
+        accepted, error = native_accept(listener.fileno(), c.ACCEPT_BATCH)
+        if accepted:
+            self._accepting_again()
+        on_connection = self._on_connection
+        for fd, host, port in accepted:
+            try:
+                on_connection(fd, (host, port))
+            except Exception:  # a bug: the batch's other connections are handed over all the same
+                log.exception("unexpected error taking connection fd %d from %s", fd, host)
+        if error:
+            self._failed(OSError(error, os.strerror(error)))
+
+    def _accepting_again(self) -> None:
+        if self._exhausted:
+            self._exhausted = False
+            log.info("accepting again")
+
+    def _failed(self, exc: OSError) -> None:
+        if exc.errno in _RESOURCE_ERRNOS:
+            self._pause(exc)
+        else:
+            log.warning("accept failed: %s", exc)
 
     def _pause(self, exc: OSError) -> None:
         assert self._loop is not None and self._listener is not None

@@ -96,7 +96,7 @@ class ClientIntake:
         self.accept_proxy_protocol = accept_proxy_protocol
         self._trusted = TrustedSources(trusted)
         self.slots = ClientSlots(max_per_client)
-        """Held per connection socket; the edge releases a connection's slot when it ends."""
+        """Held per connection (its socket; the fast path's ``Head``); released when it ends."""
         self._unlimited = not self.slots.table.enabled
 
     async def identify(self, conn: socket.socket, peer: Peer) -> Intake:
@@ -108,12 +108,13 @@ class ClientIntake:
             raise ProxyHeaderError("untrusted PROXY source: closed unread")
         return self._limited(conn, await read_proxy_header(conn, peer))
 
-    def identify_peer(self, conn: socket.socket, peer: Peer) -> Intake:
-        """``identify`` without a PROXY header: the client is the peer (nothing to wait for)."""
+    def identify_peer(self, owner: object, peer: Peer) -> Intake:
+        """``identify`` without a PROXY header: the client is the peer (nothing to wait for).
+        ``owner`` holds the slot (the connection's socket, or the fast path's ``Head``)."""
         intake = Intake(peer, b"")
-        return intake if self._unlimited else self._limited(conn, intake)
+        return intake if self._unlimited else self._limited(owner, intake)
 
-    def _limited(self, conn: socket.socket, intake: Intake) -> Intake:
-        if self.slots.take(conn, intake.client[0]):
+    def _limited(self, owner: object, intake: Intake) -> Intake:
+        if self.slots.take(owner, intake.client[0]):
             return intake
         return Intake(intake.client, intake.first_bytes, intake.via, within_limit=False)

@@ -98,7 +98,8 @@ class TcpRouter:
         if engine is not None and not self._settings.accept_proxy_protocol:
             self._fast = FastPath(self, self._loop, engine)
         defer_s = c.TCP_DEFER_ACCEPT_S if self._settings.defer_accept else 0
-        return self._acceptor.start(host, port, defer_accept_s=defer_s)
+        native_accept = self._fast.native_accept if self._fast is not None else None
+        return self._acceptor.start(host, port, defer_accept_s=defer_s, native_accept=native_accept)
 
     @property
     def settings(self) -> TcpRouterSettings:
@@ -145,13 +146,16 @@ class TcpRouter:
         if self._fast is not None:
             self._fast.launch()
 
-    def _on_connection(self, conn: socket.socket, peer: Any) -> None:
+    def _on_connection(self, conn: socket.socket | int, peer: Any) -> None:
+        """An accepted connection: a bare fd when the fast path accepts (``FastPath.native_accept``)."""
         assert self._loop is not None
         head = None
-        if self._fast is not None:
+        if isinstance(conn, int):
+            assert self._fast is not None  # its accept is the only one handing over bare fds
             head = self._fast.serve(conn, peer)
             if head is None:
                 return  # to be relayed at the batch's end (or being refused) without a task
+            conn = self._fast.adopt(conn, head)
         self.spawn(self._serve(conn, peer, head))
 
     def spawn(self, work: Coroutine[Any, Any, None]) -> None:

@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import logging
+import os
 import socket
 import time
 from collections.abc import Coroutine
@@ -53,9 +54,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("router.tcp_router")  # pinned: operators filter logs by this name (the edge's)
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class Head:
-    """A connection's state so far, for the edge's task to go on from."""
+    """A connection's state so far, for the edge's task to go on from (hashed by identity: it
+    holds the client's slot on this path)."""
 
     started: float
     record: AccessRecord
@@ -96,10 +98,11 @@ class Edge(Protocol):
     ) -> None: ...
 
 
-def read_now(conn: socket.socket, first: FirstBytes) -> Peeked | None:
-    """Feed ``first`` what the socket holds already, without waiting; None if nothing came yet."""
+def read_now(conn: socket.socket | int, first: FirstBytes) -> Peeked | None:
+    """Feed ``first`` what the socket (or bare socket fd) holds already, without waiting; None if
+    nothing came yet."""
     try:
-        data = conn.recv(c.MAX_PEEK_BYTES)
+        data = os.read(conn, c.MAX_PEEK_BYTES) if isinstance(conn, int) else conn.recv(c.MAX_PEEK_BYTES)
     except (BlockingIOError, InterruptedError):
         return None
     return first.feed(data)
@@ -109,7 +112,7 @@ def read_now(conn: socket.socket, first: FirstBytes) -> Peeked | None:
 class _Dial:
     """A connection decided and waiting for its batch's dials (``FastPath.launch``)."""
 
-    conn: socket.socket
+    conn: int
     peer: tuple[Any, ...]
     head: Head
     peeked: Peeked
@@ -123,7 +126,7 @@ class _Connection:
     __slots__ = ("accepted", "conn", "decided", "head", "path", "peeked", "relay", "target")
 
     def __init__(
-        self, path: FastPath, conn: socket.socket, head: Head, peeked: Peeked, target: Target, decided: float,
+        self, path: FastPath, conn: int, head: Head, peeked: Peeked, target: Target, decided: float,
         relay: NativeRelay,
     ) -> None:
         self.path, self.conn, self.head, self.peeked = path, conn, head, peeked
@@ -151,7 +154,7 @@ class _Connection:
         path.series.active.dec()
         edge = path.edge
         edge.relay_ended(ProtocolLabel.TLS, self.head.record, result)
-        edge.clients.slots.release(self.conn)
+        edge.clients.slots.release(self.head)
         self.relay.unlink()
 
     def dial_failed(self, code: int) -> None:
@@ -159,9 +162,10 @@ class _Connection:
         path = self.path
         path.forget(self)
         self.head.record.probe = None
+        conn = path.adopt(self.relay.take_client(), self.head)
         self.relay.unlink()
         rej = Rejected(Refusal.DIAL_FAILED, str(dial_error(self.target, code)), self.target.pod_name)
-        path.edge.spawn(path.edge.refuse_dial(self.conn, self.head, self.peeked, rej))
+        path.edge.spawn(path.edge.refuse_dial(conn, self.head, self.peeked, rej))
 
     def cut(self) -> None:
         """The drain ran out: cut as the task's path cuts (RST once relaying, else a close)."""
@@ -176,23 +180,26 @@ class _Connection:
             self.relay.close(reset=False)
             record.probe = None
             edge.end(record, self.head.progress, None, Termination.DRAIN)
-        edge.clients.slots.release(self.conn)
+        edge.clients.slots.release(self.head)
         self.relay.unlink()
 
 
 class FastPath:
     """TLS connections relayed without a task (see the module's docstring)."""
 
-    __slots__ = ("_connections", "_dials", "_engine", "_loop", "_native_dial", "accepted", "edge", "idle", "series")
+    __slots__ = ("_connections", "_dials", "_engine", "_loop", "_native_dial", "accepted", "edge", "idle",
+                 "native_accept", "series")
 
     def __init__(self, edge: Edge, loop: asyncio.AbstractEventLoop, engine: Engine) -> None:
         self.edge = edge
         self.series = edge.series(ProtocolLabel.TLS)
         self.accepted = edge.outcome_series(ProtocolLabel.TLS, GrpcOutcome.ACCEPTED)
         self._loop, self._engine = loop, engine
-        from router.tcp._relay import dial  # built: this path exists only with the C relay
+        from router.tcp._relay import accept, dial  # built: this path exists only with the C relay
 
         self._native_dial = dial
+        self.native_accept = accept
+        """The listener's accept for this path: bare non-blocking fds (``Acceptor.start``)."""
         self._dials: list[_Dial] = []
         """Decided, to dial at the accept batch's end (``launch``)."""
         self._connections: dict[_Connection, None] = {}
@@ -213,9 +220,9 @@ class FastPath:
         for connection in list(self._connections):
             connection.cut()
 
-    def serve(self, conn: socket.socket, peer: tuple[Any, ...]) -> Head | None:
-        """Queue ``conn``'s dial if it is the usual TLS connection (``launch`` relays it); else
-        what was read, for the task."""
+    def serve(self, conn: int, peer: tuple[Any, ...]) -> Head | None:
+        """Queue the dial of ``conn`` (a bare fd from ``native_accept``) if it is the usual TLS
+        connection (``launch`` relays it); else what was read, for the task (``adopt``)."""
         head = self.edge.open_connection(peer)
         try:
             return self._serve(conn, peer, head)
@@ -223,16 +230,24 @@ class FastPath:
             self._failed(conn, peer, head)
             return None
 
-    def _failed(self, conn: socket.socket, peer: tuple[Any, ...], head: Head) -> None:
+    def _failed(self, conn: int, peer: tuple[Any, ...], head: Head) -> None:
         """A bug before the relay took the sockets: this connection is closed and its line ended."""
         log.exception("unexpected error serving %s", peer)
-        conn.close()
+        os.close(conn)
         self.edge.end(head.record, head.progress, None, Termination.ROUTER_ERROR)
-        self.edge.clients.slots.release(conn)
+        self.edge.clients.slots.release(head)
 
-    def _serve(self, conn: socket.socket, peer: tuple[Any, ...], head: Head) -> Head | None:
+    def adopt(self, conn: int, head: Head) -> socket.socket:
+        """A socket object for a connection leaving this path (the task goes on with it); its
+        client's slot, held by ``head`` here, moves to it."""
+        sock = socket.socket(fileno=conn)
+        sock.setblocking(False)  # the fd is non-blocking already; the object must know it
+        self.edge.clients.slots.move(head, sock)
+        return sock
+
+    def _serve(self, conn: int, peer: tuple[Any, ...], head: Head) -> Head | None:
         edge = self.edge
-        intake = head.intake = edge.clients.identify_peer(conn, (peer[0], peer[1]))
+        intake = head.intake = edge.clients.identify_peer(head, (peer[0], peer[1]))
         try:
             peeked = head.peeked = read_now(conn, head.first)
         except Rejected as rej:
@@ -263,7 +278,7 @@ class FastPath:
                 pod, connected = self._dial(dial.target)
             except DialError as exc:
                 refused = Rejected(Refusal.DIAL_FAILED, str(exc), dial.target.pod_name)
-                edge.spawn(edge.refuse_dial(dial.conn, dial.head, dial.peeked, refused))
+                edge.spawn(edge.refuse_dial(self.adopt(dial.conn, dial.head), dial.head, dial.peeked, refused))
                 continue
             except Exception:  # a bug must cost one connection, never the batch
                 self._failed(dial.conn, dial.peer, dial.head)
@@ -312,7 +327,7 @@ class FastPath:
                 series.active.dec()
             outcome = GrpcOutcome.RELAY_ERROR if connection.accepted else None
             edge.end(record, head.progress, outcome, Termination.ROUTER_ERROR)
-            edge.clients.slots.release(conn)
+            edge.clients.slots.release(head)
             relay.unlink()
             return None
         if connection in self._connections:  # not over already

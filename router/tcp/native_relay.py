@@ -112,6 +112,29 @@ def _make_engine(loop: asyncio.AbstractEventLoop) -> Engine:
     return engine
 
 
+def _fd(side: socket.socket | int) -> int:
+    """A relay side's fd: a bare fd, or its socket's (-1 once closed either way)."""
+    return side if isinstance(side, int) else side.fileno()
+
+
+def _given_up(side: socket.socket | int) -> socket.socket | int:
+    """The side once its fd is someone else's to close (a socket object detached, a bare fd -1)."""
+    if isinstance(side, int):
+        return -1
+    side.detach()
+    return side
+
+
+def _closed(side: socket.socket | int, *, reset: bool) -> socket.socket | int:
+    """The side once closed (idempotent; a bare fd is closed once, then -1)."""
+    if isinstance(side, int):
+        if side >= 0:
+            close_fd(side, reset=reset)
+        return -1
+    close_sockets(side, reset=reset)
+    return side
+
+
 def _describe(code: int) -> str:
     return errno.errorcode.get(code, str(code))
 
@@ -126,7 +149,7 @@ class NativeRelay:
         self,
         loop: asyncio.AbstractEventLoop,
         engine: Engine,
-        client: socket.socket,
+        client: socket.socket | int,
         pod: socket.socket | int,
         splice: bool,
         idle_timeout_s: float,
@@ -135,8 +158,8 @@ class NativeRelay:
         self.loop, self.engine = loop, engine
         self.client = client
         self.pod = pod
-        """The pod's socket, or its bare fd (the fast path's C dial): then this relay closes it
-        and sets it to -1."""
+        """Each side: its socket, or its bare fd (the fast path: C accept and dial), which this
+        relay closes once and then sets to -1."""
         self.splice = splice
         self.idle_s = idle_timeout_s if idle_timeout_s > 0 and math.isfinite(idle_timeout_s) else math.inf
         self.on_bytes = on_bytes
@@ -169,7 +192,7 @@ class NativeRelay:
         """Hand both sockets to the engine (it writes ``initial`` at once); the live handle."""
         LIVE.add(self)
         handle = self.handle = self.engine.start(
-            self.client.fileno(), self._pod_fd(), initial, self.splice, False, self._on_end,
+            _fd(self.client), _fd(self.pod), initial, self.splice, False, self._on_end,
             self._report if self.on_bytes is not None else None, self.acquired, None,
         )
         self._arm_first_timer()
@@ -190,7 +213,7 @@ class NativeRelay:
         self.on_connected, self.on_dial_failed = on_connected, on_dial_failed
         self.connect_timer = self.loop.call_later(timeout_s, self._connect_timed_out)
         handle = self.handle = self.engine.start(
-            self.client.fileno(), self._pod_fd(), initial, self.splice, True, self._on_end,
+            _fd(self.client), _fd(self.pod), initial, self.splice, True, self._on_end,
             self._report if self.on_bytes is not None else None, self.acquired, self._connected,
         )
         self._arm_first_timer()
@@ -219,7 +242,7 @@ class NativeRelay:
             self.connect_timer.cancel()
             self.connect_timer = None
         self.timer_at = math.inf
-        self._close_pod(reset=False)
+        self.pod = _closed(self.pod, reset=False)
         if self.on_dial_failed is not None:
             self.on_dial_failed(code)
 
@@ -286,33 +309,21 @@ class NativeRelay:
             self.connect_timer.cancel()
             self.connect_timer = None
         handle, client, pod = self.handle, self.client, self.pod
-        if handle is not None and client.fileno() >= 0 and (isinstance(pod, int) or pod.fileno() >= 0):
+        if handle is not None and _fd(client) >= 0 and _fd(pod) >= 0:
             # Both still open: the engine closes them, which takes them out of its epoll set
-            # without an epoll_ctl each. The socket objects give their fds up first.
-            client.detach()
-            if isinstance(pod, int):
-                self.pod = -1
-            else:
-                pod.detach()
+            # without an epoll_ctl each. The sockets' objects give their fds up first.
+            self.client, self.pod = _given_up(client), _given_up(pod)
             handle.close_fds(reset)
             return
         if handle is not None:
             handle.abort()
-        close_sockets(client, reset=reset)
-        self._close_pod(reset=reset)
+        self.client, self.pod = _closed(client, reset=reset), _closed(pod, reset=reset)
 
-    def _pod_fd(self) -> int:
-        pod = self.pod
-        return pod if isinstance(pod, int) else pod.fileno()
-
-    def _close_pod(self, *, reset: bool) -> None:
-        """Close the pod's socket or fd (idempotent: a bare fd is closed once, then -1)."""
-        pod = self.pod
-        if not isinstance(pod, int):
-            close_sockets(pod, reset=reset)
-        elif pod >= 0:
-            self.pod = -1
-            close_fd(pod, reset=reset)
+    def take_client(self) -> int:
+        """The client's bare fd, which this relay forgets (a failed dial's client, to answer)."""
+        fd = _fd(self.client)
+        self.client = _given_up(self.client)
+        return fd
 
     def report(self) -> None:
         """The engine reports the last bytes when it stops (``close``): nothing is left here."""
