@@ -15,6 +15,8 @@ without its access line); ``--haproxy-log`` has HAProxy log each connection too 
 on stdout), so that both write a line per connection. ``--perf DIR`` records each box with
 ``perf record -g`` in turn and writes ``perf report`` by symbol: the kernel's side of the
 comparison (whose wake-ups of the pod and the clients each box pays for, on loopback).
+``--peers`` adds the pod's and the clients' CPU per connection under each box: a box that
+batches its sends to them differently changes what they spend, and so the rate.
 
     python -m bench.conn_profile --rounds 6
     python -m bench.conn_profile --rounds 6 --baseline /tmp/main-tree
@@ -76,13 +78,23 @@ _CONCURRENCY = [RATE_CONCURRENCY]
 """Connections at a time across the clients (``--concurrency``)."""
 
 
+_PEERS: list[Agent] = []
+"""The pod and the clients, whose CPU per connection ``--peers`` reports under each box."""
+_PEER_CPU: dict[tuple[str, int], list[float]] = {}
+"""Per box address: the peers' CPU seconds per connection of each round."""
+
+
 def _run(clients: list[Agent], box: Box, seconds: float, message: bytes) -> tuple[int, float, float]:
     """Connections done, and the box's user and system CPU seconds meanwhile."""
     (addr, pid), per_client = box, max(1, _CONCURRENCY[0] // len(clients))
     user0, sys0 = cpu_split(pid)
+    peers0 = [sum(cpu_split(peer.pid)) for peer in _PEERS]
     answers = call_all(clients, connection_rate, [(addr, seconds, per_client, message)] * len(clients))
     user1, sys1 = cpu_split(pid)
     done = sum(a[0] for a in answers)
+    if _PEERS:
+        peers = sum(sum(cpu_split(peer.pid)) for peer in _PEERS) - sum(peers0)
+        _PEER_CPU.setdefault(addr, []).append(peers / max(done, 1))
     return done, user1 - user0, sys1 - sys0
 
 
@@ -131,6 +143,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--baseline", type=Path, help="also run the router of this source tree")
     p.add_argument("--strace", action="store_true", help="system calls per connection instead of CPU")
     p.add_argument("--py-spy", type=Path, help="record a py-spy raw profile of the router here")
+    p.add_argument("--peers", action="store_true",
+                   help="also the pod's and the clients' CPU per connection under each box (how it batches for them)")
     p.add_argument("--perf", type=Path, help="perf-record each box (kernel and user symbols) into this directory")
     p.add_argument("--router-args", default="", help="extra router flags, space-separated")
     p.add_argument("--callbacks", action="store_true", help="the router alone: its CPU split by callback")
@@ -148,6 +162,8 @@ def main(argv: list[str] | None = None) -> int:
     clients = [Agent(f"rate-client-{i}") for i in range(RATE_CLIENTS)]
     try:
         port = pod.call(start_echo_pod, POD_HOST)
+        if args.peers:
+            _PEERS[:] = [pod, *clients]
         with contextlib.ExitStack() as stack:
             extra = args.router_args.split()
             rows = [(POD, POD_HOST, port, 1)]
@@ -180,6 +196,8 @@ def main(argv: list[str] | None = None) -> int:
                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                 time.sleep(1.0)
             results: dict[str, list[tuple[float, float, float]]] = {n: [] for n in boxes}
+            boxes_addr = {name: box[0] for name, box in boxes.items()}
+            _PEER_CPU.clear()  # the warm-up's rounds are not measured
             names = list(boxes)
             for r in range(args.rounds):
                 for name in names[r % len(names):] + names[: r % len(names)]:
@@ -196,7 +214,9 @@ def main(argv: list[str] | None = None) -> int:
         rate = statistics.median(row[0] for row in rows)
         cpu = statistics.median(row[1] + row[2] for row in rows)
         user = statistics.median(row[1] for row in rows)
-        print(f"{name:9s} {rate:7.0f} conn/s  {cpu:6.1f} us CPU per connection (user {user:5.1f})")
+        peers = _PEER_CPU.get(boxes_addr[name], [])
+        beside = f"; the pod and clients: {statistics.median(peers) * 1e6:6.1f} us" if peers else ""
+        print(f"{name:9s} {rate:7.0f} conn/s  {cpu:6.1f} us CPU per connection (user {user:5.1f}){beside}")
     if "baseline" in results:
         ratios = [(a[1] + a[2]) / (b[1] + b[2]) for a, b in zip(results["router"], results["baseline"], strict=True)]
         print(f"router/baseline CPU per connection, median of the rounds: {statistics.median(ratios):.3f}")
