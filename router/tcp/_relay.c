@@ -69,6 +69,7 @@ typedef struct {
     int over;
     int first_eof;              /* FIRST_EOF_NONE, CLIENT_TO_POD (client's FIN) or POD_TO_CLIENT */
     int connecting;             /* the pod's connect(2) is in progress: only its EPOLLOUT is watched */
+    int end_error, end_way;     /* an end held until its dispatch has pumped every ready relay */
     Way w[2];
     PyObject *on_end, *on_bytes, *on_acquired, *on_connected;
 } RelayObject;
@@ -85,6 +86,8 @@ struct EngineObject {
     int dispatching;
     RelayObject **graveyard;    /* relays ended during a dispatch: released after it */
     Py_ssize_t dead, dead_cap;
+    RelayObject **ending;       /* relays ended during a dispatch: their on_end called after its pumping */
+    Py_ssize_t ended, ending_cap;
     Py_ssize_t live;
     Py_ssize_t watched;         /* fds in the epoll set (tests: nothing outlives its relay) */
 };
@@ -385,16 +388,8 @@ static void drop_callbacks(RelayObject *r) {
     Py_CLEAR(r->on_connected);
 }
 
-/* error: 0 when both directions ended, else the errno of direction `way`'s failure */
-static void end(RelayObject *r, int error, int way) {
-    if (r->over)
-        return;
-    stop(r);
-    /* A failure's on_end may close one fd itself (a dial's failure keeps the client's to answer):
-     * out of the set first. A clean end's on_end closes both through close_fds, whose close takes
-     * them out of the set: nothing is left to unwatch after it then. */
-    if (error)
-        unwatch(r);
+/* The end's Python side: on_end, then the fds out of the epoll set unless on_end closed them. */
+static void finish_end(RelayObject *r, int error, int way) {
     PyObject *on_end = r->on_end;
     r->on_end = NULL;
     if (on_end != NULL) {
@@ -405,6 +400,38 @@ static void end(RelayObject *r, int error, int way) {
     unwatch(r);
     drop_callbacks(r);
     bury(r);
+}
+
+/* error: 0 when both directions ended, else the errno of direction `way`'s failure. During a
+ * dispatch, on_end waits until every ready relay has been pumped: the accounting of the relays
+ * that end (tens of microseconds of Python each) does not delay the bytes of the others. */
+static void end(RelayObject *r, int error, int way) {
+    if (r->over)
+        return;
+    stop(r);
+    /* A failure's on_end may close one fd itself (a dial's failure keeps the client's to answer):
+     * out of the set first. A clean end's on_end closes both through close_fds, whose close takes
+     * them out of the set: nothing is left to unwatch after it then. */
+    if (error)
+        unwatch(r);
+    EngineObject *e = r->engine;
+    if (e->dispatching) {
+        if (e->ended == e->ending_cap) {
+            Py_ssize_t cap = e->ending_cap ? e->ending_cap * 2 : 64;
+            RelayObject **grown = PyMem_Realloc(e->ending, (size_t)cap * sizeof *grown);
+            if (grown == NULL) {
+                finish_end(r, error, way); /* no room to hold it: ended now */
+                return;
+            }
+            e->ending = grown;
+            e->ending_cap = cap;
+        }
+        r->end_error = error;
+        r->end_way = way;
+        e->ending[e->ended++] = r;
+        return;
+    }
+    finish_end(r, error, way);
 }
 
 /* The pod's connect finished: a failure ends the relay (way CONNECT), else both ways start. */
@@ -469,6 +496,11 @@ static PyObject *engine_dispatch(EngineObject *e, PyObject *Py_UNUSED(ignored)) 
         if (!r->over)
             rewatch(r, reads);
     }
+    for (Py_ssize_t i = 0; i < e->ended; i++) { /* an end queued meanwhile is taken in its turn */
+        RelayObject *r = e->ending[i];
+        finish_end(r, r->end_error, r->end_way);
+    }
+    e->ended = 0;
     e->dispatching--;
     for (Py_ssize_t i = 0; i < e->dead; i++)
         Py_DECREF(e->graveyard[i]);
@@ -627,6 +659,7 @@ static void engine_dealloc(EngineObject *e) {
     PyMem_Free(e->scratch);
     PyMem_Free(e->events);
     PyMem_Free(e->graveyard);
+    PyMem_Free(e->ending);
     Py_TYPE(e)->tp_free((PyObject *)e);
 }
 
