@@ -11,7 +11,12 @@
  * errno, the failing direction and the TCP states), when to close the sockets (the fds are
  * Python's: this module closes them only when told to, by close_fds), the metrics. Python is called back only when a relay ends
  * (on_end(relay, errno or 0, failing direction, first end of stream, client->pod done, pod->client done)),
- * has carried report_bytes more (on_bytes) or takes a pipe (on_acquired).
+ * has carried report_bytes more (on_bytes) or takes a pipe (on_acquired). A dispatch tells the ends
+ * it found only once it has pumped every ready relay (see end()).
+ *
+ * Beside the pump, for router/tcp/fast_path.py: accept() and dial(), the edge's accept4(2) and
+ * connect(2) handing over bare fds, without the Python socket objects whose constructor asks
+ * getsockname(2) and whose mode needs an ioctl(2).
  *
  * A relay may start while the pod's connect(2) is still in progress (the fast path's dial,
  * router/tcp/fast_path.py): then only the pod's EPOLLOUT is watched and the peeked bytes wait in

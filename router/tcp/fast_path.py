@@ -3,16 +3,19 @@
 Why: on the usual connection (a worker's TLS ClientHello, read with the connection) the task,
 its coroutine steps, the relay's future and their loop rounds are interpreter time spent on
 nothing but waiting (2-4% of a connection's CPU on the bench, 0.96-0.98x; bench/README). Here
-the accept callback itself reads the hello, routes, starts the dial and hands both sockets to
-the C pump (``native_relay``), which waits for the connect if it is still in progress; the
-pump's end callback counts and writes the access line. Nothing else differs: the same parse,
-decision, dial, relay, metrics, termination causes and access line as ``edge.TcpRouter._serve``.
+the accept callback itself reads the hello, routes, starts the dial and hands both fds to the C
+pump (``native_relay``), which waits for the connect if it is still in progress; the pump's end
+callback counts and writes the access line. Nothing else differs: the same parse, decision,
+dial, relay, metrics, termination causes and access line as ``edge.TcpRouter._serve``. The
+connection and the pod are bare fds here (``_relay.accept`` and ``_relay.dial``: no socket
+objects, whose constructor asks ``getsockname`` and whose mode an ``ioctl`` sets), the client's
+slot is held by the connection's ``Head``, and the engine closes both fds at the end.
 
 Anything else leaves this path as soon as it is seen, with what was read so far (``Head``), for
-the edge's task to go on from: first bytes not all there yet, h2c (its SETTINGS exchange and
-filter), a malformed hello, a client over its limit, a routing refusal; a dial that fails is
-answered by a task too. It is used only when the C pump is there and no PROXY header is
-expected (``TcpRouter.start``).
+the edge's task to go on from (``adopt``: a socket object, and the slot moved to it): first
+bytes not all there yet, h2c (its SETTINGS exchange and filter), a malformed hello, a client
+over its limit, a routing refusal; a dial that fails is answered by a task too. It is used only
+when the C pump is there and no PROXY header is expected (``TcpRouter.start``).
 
 The dials of one accept batch go out together (``serve`` queues, ``launch`` dials them all, then
 starts their relays). On loopback or the same host, each connect and each first send runs the

@@ -4,11 +4,13 @@ Why: on a short connection the Python pump (``pump``, ``poller``) costs a readin
 a few objects per wake-up and direction; the C engine pumps every ready relay of a loop in one
 call (a connection's CPU 0.855x on the bench, ~15 us less; bench/README). Only the pumping
 moved: this module keeps the relay's policy exactly as ``relay._Relay`` has it (the idle timer
-armed late and lazily, quiet pipes given back, who ended the connection, closing the sockets,
-``on_bytes``, the live view), so a connection ends the same way, with the same counts, on
-either path. ``relay.relay`` chooses: C when it is built,
-``NO_EXTENSIONS_ENV`` is unset and no client filter is asked for (h2c's SETTINGS-ACK stripper
-needs to see bytes, so h2c stays on the Python pump).
+armed late and lazily, quiet pipes given back, who ended the connection, when to close the
+sockets, ``on_bytes``, the live view), so a connection ends the same way, with the same counts,
+on either path. The engine does the closing itself when told (``close_fds``: a closed fd leaves
+its epoll set without an ``epoll_ctl``), and each side may be a socket object or a bare fd.
+``relay.relay`` chooses: C when it is built, ``NO_EXTENSIONS_ENV`` is unset and no client
+filter is asked for (h2c's SETTINGS-ACK stripper needs to see bytes, so h2c stays on the
+Python pump).
 """
 
 from __future__ import annotations
