@@ -34,13 +34,9 @@ _RESOURCE_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.E
 class Acceptor:
     """One listening socket (SO_REUSEPORT, so ``--workers`` share it) feeding ``on_connection``."""
 
-    def __init__(
-        self,
-        on_connection: Callable[[socket.socket | int, Any], None],
-        on_batch_end: Callable[[], None] | None = None,
-    ) -> None:
+    def __init__(self, on_connection: Callable[[socket.socket | int, Any], None]) -> None:
         self._on_connection = on_connection
-        self._on_batch_end = on_batch_end
+        self._on_batch_end: Callable[[], None] | None = None
         self._native_accept: NativeAccept | None = None
         self._listener: socket.socket | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -48,14 +44,15 @@ class Acceptor:
         self._exhausted = False
 
     def start(
-        self, host: str, port: int, *, defer_accept_s: int = 0, native_accept: NativeAccept | None = None
+        self, host: str, port: int, *, defer_accept_s: int = 0, native_accept: NativeAccept | None = None,
+        on_batch_end: Callable[[], None] | None = None,
     ) -> tuple[str, int]:
         """Bind and listen; returns the bound ``(host, port)``. ``defer_accept_s`` > 0: the kernel
         hands a connection over once its first bytes came, or after that many seconds of silence
         (``TCP_DEFER_ACCEPT``, Linux; ignored where the option does not exist). ``native_accept``:
-        connections are handed over as bare fds."""
+        connections are handed over as bare fds; ``on_batch_end`` after each batch."""
         self._loop = asyncio.get_running_loop()
-        self._native_accept = native_accept
+        self._native_accept, self._on_batch_end = native_accept, on_batch_end
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

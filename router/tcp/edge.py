@@ -1,11 +1,11 @@
 """The TCP edge: accept worker connections, peek the hostname, dial the pod, splice.
 
-The first bytes decide, with no configuration: a TLS ClientHello is routed by its SNI,
-an HTTP/2 prior-knowledge (h2c) connection by the ``:authority`` of its first request.
-The parsers are sans-IO (``first_bytes`` over ``tls_peek``, ``h2c_peek``) and the choice of pod is
-``router.routing``'s; this module owns the listener, the timeouts and the order of events:
-``client_intake`` (the PROXY header, the per-client slot), peek, decide, ``dial``, then
-``relay`` (through ``settings_ack`` for h2c), or ``rejection``.
+The first bytes decide, with no configuration: a TLS ClientHello is routed by its SNI, an HTTP/2
+prior-knowledge (h2c) connection by the ``:authority`` of its first request. The parsers are
+sans-IO (``first_bytes`` over ``tls_peek``, ``h2c_peek``), the choice of pod is ``router.routing``'s;
+this module owns the listener, the timeouts and the order of events: ``client_intake`` (the PROXY
+header, the per-client slot), peek, decide, ``dial``, then ``relay`` (``settings_ack`` for h2c) or
+``rejection``; the usual TLS connection takes ``fast_path`` instead, without a task.
 """
 
 from __future__ import annotations
@@ -81,12 +81,11 @@ class TcpRouter:
         self._clients = ClientIntake(
             settings.accept_proxy_protocol, settings.proxy_protocol_trusted_cidrs, settings.max_connections_per_client
         )
-        self._acceptor = Acceptor(self._on_connection, self._on_batch_end)
+        self._acceptor = Acceptor(self._on_connection)
         self._tasks: set[asyncio.Task[None]] = set()
         self._round_robin = RoundRobin()
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._fast: FastPath | None = None
-        """The task-free path of TLS connections (C pump, no PROXY header): ``fast_path``."""
+        self._fast: FastPath | None = None  # the task-free path of TLS (C pump, no PROXY header)
 
     @property
     def active_connections(self) -> int:
@@ -95,11 +94,13 @@ class TcpRouter:
     async def start(self, host: str, port: int) -> tuple[str, int]:
         self._loop = asyncio.get_running_loop()
         engine = engine_for(self._loop, None)
-        if engine is not None and not self._settings.accept_proxy_protocol:
-            self._fast = FastPath(self, self._loop, engine)
         defer_s = c.TCP_DEFER_ACCEPT_S if self._settings.defer_accept else 0
-        native_accept = self._fast.native_accept if self._fast is not None else None
-        return self._acceptor.start(host, port, defer_accept_s=defer_s, native_accept=native_accept)
+        if engine is None or self._settings.accept_proxy_protocol:
+            return self._acceptor.start(host, port, defer_accept_s=defer_s)
+        fast = self._fast = FastPath(self, self._loop, engine)
+        return self._acceptor.start(
+            host, port, defer_accept_s=defer_s, native_accept=fast.native_accept, on_batch_end=fast.launch
+        )
 
     @property
     def settings(self) -> TcpRouterSettings:
@@ -142,18 +143,12 @@ class TcpRouter:
         if tasks:
             await asyncio.wait(tasks, timeout=5.0)
 
-    def _on_batch_end(self) -> None:
-        if self._fast is not None:
-            self._fast.launch()
-
     def _on_connection(self, conn: socket.socket | int, peer: Any) -> None:
         """An accepted connection: a bare fd when the fast path accepts (``FastPath.native_accept``)."""
-        assert self._loop is not None
         head = None
         if isinstance(conn, int):
             assert self._fast is not None  # its accept is the only one handing over bare fds
-            head = self._fast.serve(conn, peer)
-            if head is None:
+            if (head := self._fast.serve(conn, peer)) is None:
                 return  # to be relayed at the batch's end (or being refused) without a task
             conn = self._fast.adopt(conn, head)
         self.spawn(self._serve(conn, peer, head))
