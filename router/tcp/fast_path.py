@@ -126,13 +126,12 @@ class _Dial:
 class _Connection:
     """One connection on this path, from its dial to its relay's end."""
 
-    __slots__ = ("accepted", "conn", "decided", "head", "path", "peeked", "relay", "target")
+    __slots__ = ("accepted", "decided", "head", "path", "peeked", "relay", "target")
 
     def __init__(
-        self, path: FastPath, conn: int, head: Head, peeked: Peeked, target: Target, decided: float,
-        relay: NativeRelay,
+        self, path: FastPath, head: Head, peeked: Peeked, target: Target, decided: float, relay: NativeRelay
     ) -> None:
-        self.path, self.conn, self.head, self.peeked = path, conn, head, peeked
+        self.path, self.head, self.peeked = path, head, peeked
         self.target, self.decided, self.relay = target, decided, relay
         self.accepted = False
 
@@ -310,7 +309,7 @@ class FastPath:
             self._loop, self._engine, conn, pod, settings.use_splice is not False, settings.relay_idle_timeout_s,
             series.count_bytes,
         )
-        connection = _Connection(self, conn, head, peeked, dial.target, dial.decided, relay)
+        connection = _Connection(self, head, peeked, dial.target, dial.decided, relay)
         relay.on_result = connection.ended
         self._connections[connection] = None
         self.idle.clear()
