@@ -9,7 +9,8 @@
  * Only the pumping is here. The policy stays in Python (router/tcp/native_relay.py): the idle
  * timer, when a quiet pipe is given back, who ended the connection (termination causes from the
  * errno, the failing direction and the TCP states), when to close the sockets (the fds are
- * Python's: this module closes them only when told to, by close_fds), the metrics. Python is called back only when a relay ends
+ * Python's: this module closes them only when told to, by close_fds), the metrics. Python is
+ * called back only when a relay ends
  * (on_end(relay, errno or 0, failing direction, first end of stream, client->pod done, pod->client done)),
  * has carried report_bytes more (on_bytes) or takes a pipe (on_acquired). A dispatch tells the ends
  * it found only once it has pumped every ready relay (see end()).
@@ -703,9 +704,9 @@ enum { STATE_ESTABLISHED = 1, STATE_CLOSE = 7 };
 /* dial(address, port) -> (fd, connected): a non-blocking, close-on-exec, TCP_NODELAY socket
  * connecting to an IPv4 or IPv6 literal; connected when the handshake is done already (a loopback
  * or same-host pod usually is: one TCP_INFO read, as router/tcp/dial.py does). OSError when the
- * connect failed at once or was refused by then (the socket closed); ValueError when `address` is no IP literal. The
- * caller owns the fd. Why in C: the same four system calls without a Python socket object, its
- * address tuple and its close (~3-4 us of interpreter time per connection). */
+ * connect failed at once or was refused by then (the socket closed); ValueError when `address`
+ * is no IP literal. The caller owns the fd. Why in C: the same four system calls without a Python
+ * socket object, its address tuple and its close (~3-4 us of interpreter time per connection). */
 static PyObject *module_dial(PyObject *Py_UNUSED(module), PyObject *args) {
     const char *address;
     int port;
@@ -755,7 +756,10 @@ static PyObject *module_dial(PyObject *Py_UNUSED(module), PyObject *args) {
     } else {
         goto failed;
     }
-    return Py_BuildValue("(iO)", fd, connected ? Py_True : Py_False);
+    PyObject *result = Py_BuildValue("(iO)", fd, connected ? Py_True : Py_False);
+    if (result == NULL)
+        close(fd); /* not handed over: not leaked either */
+    return result;
 failed: {
         int error = errno;
         close(fd);
