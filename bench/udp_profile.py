@@ -4,7 +4,8 @@ Runs the ``udp_echo`` load (each flow opened by a real Initial, ``ECHO_WINDOW`` 
 1,200 bytes in flight, echoed by the pod) through the router and nginx in interleaved rounds and
 prints each one's CPU per relayed datagram split into user and system time: the part a faster
 router could still cut is its user time, the rest is the kernel's UDP work, which both boxes
-pay (on loopback a send also pays the receiving socket's delivery). ``--strace`` counts the
+pay (on loopback a send also pays the receiving socket's delivery). Beside it: the pod's and the
+clients' CPU per echo under each box, and the windows they refilled after losses. ``--strace`` counts the
 router's system calls per datagram instead (how well the batching works).
 
     python -m bench.udp_profile --flows 1 --rounds 4
@@ -31,20 +32,24 @@ Box = tuple[tuple[str, int], int]
 
 
 def _echo(pod: Agent, clients: Agent, box: Box, flows: int, flights: list[list[bytes]],
-          seconds: float) -> tuple[float, float, float, int]:
-    """Echoes per second, the box's user and system CPU microseconds per relayed datagram, and
-    the datagrams relayed (each echo crosses the box twice)."""
+          seconds: float) -> tuple[float, float, float, int, float, int]:
+    """Echoes per second, the box's user and system CPU microseconds per relayed datagram, the
+    datagrams relayed (each echo crosses the box twice), the pod's and the clients' CPU
+    microseconds per echo, and the windows refilled after losses."""
     addr, pid = box
     pod.call(udp_sink_forget_sources)
     establish_flows(clients, pod, addr, flows, flights)
     time.sleep(0.1)
     user0, sys0 = cpu_split(pid)
-    echoes, _refills, elapsed = clients.call(udp_echo_window, seconds, DATAGRAM_BYTES, ECHO_WINDOW)
+    peers0 = sum(sum(cpu_split(peer.pid)) for peer in (pod, clients))
+    echoes, refills, elapsed = clients.call(udp_echo_window, seconds, DATAGRAM_BYTES, ECHO_WINDOW)
     user1, sys1 = cpu_split(pid)
+    peers = sum(sum(cpu_split(peer.pid)) for peer in (pod, clients)) - peers0
     clients.call(retire_udp_flows)
     time.sleep(0.2)  # the last window drains
     relayed = max(2 * echoes, 1)
-    return echoes / elapsed, (user1 - user0) / relayed * 1e6, (sys1 - sys0) / relayed * 1e6, relayed
+    return (echoes / elapsed, (user1 - user0) / relayed * 1e6, (sys1 - sys0) / relayed * 1e6, relayed,
+            peers / max(echoes, 1) * 1e6, refills)
 
 
 def _strace(pod: Agent, clients: Agent, box: Box, flows: int, flights: list[list[bytes]], seconds: float) -> None:
@@ -64,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--strace", action="store_true", help="the router's system calls per datagram")
     args = p.parse_args(argv)
     workdir = Path(tempfile.mkdtemp(prefix="udp-profile-"))
-    results: dict[str, list[tuple[float, float, float, int]]] = {}
+    results: dict[str, list[tuple[float, float, float, int, float, int]]] = {}
     with contextlib.ExitStack() as stack:
         pod, clients = Agent("udp-pod"), Agent("udp-clients")
         stack.callback(pod.close)
@@ -89,8 +94,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{args.rounds} rounds x {args.seconds:g} s per box, {args.flows} flow(s) x {ECHO_WINDOW} in flight")
     for name, rows in results.items():
         rate, user, system = (statistics.median(row[i] for row in rows) for i in range(3))
+        peers, refills = statistics.median(row[4] for row in rows), sum(row[5] for row in rows)
         print(f"{name:7s} {rate:9,.0f} echoes/s  {user + system:5.2f} us CPU per datagram "
-              f"(user {user:4.2f}, system {system:4.2f})")
+              f"(user {user:4.2f}, system {system:4.2f}); the pod and clients {peers:5.2f} us per echo, "
+              f"{refills} windows refilled after losses")
     return 0
 
 
