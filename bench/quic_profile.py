@@ -5,7 +5,8 @@ a handshake, one stream round trip and a close) against the router alone and pri
 per connection, user and system. ``--callbacks`` splits the main thread's CPU by the router
 callback that spent it (thread CPU clock around each one, wrapped by a ``sitecustomize``
 written into the scratch directory: the router's code is unchanged); ``--py-spy FILE`` records
-a py-spy profile (raw collapsed stacks) of the router meanwhile, ``--strace FILE`` its system
+a py-spy profile (raw collapsed stacks) of the router meanwhile, ``--perf FILE`` a ``perf record -g`` of
+it with ``perf report`` by symbol in ``FILE.txt``, ``--strace FILE`` its system
 call counts (deterministic, unlike CPU time on a shared machine); ``--peer nginx`` measures
 nginx's worker instead. ``--rounds N`` runs the router, nginx and (``--baseline TREE``) the router
 of another source tree side by side, ``--seconds`` each in turn, N times, and prints each one's
@@ -88,6 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--callbacks", action="store_true", help="split the router's CPU by callback")
     p.add_argument("--py-spy", type=Path, help="record a py-spy raw profile of the middle box here")
     p.add_argument("--strace", type=Path, help="count the middle box's system calls (strace -c) into this file")
+    p.add_argument("--perf", type=Path, help="perf-record the middle box (kernel and user symbols): FILE.data, FILE.txt")
     p.add_argument("--peer", choices=("router", "nginx"), default="router")
     p.add_argument("--rounds", type=int, default=0, help="interleaved rounds of router, nginx (and baseline)")
     p.add_argument("--baseline", type=Path, help="with --rounds: also the router of this source tree")
@@ -118,6 +120,10 @@ def main(argv: list[str] | None = None) -> int:
                                             str(args.py_spy), "-d", str(int(args.seconds)), "--pid", str(pid)],
                                            stdout=subprocess.DEVNULL)
                     time.sleep(1)
+                if args.perf:
+                    spy = subprocess.Popen(["perf", "record", "-g", "-F", "2999", "-p", str(pid), "-o",
+                                            f"{args.perf}.data"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                    time.sleep(1)
                 if args.strace:
                     spy = subprocess.Popen(["strace", "-c", "-f", "-o", str(args.strace), "-p", str(pid)],
                                            stderr=subprocess.DEVNULL)
@@ -131,9 +137,14 @@ def main(argv: list[str] | None = None) -> int:
                 if counts is not None and args.peer == "router":
                     callback_hooks.stop(pid)
                 if spy is not None:
-                    if args.strace:
+                    if args.strace or args.perf:
                         spy.send_signal(signal.SIGINT)
                     spy.wait()
+                    if args.perf:
+                        report = subprocess.run(["perf", "report", "-i", f"{args.perf}.data", "--no-children",
+                                                 "--sort", "dso,sym", "--stdio", "--percent-limit", "0.4"],
+                                                capture_output=True, text=True).stdout
+                        Path(f"{args.perf}.txt").write_text(report)
             finally:
                 box.close()
         finally:

@@ -93,18 +93,28 @@ def _expand_label(keyed: hmac.HMAC, label: bytes, length: int) -> bytes:
     return mac.digest()[:length]
 
 
+_NATIVE_INPUTS = {
+    (version, direction): (
+        _SALTS[version], _expand_input(direction, _SHA256_BYTES), _expand_input(key_label, KEY_BYTES),
+        _expand_input(iv_label, IV_BYTES), _expand_input(hp_label, KEY_BYTES),
+    )
+    for version, (key_label, iv_label, hp_label) in _LABELS.items()
+    for direction in (b"client in", b"server in")
+}
+"""The C key schedule's constant inputs per version and direction (salt, then the HKDF-Expand
+inputs of the direction's secret, key, IV and header protection key), built once."""
+
+
 def _initial_keys(version: int, original_dcid: bytes, direction: bytes) -> InitialKeys:
     extractor = _EXTRACTORS.get(version)
     if extractor is None:
         raise QuicPacketError(f"no Initial keys for QUIC version 0x{version:08x}")
-    key_label, iv_label, hp_label = _LABELS[version]
     extension = native.active()
     if extension is not None:
-        key, iv, hp = extension.initial_keys(
-            _SALTS[version], original_dcid, _expand_input(direction, _SHA256_BYTES),
-            _expand_input(key_label, KEY_BYTES), _expand_input(iv_label, IV_BYTES), _expand_input(hp_label, KEY_BYTES),
-        )
-        return InitialKeys(key=key, iv=iv, hp=hp)
+        salt, secret_info, key_info, iv_info, hp_info = _NATIVE_INPUTS[version, direction]
+        key, iv, hp = extension.initial_keys(salt, original_dcid, secret_info, key_info, iv_info, hp_info)
+        return InitialKeys(key, iv, hp)
+    key_label, iv_label, hp_label = _LABELS[version]
     extract = extractor.copy()
     extract.update(original_dcid)
     initial_secret = hmac.HMAC(extract.digest(), digestmod=_sha256)  # HKDF-Extract

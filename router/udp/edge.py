@@ -368,10 +368,12 @@ class UdpRouter(FlowEndings):
         self._accepted.inc()
         if log.isEnabledFor(logging.DEBUG):
             log.debug("quic flow %s -> %s (%s)", peer(flow.address), target.quic_endpoint, hostname)
-        for datagram in pending.datagrams:
-            self._to_pod(flow, datagram, now)
+        # The buffered datagrams leave now, in order, before the C splice may send this flow's
+        # next ones: straight into the new link's outbox, not through the iteration's outboxes.
+        flow.client_bytes += pending.buffered_bytes
+        link.outbox.extend(pending.datagrams)
         pending.datagrams.clear()
-        self._outboxes.sent_bytes += link.flush()  # now: the C splice may send this flow's next ones first
+        self._outboxes.sent_bytes += link.flush()
 
     def _refuse_pending(
         self, pending: PendingFlow[InitialSniffer], hostname: str | None, refusal: Refusal, now: float
