@@ -24,7 +24,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from router.constants import SPLICE_PIPE_BYTES
+from router.constants import QUIC_SOCKET_BUFFER_BYTES, SPLICE_PIPE_BYTES
 from tests.support.router_process import RouterProcess, router_args, write_endpoints
 
 NGINX_STREAM_MODULE = "/usr/lib/nginx/modules/ngx_stream_module.so"
@@ -415,7 +415,7 @@ events {{
 }}
 stream {{
     server {{
-        listen 127.0.0.1:{port} udp;
+        listen 127.0.0.1:{port} udp rcvbuf={buffer} sndbuf={buffer};
         proxy_pass {pod_host}:{pod_port};
         proxy_timeout 10m;
     }}
@@ -437,7 +437,7 @@ class Nginx(PeerProcess):
         nofile = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
         (self.dir / "nginx.conf").write_text(NGINX_CONFIG.format(
             nofile=nofile, dir=self.dir, module=NGINX_STREAM_MODULE, connections=connections,
-            port=self.port, pod_host=pod_host, pod_port=pod_port,
+            port=self.port, pod_host=pod_host, pod_port=pod_port, buffer=QUIC_SOCKET_BUFFER_BYTES,
         ))
         self._start(
             [binary, "-e", "stderr", "-p", str(self.dir), "-c", str(self.dir / "nginx.conf")],

@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--callbacks", action="store_true", help="split the router's CPU by callback")
     p.add_argument("--py-spy", type=Path, help="record a py-spy raw profile of the middle box here")
     p.add_argument("--strace", type=Path, help="count the middle box's system calls (strace -c) into this file")
-    p.add_argument("--perf", type=Path, help="perf-record the middle box (kernel and user symbols): FILE.data, FILE.txt")
+    p.add_argument("--perf", type=Path, help="perf-record the middle box: FILE.data, and perf report in FILE.txt")
     p.add_argument("--peer", choices=("router", "nginx"), default="router")
     p.add_argument("--rounds", type=int, default=0, help="interleaved rounds of router, nginx (and baseline)")
     p.add_argument("--baseline", type=Path, help="with --rounds: also the router of this source tree")
