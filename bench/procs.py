@@ -94,6 +94,28 @@ def cpu_split(pid: int) -> tuple[float, float]:
     return user / CLK_TCK, system / CLK_TCK
 
 
+def udp_drops(pid: int) -> int:
+    """Datagrams the kernel dropped so far at the UDP sockets of ``pid``'s process tree (a full
+    receive buffer): the ``drops`` column of ``/proc/net/udp`` and ``udp6`` for their inodes. A
+    socket closed meanwhile takes its count with it, so compare sockets that live through."""
+    inodes: set[str] = set()
+    for p in process_tree(pid):
+        with contextlib.suppress(OSError):
+            for fd in Path(f"/proc/{p}/fd").iterdir():
+                with contextlib.suppress(OSError):
+                    target = os.readlink(fd)
+                    if target.startswith("socket:["):
+                        inodes.add(target[8:-1])
+    total = 0
+    for table in ("/proc/net/udp", "/proc/net/udp6"):
+        with contextlib.suppress(OSError):
+            for line in Path(table).read_text().splitlines()[1:]:
+                fields = line.split()
+                if len(fields) > 9 and fields[9] in inodes:
+                    total += int(fields[-1])
+    return total
+
+
 def syscall_counts(pid: int, load: Callable[[], int]) -> tuple[dict[str, int], int]:
     """System calls of ``pid``'s process tree (``strace -c -f``) while ``load()`` runs, by name,
     and what ``load`` returned (the connections or datagrams it made, to divide by)."""
