@@ -107,10 +107,9 @@ def udp_drops(pid: int) -> int:
                     if target.startswith("socket:["):
                         inodes.add(target[8:-1])
     total = 0
-    for table in ("/proc/net/udp", "/proc/net/udp6"):
+    for table in ("udp", "udp6"):
         with contextlib.suppress(OSError):
-            for line in Path(table).read_text().splitlines()[1:]:
-                fields = line.split()
+            for fields in _proc_net_rows(table):
                 if len(fields) > 9 and fields[9] in inodes:
                     total += int(fields[-1])
     return total
@@ -151,10 +150,15 @@ def free_port(kind: int = socket.SOCK_STREAM, host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
+def _proc_net_rows(table: str) -> Iterator[list[str]]:
+    """The socket rows of ``/proc/net/TABLE`` (``tcp``, ``udp``, ``udp6``...), split into fields."""
+    for line in Path(f"/proc/net/{table}").read_text().splitlines()[1:]:
+        yield line.split()
+
+
 def _bound_ports(table: str, listening_only: bool) -> set[int]:
     ports = set()
-    for line in Path(f"/proc/net/{table}").read_text().splitlines()[1:]:
-        parts = line.split()
+    for parts in _proc_net_rows(table):
         if listening_only and parts[3] != "0A":
             continue
         ports.add(int(parts[1].rsplit(":", 1)[1], 16))
