@@ -33,6 +33,9 @@
 #define SHA256_BYTES 32
 #define STACK_AAD_BYTES 256 /* a long header without a big token fits; longer ones use the heap */
 #define PN_LIMIT ((int64_t)1 << 62) /* RFC 9000 section 12.3: packet numbers are below 2^62 */
+#define QUIC_V1 0x00000001u         /* RFC 9000 */
+#define QUIC_V2 0x6b3343cfu         /* RFC 9369 */
+#define MAX_CID_BYTES 20            /* RFC 9000 section 17.2: a v1/v2 connection ID is at most 20 bytes */
 
 static EVP_MAC_CTX *hmac_sha256;  /* re-keyed by every EVP_MAC_init */
 static EVP_CIPHER_CTX *aes_ecb;   /* header protection mask */
@@ -469,11 +472,57 @@ done:
     return result;
 }
 
+PyDoc_STRVAR(long_header_doc,
+"long_header(datagram, offset) -> (version, type_bits, dcid, scid, token, header_length, packet_length) | None\n\n"
+"The cleartext fields of the v1/v2 long-header packet at ``offset`` (RFC 9000 section 17.2, RFC 9369),\n"
+"other than Retry: ``type_bits`` are the first byte's bits 4-5; ``header_length`` is where the packet\n"
+"number starts and ``packet_length`` the packet's size, both as quic.packet.parse_long_header gives\n"
+"them. None for anything else (another version, Retry, a malformed or truncated header): the\n"
+"Python parse then reads it and names what is wrong.");
+
+static PyObject *
+long_header(PyObject *self, PyObject *args)
+{
+    Py_buffer buffer;
+    Py_ssize_t offset;
+    if (!PyArg_ParseTuple(args, "y*n:long_header", &buffer, &offset)) return NULL;
+    PyObject *result = Py_None;
+    span d = {buffer.buf, (size_t)buffer.len};
+    if (offset < 0 || (size_t)offset + 7 > d.n || !(d.p[offset] & 0x80)) goto done;
+    size_t pos = (size_t)offset + 1;
+    uint32_t version = ((uint32_t)d.p[pos] << 24) | ((uint32_t)d.p[pos + 1] << 16) |
+                       ((uint32_t)d.p[pos + 2] << 8) | d.p[pos + 3];
+    unsigned type_bits = (d.p[offset] >> 4) & 3;
+    if ((version != QUIC_V1 && version != QUIC_V2) || type_bits == (version == QUIC_V1 ? 3u : 0u)) goto done;
+    pos += 4;
+    span dcid, scid, token = {d.p, 0};
+    if (!vector(d, &pos, 1, &dcid) || dcid.n > MAX_CID_BYTES || !vector(d, &pos, 1, &scid) ||
+        scid.n > MAX_CID_BYTES)
+        goto done;
+    uint64_t token_length, length;
+    if (type_bits == (version == QUIC_V1 ? 0u : 1u)) {  /* Initial: a token before the Length */
+        if (!varint(d, &pos, &token_length) || token_length > d.n - pos) goto done;
+        token.p = d.p + pos;
+        token.n = (size_t)token_length;
+        pos += token.n;
+    }
+    if (!varint(d, &pos, &length) || length > d.n - pos) goto done;
+    result = Py_BuildValue("(kIy#y#y#nn)", (unsigned long)version, type_bits, (const char *)dcid.p,
+                           (Py_ssize_t)dcid.n, (const char *)scid.p, (Py_ssize_t)scid.n, (const char *)token.p,
+                           (Py_ssize_t)token.n, (Py_ssize_t)pos, (Py_ssize_t)(pos + length - (size_t)offset));
+    PyBuffer_Release(&buffer);
+    return result;
+done:
+    PyBuffer_Release(&buffer);
+    return Py_NewRef(result);
+}
+
 static PyMethodDef methods[] = {
     {"initial_keys", initial_keys, METH_VARARGS, initial_keys_doc},
     {"open_initial", open_initial, METH_VARARGS, open_initial_doc},
     {"sniff_initial", sniff_initial, METH_VARARGS, sniff_initial_doc},
     {"client_hello_facts", client_hello_facts, METH_VARARGS, client_hello_facts_doc},
+    {"long_header", long_header, METH_VARARGS, long_header_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -1,11 +1,13 @@
 """The optional C extension of ``quic/`` (``quic/_initial_protection.c``), and the switch that uses it.
 
-It derives client Initial keys, opens client Initials, and reads the ClientHello facts of a whole
-handshake message or of a usual first Initial payload, over OpenSSL's libcrypto. ``setup.py`` builds
-it when a C compiler and OpenSSL's headers are there. Each caller asks ``active()`` and falls back to
-its own Python reading (``cryptography`` and ``hashlib``, ``quic.frames``, ``quic.clienthello``),
-which is also what names whatever is wrong: the C path only ever answers what that reading would
-answer, or declines (tests/test_quic_initial_native.py, the fuzzer's ``initial_native`` target).
+It parses v1/v2 long headers, derives client Initial keys, opens client Initials, and reads the
+ClientHello facts of a whole handshake message or of a usual first Initial payload, over OpenSSL's
+libcrypto. ``setup.py`` builds it when a C compiler and OpenSSL's headers are there. Each caller
+asks ``active()`` and falls back to its own Python reading (``quic.packet``, ``cryptography`` and
+``hashlib``, ``quic.frames``, ``quic.clienthello``), which is also what names whatever is wrong: the
+C path only ever answers what that reading would answer, or declines
+(tests/test_quic_initial_native.py, the fuzzer's ``initial_native`` and ``long_header_native``
+targets).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ class InitialProtection(Protocol):
     def sniff_initial(self, payload: bytes, max_crypto: int,
                       max_hello: int) -> tuple[str | None, tuple[str, ...]] | None: ...
     def client_hello_facts(self, handshake: bytes, max_hello: int) -> tuple[str | None, tuple[str, ...]] | None: ...
+    def long_header(self, datagram: bytes, offset: int) -> tuple[int, int, bytes, bytes, bytes, int, int] | None: ...
 
 
 try:

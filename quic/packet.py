@@ -9,8 +9,10 @@ is bounds-checked; untrusted input can only raise :class:`QuicPacketError`.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
 from enum import IntEnum
+from typing import NamedTuple
+
+from quic import native
 
 QUIC_V1 = 0x00000001
 """RFC 9000."""
@@ -81,9 +83,10 @@ def packet_type_bits(version: int, packet_type: PacketType) -> int:
     return wire << 4
 
 
-@dataclass(frozen=True, slots=True)
-class LongHeader:
-    """The cleartext part of one long-header packet, positioned inside its datagram."""
+class LongHeader(NamedTuple):
+    """The cleartext part of one long-header packet, positioned inside its datagram. A named
+    tuple, not a frozen dataclass: it is built once per new flow's datagram, and a tuple is built
+    in one C call where a frozen dataclass sets each field through ``object.__setattr__``."""
 
     version: int
     packet_type: PacketType | None
@@ -140,7 +143,14 @@ def is_long_header(datagram: bytes) -> bool:
 
 
 def parse_long_header(datagram: bytes, offset: int = 0) -> LongHeader:
-    """Parse the long header starting at ``offset``; QuicPacketError if malformed."""
+    """Parse the long header starting at ``offset``; QuicPacketError if malformed. A usual v1/v2
+    header is read by the C extension when it is active (one call, no varint or slice objects:
+    this runs once per new flow, cold); anything it declines is read here, which names the fault."""
+    extension = native.active()
+    if extension is not None and (fields := extension.long_header(datagram, offset)) is not None:
+        version, bits, dcid, scid, token, header_length, packet_length = fields
+        packet_type = (_V2_TYPES if version == QUIC_V2 else _V1_TYPES)[bits]
+        return LongHeader(version, packet_type, dcid, scid, token, header_length, packet_length, offset)
     n = len(datagram)
     if offset < 0 or offset + _LONG_HEADER_MIN > n:
         raise QuicPacketError("truncated long header")

@@ -28,7 +28,7 @@ from quic.initial_keys import (
     server_initial_keys,
 )
 from quic.initial_sniffer import sniff_first_payload
-from quic.packet import QUIC_V1, QUIC_V2, QuicPacketError, parse_long_header
+from quic.packet import QUIC_V1, QUIC_V2, QuicPacketError, encode_varint, parse_long_header
 from tests.support.initial_reference import reference_hello
 from tests.support.quic_frames import ack, close, crypto_frame
 from tests.support.quic_vectors import RFC_CLIENT_HELLO, V1_CLIENT_INITIAL, V2_CLIENT_INITIAL
@@ -161,3 +161,58 @@ def test_whatever_c_reads_of_a_hostile_payload_is_the_reference_reading(payload:
 def test_random_hellos_never_read_otherwise(hello: bytes, junk: bytes) -> None:
     agree(crypto_frame(0, b"\x01" + len(hello).to_bytes(3, "big") + hello) + junk)
     agree(crypto_frame(0, hello))
+
+
+# -- long headers: the C parse answers as quic.packet's reading, or declines -----------------------
+
+
+def _header(first: int, version: int, dcid: bytes, scid: bytes, token: bytes | None, length: int, rest: bytes) -> bytes:
+    out = bytes((first | 0x80,)) + version.to_bytes(4, "big") + bytes((len(dcid),)) + dcid + bytes((len(scid),)) + scid
+    if token is not None:
+        out += encode_varint(len(token)) + token
+    return out + encode_varint(length) + rest
+
+
+def _long_headers() -> st.SearchStrategy[tuple[bytes, int]]:
+    cid = st.binary(max_size=22)
+    built = st.builds(
+        _header, st.integers(0, 255), st.sampled_from([QUIC_V1, QUIC_V2, 0, 0x1A2A3A4A, 0xFF00001D]), cid, cid,
+        st.one_of(st.none(), st.binary(max_size=40)), st.integers(0, 300), st.binary(max_size=200),
+    )
+    real = st.sampled_from([V1_CLIENT_INITIAL, V2_CLIENT_INITIAL])
+    cut = st.tuples(real, st.integers(0, 60)).map(lambda r: r[0][: r[1]])
+    flipped = st.tuples(real, st.integers(0, 40), st.integers(1, 255)).map(
+        lambda r: r[0][: r[1]] + bytes((r[0][r[1]] ^ r[2],)) + r[0][r[1] + 1 :]
+    )
+    data = st.one_of(built, cut, flipped, real, st.binary(max_size=80))
+    return st.tuples(data, st.integers(-2, 12)).map(lambda d: (d[0], d[1] if d[1] < 0 else min(d[1], 3) * (d[1] % 2)))
+
+
+@pytest.mark.parametrize("datagram", [V1_CLIENT_INITIAL, V2_CLIENT_INITIAL])
+def test_the_rfc_initials_long_headers_are_read_in_c(datagram: bytes) -> None:
+    extension = quic_native.active()
+    assert extension is not None and extension.long_header(datagram, 0) is not None
+    c_path, reference = both(parse_long_header, datagram, 0)
+    assert c_path == reference
+
+
+@pytest.mark.parametrize("datagram", [
+    _header(0x30, QUIC_V1, b"d", b"s", None, 0, b""),  # a v1 Retry: the rest of the datagram is its own
+    _header(0x00, QUIC_V2, b"d", b"s", None, 0, b""),  # a v2 Retry
+    _header(0x00, 0, b"d", b"s", None, 0, b""),  # Version Negotiation
+    _header(0x00, 0x1A2A3A4A, b"d", b"s", None, 0, b""),  # a version of its own
+    _header(0x00, QUIC_V1, bytes(21), b"s", b"", 0, b""),  # a 21-byte DCID
+    _header(0x00, QUIC_V1, b"d", b"s", b"", 10, b"short"),  # Length past the datagram
+    _header(0x20, QUIC_V1, b"d", b"s", None, 0, b"")[:-1],  # no Length at all
+])
+def test_anything_unusual_in_a_long_header_is_read_the_reference_way(datagram: bytes) -> None:
+    extension = quic_native.active()
+    assert extension is not None and extension.long_header(datagram, 0) is None
+
+
+@settings(max_examples=2000, deadline=None)
+@given(case=_long_headers())
+def test_whatever_c_reads_of_a_long_header_is_the_reference_reading(case: tuple[bytes, int]) -> None:
+    datagram, offset = case
+    c_path, reference = both(parse_long_header, datagram, offset)
+    assert c_path == reference

@@ -10,11 +10,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from discovery.targets import Target, TargetSnapshot
+from quic import native
 from quic.clienthello import ClientHelloInfo
 from quic.frames import QUIC_MAX_CRYPTO_BYTES, CryptoReassembler, walk_initial_frames
 from quic.initial_keys import client_initial_keys, encrypt_initial
 from quic.initial_sniffer import InitialSniffer, sniff_first_payload
-from quic.packet import QUIC_V1, QUIC_V2, QuicPacketError, encode_varint
+from quic.packet import QUIC_V1, QUIC_V2, LongHeader, PacketType, QuicPacketError, encode_varint, parse_long_header
 from router.metrics import RouterMetrics
 from router.udp.edge import UdpRouter
 from router.udp.flow_table import FlowLimits
@@ -51,6 +52,38 @@ def run_initial_native(data: bytes) -> str:
         return "declined"
     check(reference_hello(data) == ClientHelloInfo(*found), "the C reading differs from the reference")
     return "read"
+
+
+def run_long_header_native(data: bytes) -> str:
+    """The C parse of a long header (when built) is the reference parse, or declines: at the start
+    of each cut of the input and at every offset the reference says a coalesced packet starts."""
+    extension = native.active()
+    read = 0
+    for datagram in data.split(SEPARATOR)[:MAX_DATAGRAMS]:
+        offset = 0
+        while extension is not None and offset < len(datagram):
+            fields = extension.long_header(datagram, offset)
+            try:
+                header = _reference_long_header(datagram, offset)
+            except QuicPacketError:
+                check(fields is None, "the C parse read a header the reference refuses")
+                break
+            if fields is not None:
+                read += 1
+                check(parse_long_header(datagram, offset) == header, "the C parse differs from the reference")
+            if header.packet_type in (None, PacketType.RETRY) or header.end <= offset:
+                break
+            offset = header.end
+    return "read" if read else "declined"
+
+
+def _reference_long_header(datagram: bytes, offset: int) -> LongHeader:
+    previous = native.active() is not None
+    native.use(False)
+    try:
+        return parse_long_header(datagram, offset)
+    finally:
+        native.use(previous)
 
 
 def _sniff(datagrams: Sequence[bytes]) -> str:
@@ -275,6 +308,7 @@ def mutate_router_input(data: bytes, rng: random.Random) -> bytes | None:
 QUIC_TARGETS = (
     FuzzTarget("initial_frames", run_initial_frames, (QuicPacketError,), frames_seeds, 20_000, QUIC_DICTIONARY),
     FuzzTarget("initial_native", run_initial_native, (), frames_seeds, 20_000, QUIC_DICTIONARY),
+    FuzzTarget("long_header_native", run_long_header_native, (), sniffer_datagram_seeds, 20_000, QUIC_DICTIONARY),
     FuzzTarget("sniffer_payloads", run_sniffer_payloads, (QuicPacketError,), payload_seeds, 20_000,
                QUIC_DICTIONARY, mutate_payload_input),
     FuzzTarget("sniffer_datagrams", run_sniffer_datagrams, (QuicPacketError,), sniffer_datagram_seeds,
