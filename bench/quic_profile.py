@@ -43,7 +43,7 @@ NGINX_ROUND_CONNECTIONS = 16_000
 """nginx's worker_connections in ``--rounds``: 8,000 UDP sessions, ~30 rounds of 4 s of handshakes."""
 
 CALLBACK_HOOKS = '''
-    from router.udp import edge, pod_link, pod_to_client
+    from router.udp import edge, pod_link, pod_to_client, verdicts
     from quic import initial_sniffer
 
     def client_kind(router, data, addr):
@@ -68,6 +68,7 @@ CALLBACK_HOOKS = '''
     hook(initial_sniffer, "client_initial_keys", "    of which: Initial keys")
     hook(initial_sniffer, "decrypt_initial", "    of which: decrypt_initial")
     hook(initial_sniffer, "parse_client_hello", "    of which: parse_client_hello")
+    hook(verdicts, "parse_long_header", "    of which: parse_long_header")
     hook(edge, "connect_udp", "  of which: connect_udp (socket, connect)")
     hook(edge.UdpRouter, "_learn_from_pod", "pod long header handed back")
 '''
