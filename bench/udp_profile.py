@@ -1,25 +1,29 @@
 """Where a middle box's CPU per relayed datagram goes: ``python -m bench.udp_profile``.
 
 Runs the ``udp_echo`` load (each flow opened by a real Initial, ``ECHO_WINDOW`` datagrams of
-1,200 bytes in flight, echoed by the pod), or with ``--shape download`` the ``udp_download``
-load (the pod sends round-robin to every flow as fast as it can, one ``sendto`` each), through
-the router and nginx in interleaved rounds and prints each one's CPU per relayed datagram split
-into user and system time: the part a faster router could still cut is its user time, the rest
-is the kernel's UDP work, which both boxes pay (on loopback a send also pays the receiving
-socket's delivery). Beside it: the pod's and the clients' CPU per echo (per delivered datagram
-for the download) under each box, the windows they refilled after losses, and the datagrams the
-kernel dropped at the box's and the pod's sockets (full receive buffers). ``--strace`` counts
-the router's system calls per datagram instead (how well the batching works).
+1,200 bytes in flight, echoed by the pod), or with ``--shape download|relay`` the
+``udp_download`` / ``udp_relay`` load (the pod, or the clients, send round-robin on every flow as
+fast as they can, one ``sendto`` each), through the router and nginx (and ``--floor``:
+bench/prototypes/udp_floor, the router's batching in C and nothing else) in interleaved rounds,
+and prints each one's CPU per relayed datagram split into user and system time: the part a
+faster router could still cut is its user time, the rest is the kernel's UDP work, which every
+box pays (on loopback a send also pays the receiving socket's delivery). Beside it: the pod's and
+the clients' CPU per echo (per delivered datagram for the others) under each box, the windows
+they refilled after losses, and the datagrams the kernel dropped at the box's and the pod's
+sockets (full receive buffers). ``--strace`` counts the router's system calls per datagram
+instead (how well the batching works).
 
     python -m bench.udp_profile --flows 1 --rounds 4
     python -m bench.udp_profile --flows 100 --strace
     python -m bench.udp_profile --shape download --flows 100 --rounds 4
+    python -m bench.udp_profile --floor /tmp/udp_floor   # bench/prototypes/udp_floor: the floor too
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import socket
 import statistics
 import sys
 import tempfile
@@ -28,15 +32,17 @@ from collections.abc import Callable
 from pathlib import Path
 
 from bench.context import POD, POD_HOST, SNI
-from bench.procs import Agent, Nginx, Router, cpu_split, syscall_counts, udp_drops
+from bench.procs import Agent, Nginx, PeerProcess, Router, cpu_split, free_port, syscall_counts, udp_drops
 from bench.quic_load import (
     client_initials,
     count_flow_datagrams,
     retire_udp_flows,
     start_udp_sink,
+    udp_blast,
     udp_echo_window,
     udp_sink_blast,
     udp_sink_forget_sources,
+    udp_sink_stats,
 )
 from bench.quic_scenarios import DATAGRAM_BYTES, ECHO_WINDOW, establish_flows
 
@@ -47,34 +53,16 @@ Figures = tuple[float, float, float, int, float, int, int, int]
 refills, drops at the box's sockets and at the pod's."""
 
 
-def _echo(pod: Agent, clients: Agent, box: Box, flows: int, flights: list[list[bytes]],
-          seconds: float) -> Figures:
-    """Echoes per second, the box's user and system CPU microseconds per relayed datagram, the
-    datagrams relayed (each echo crosses the box twice), the pod's and the clients' CPU
-    microseconds per echo, the windows refilled after losses, and the datagrams dropped at the
-    box's sockets and at the pod's (full receive buffers)."""
-    addr, pid = box
-    pod.call(udp_sink_forget_sources)
-    establish_flows(clients, pod, addr, flows, flights)
-    time.sleep(0.1)
-    user0, sys0 = cpu_split(pid)
-    peers0 = sum(sum(cpu_split(peer.pid)) for peer in (pod, clients))
-    drops0 = udp_drops(pid), udp_drops(pod.pid)
-    echoes, refills, elapsed = clients.call(udp_echo_window, seconds, DATAGRAM_BYTES, ECHO_WINDOW)
-    user1, sys1 = cpu_split(pid)
-    peers = sum(sum(cpu_split(peer.pid)) for peer in (pod, clients)) - peers0
-    box_drops, pod_drops = udp_drops(pid) - drops0[0], udp_drops(pod.pid) - drops0[1]
-    clients.call(retire_udp_flows)
-    time.sleep(0.2)  # the last window drains
-    relayed = max(2 * echoes, 1)
-    return (echoes / elapsed, (user1 - user0) / relayed * 1e6, (sys1 - sys0) / relayed * 1e6, relayed,
-            peers / max(echoes, 1) * 1e6, refills, box_drops, pod_drops)
+Load = Callable[[Agent, Agent, float], tuple[int, int, float, int, int]]
+"""Runs one shape's load for some seconds: (units, datagrams relayed, elapsed, refills, peers' units)."""
 
 
-def _download(pod: Agent, clients: Agent, box: Box, flows: int, flights: list[list[bytes]],
+def _measured(load: Load, pod: Agent, clients: Agent, box: Box, flows: int, flights: list[list[bytes]],
               seconds: float) -> Figures:
-    """The same figures for pod -> client datagrams (``udp_download``): per datagram delivered to
-    the clients, no refills (nothing is echoed)."""
+    """Open ``flows`` through ``box``, run ``load`` and read around it: units per second, the box's
+    user and system CPU microseconds per relayed datagram, the datagrams relayed, the pod's and
+    the clients' CPU microseconds per unit, the windows refilled after losses, and the datagrams
+    dropped at the box's sockets and at the pod's (full receive buffers)."""
     addr, pid = box
     pod.call(udp_sink_forget_sources)  # the pod sends only to this case's flows
     establish_flows(clients, pod, addr, flows, flights)
@@ -82,20 +70,52 @@ def _download(pod: Agent, clients: Agent, box: Box, flows: int, flights: list[li
     user0, sys0 = cpu_split(pid)
     peers0 = sum(sum(cpu_split(peer.pid)) for peer in (pod, clients))
     drops0 = udp_drops(pid), udp_drops(pod.pid)
-    clients.submit(count_flow_datagrams, seconds + 0.3)
-    _sent, elapsed = pod.call(udp_sink_blast, seconds, DATAGRAM_BYTES)
-    delivered = clients.result()
+    units, relayed, elapsed, refills, _ = load(pod, clients, seconds)
     user1, sys1 = cpu_split(pid)
     peers = sum(sum(cpu_split(peer.pid)) for peer in (pod, clients)) - peers0
     box_drops, pod_drops = udp_drops(pid) - drops0[0], udp_drops(pod.pid) - drops0[1]
     clients.call(retire_udp_flows)
-    relayed = max(delivered, 1)
-    return (delivered / elapsed, (user1 - user0) / relayed * 1e6, (sys1 - sys0) / relayed * 1e6, relayed,
-            peers / relayed * 1e6, 0, box_drops, pod_drops)
+    time.sleep(0.2)  # what is still queued drains
+    relayed = max(relayed, 1)
+    return (units / elapsed, (user1 - user0) / relayed * 1e6, (sys1 - sys0) / relayed * 1e6, relayed,
+            peers / max(units, 1) * 1e6, refills, box_drops, pod_drops)
 
 
-SHAPES = {"echo": _echo, "download": _download}
-"""``--shape``: the load each round runs."""
+def _echo(pod: Agent, clients: Agent, seconds: float) -> tuple[int, int, float, int, int]:
+    """``udp_echo``: each echo crosses the box twice."""
+    echoes, refills, elapsed = clients.call(udp_echo_window, seconds, DATAGRAM_BYTES, ECHO_WINDOW)
+    return echoes, 2 * echoes, elapsed, refills, echoes
+
+
+def _download(pod: Agent, clients: Agent, seconds: float) -> tuple[int, int, float, int, int]:
+    """``udp_download``: pod -> clients, per datagram delivered to the clients."""
+    clients.submit(count_flow_datagrams, seconds + 0.3)
+    _sent, elapsed = pod.call(udp_sink_blast, seconds, DATAGRAM_BYTES)
+    delivered = clients.result()
+    return delivered, delivered, elapsed, 0, delivered
+
+
+def _relay(pod: Agent, clients: Agent, seconds: float) -> tuple[int, int, float, int, int]:
+    """``udp_relay``: clients -> pod, per datagram delivered to the pod."""
+    before = pod.call(udp_sink_stats)[0]
+    _sent, elapsed = clients.call(udp_blast, seconds, DATAGRAM_BYTES)
+    time.sleep(0.2)  # let queued datagrams drain through the middle box
+    delivered = pod.call(udp_sink_stats)[0] - before
+    return delivered, delivered, elapsed, 0, delivered
+
+
+class UdpFloor(PeerProcess):
+    """``bench/prototypes/udp_floor``: the router's batching in C with nothing else, as a third box."""
+
+    kind = "floor"
+
+    def __init__(self, binary: Path, pod_host: str, pod_port: int) -> None:
+        self.port = free_port(socket.SOCK_DGRAM)
+        self._start([str(binary), str(self.port), pod_host, str(pod_port)], [self.port], True, "udp_floor")
+
+
+SHAPES: dict[str, Load] = {"echo": _echo, "download": _download, "relay": _relay}
+"""``--shape``: the load each round runs (the pod echoes only for ``echo``)."""
 
 
 def _strace(pid: int, load: Callable[[], Figures]) -> None:
@@ -111,10 +131,11 @@ def main(argv: list[str] | None = None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--flows", type=int, default=1, help="flows (default 1)")
     p.add_argument("--shape", choices=sorted(SHAPES), default="echo",
-                   help="echo (udp_echo, the default) or download (udp_download)")
+                   help="echo (udp_echo, the default), download (udp_download) or relay (udp_relay)")
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
     p.add_argument("--seconds", type=float, default=3.0, help="load per box and round (default 3)")
     p.add_argument("--strace", action="store_true", help="the router's system calls per datagram")
+    p.add_argument("--floor", type=Path, help="also measure this build of bench/prototypes/udp_floor")
     args = p.parse_args(argv)
     workdir = Path(tempfile.mkdtemp(prefix="udp-profile-"))
     results: dict[str, list[Figures]] = {}
@@ -122,12 +143,17 @@ def main(argv: list[str] | None = None) -> int:
         pod, clients = Agent("udp-pod"), Agent("udp-clients")
         stack.callback(pod.close)
         stack.callback(clients.close)
-        port = pod.call(start_udp_sink, POD_HOST, True)
+        port = pod.call(start_udp_sink, POD_HOST, args.shape == "echo")
         router = Router(workdir, [(POD, POD_HOST, 1, port)])
         stack.callback(router.close)
         flights = client_initials(SNI, args.flows)
         boxes: dict[str, Box] = {"router": (("127.0.0.1", router.udp_port), router.pid)}
-        run = SHAPES[args.shape]
+        shape = SHAPES[args.shape]
+
+        def run(pod: Agent, clients: Agent, box: Box, flows: int, flights: list[list[bytes]],
+                seconds: float) -> Figures:
+            return _measured(shape, pod, clients, box, flows, flights, seconds)
+
         if args.strace:
             run(pod, clients, boxes["router"], args.flows, flights, 1.0)  # warm up
             _strace(router.pid, lambda: run(pod, clients, boxes["router"], args.flows, flights, args.seconds))
@@ -135,20 +161,27 @@ def main(argv: list[str] | None = None) -> int:
         nginx = Nginx(workdir, POD_HOST, port)
         stack.callback(nginx.close)
         boxes["nginx"] = (("127.0.0.1", nginx.port), nginx.pid)
+        if args.floor is not None:
+            floor = UdpFloor(args.floor, POD_HOST, port)
+            stack.callback(floor.close)
+            boxes["floor"] = (("127.0.0.1", floor.port), floor.pid)
         names = list(boxes)
         for r in range(args.rounds):
             for name in names[r % len(names):] + names[: r % len(names)]:
                 results.setdefault(name, []).append(run(pod, clients, boxes[name], args.flows, flights,
                                                         args.seconds))
-    shape = f"x {ECHO_WINDOW} in flight" if args.shape == "echo" else "downloading"
-    unit = "echoes/s" if args.shape == "echo" else "datagrams/s"
-    per = "echo" if args.shape == "echo" else "delivered datagram"
+    echo = args.shape == "echo"
+    shape = f"x {ECHO_WINDOW} in flight" if echo else f"({args.shape})"
+    unit = "echoes/s" if echo else "datagrams/s"
+    per = "echo" if echo else "delivered datagram"
     print(f"{args.rounds} rounds x {args.seconds:g} s per box, {args.flows} flow(s) {shape}")
+    nginx_rate = statistics.median(row[0] for row in results["nginx"]) if "nginx" in results else None
     for name, rows in results.items():
         rate, user, system = (statistics.median(row[i] for row in rows) for i in range(3))
+        versus = f" ({rate / nginx_rate:.2f}x nginx)" if nginx_rate else ""
         peers, refills = statistics.median(row[4] for row in rows), sum(row[5] for row in rows)
         box_drops, pod_drops = sum(row[6] for row in rows), sum(row[7] for row in rows)
-        print(f"{name:7s} {rate:9,.0f} {unit}  {user + system:5.2f} us CPU per datagram "
+        print(f"{name:7s} {rate:9,.0f} {unit}{versus}  {user + system:5.2f} us CPU per datagram "
               f"(user {user:4.2f}, system {system:4.2f}); the pod and clients {peers:5.2f} us per {per}, "
               f"{refills} windows refilled after losses; dropped at the box's sockets {box_drops:,}, "
               f"at the pod's {pod_drops:,}")
