@@ -1,6 +1,6 @@
 """QUIC long/short header parsing (RFC 8999 invariants, RFC 9000 section 17, RFC 9369).
 
-Sans-IO and read-only: bytes in, a small frozen fact out. The router never terminates
+Sans-IO and read-only: bytes in, a small immutable fact out. The router never terminates
 QUIC, so it only needs what the invariants and the v1/v2 Initial layout expose in the
 clear: version, connection IDs, token, and where each coalesced packet ends. Every read
 is bounds-checked; untrusted input can only raise :class:`QuicPacketError`.
