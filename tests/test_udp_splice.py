@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import os
 import socket
+import struct
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
@@ -20,9 +21,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from discovery.targets import Target, TargetSnapshot
+from quic.packet import QUIC_V1
 from router import constants as c
 from router.demo.pki import DemoPki
-from router.udp import native
+from router.udp import batching, native
 from router.udp.flow_table import Flow
 from router.udp.settings import UdpRouterSettings
 from tests.support.quic_exchange import quic_exchange
@@ -145,6 +147,76 @@ def test_pod_datagrams_reach_the_client_and_long_headers_come_back_to_learn_from
         assert {address for _, address in got} == {x.public.getsockname()}
         assert (x.flow.pod_bytes, x.flow.last_active) == (sum(map(len, answers)), 2.0)
         assert x.splicer.take_counts() == (0, sum(map(len, answers)))
+
+
+def _gso_send(sock: socket.socket, datagrams: list[bytes], to: tuple[str, int]) -> None:
+    """One ``sendmsg`` carrying ``datagrams`` (all of the first one's size, the last maybe
+    shorter) as a GSO batch, as quinn sends; skips the test where the kernel has no UDP GSO."""
+    segment = struct.pack("=H", len(datagrams[0]))
+    try:
+        sock.sendmsg([b"".join(datagrams)], [(socket.SOL_UDP, batching.UDP_SEGMENT, segment)], 0, to)
+    except OSError as exc:
+        if exc.errno in batching.REFUSALS:
+            pytest.skip(f"kernel without UDP GSO: {exc}")
+        raise
+
+
+def test_a_pods_gso_batch_is_one_read_and_reaches_the_client_as_the_same_datagrams() -> None:
+    with spliced() as x:
+        if not batching.enable_gro(x.link):
+            pytest.skip("kernel without UDP_GRO")
+        handshake = [bytes([0xC0]) + QUIC_V1.to_bytes(4, "big") + b"\x00\x04scid" + bytes(1190) for _ in range(3)]
+        data = [short(n) for n in range(20)] + [short(20, 500)]
+        _gso_send(x.pod, handshake, x.link.getsockname())
+        _gso_send(x.pod, data, x.link.getsockname())
+        learned = x.splicer.from_pods(3.0)
+        assert learned == [(x.flow, handshake[0])]  # one SCID: learned from the first of the three
+        got = [x.client.recvfrom(65536) for _ in handshake + data]
+        assert [datagram for datagram, _ in got] == handshake + data
+        assert {address for _, address in got} == {x.public.getsockname()}
+        assert x.flow.pod_bytes == sum(map(len, handshake + data))
+        assert x.splicer.take_counts() == (0, sum(map(len, handshake + data)))
+
+
+def _receive_buffer(sock: socket.socket, wanted: int) -> None:
+    """At least ``wanted`` bytes of receive buffer (``SO_RCVBUFFORCE`` as root, past
+    ``net.core.rmem_max``), or skip: a test of lost-nothing must not lose to its own socket."""
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, wanted)
+    except PermissionError:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, wanted)
+    if sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) < wanted:
+        pytest.skip(f"a receive buffer of {wanted} bytes is not allowed here")
+
+
+SO_RCVBUFFORCE = 33
+"""``<asm-generic/socket.h>``: SO_RCVBUF past ``net.core.rmem_max``, for a privileged process."""
+
+
+def test_gso_batches_of_more_datagrams_than_one_call_queues_all_arrive_in_order() -> None:
+    with spliced() as x:
+        if not batching.enable_gro(x.link):
+            pytest.skip("kernel without UDP_GRO")
+        _receive_buffer(x.link, 1 << 23)
+        _receive_buffer(x.client, 1 << 25)
+        segments = 128  # Linux 6.x takes 128 per GSO send: reads of 128 overflow one call's queue
+        try:
+            x.pod.sendmsg([b"".join(short(n, 40) for n in range(segments))],
+                          [(socket.SOL_UDP, batching.UDP_SEGMENT, struct.pack("=H", 40))], 0, x.link.getsockname())
+        except OSError as exc:
+            if exc.errno != errno.EINVAL:
+                raise
+            segments = 64  # older kernels: 64, and the queue never overflows; all must arrive still
+            _gso_send(x.pod, [short(n, 40) for n in range(segments)], x.link.getsockname())
+        sent = [short(n, 40) for n in range(segments)]
+        for batch in range(1, 40):
+            datagrams = [short(batch * segments + n, 40) for n in range(segments)]
+            _gso_send(x.pod, datagrams, x.link.getsockname())
+            sent += datagrams
+        x.splicer.from_pods(1.0)
+        x.splicer.from_pods(1.0)
+        assert [x.client.recv(65536) for _ in sent] == sent
+        assert x.flow.pod_bytes == 40 * len(sent)
 
 
 def test_a_moved_client_gets_the_pod_datagrams_at_its_new_address() -> None:

@@ -13,8 +13,10 @@
  *     that flow in the same call, so a flow's datagrams never overtake each other.
  *   pod -> client: an epoll set holds the attached pod sockets; each readable one is read with
  *     recvmmsg and its datagrams leave the public socket to the flow's client address in one
- *     sendmmsg across flows. Long headers are sent and also returned (flow, bytes): Python
- *     learns the pod's connection IDs from them.
+ *     sendmmsg across flows. A pod socket with UDP_GRO on may hand over a pod's GSO batch (or
+ *     what the NIC's GRO glued) as one read: it is cut at the UDP_GRO segment size and leaves as
+ *     one GSO message, the same datagrams in the same order. Long headers are sent and also
+ *     returned (flow, bytes): Python learns the pod's connection IDs from them.
  *
  * A pod socket error (ECONNREFUSED after an ICMP) is queued as (flow, errno) for Python to end
  * the flow. A full socket buffer drops, as UDP drops. The flows' byte counts and activity times
@@ -48,6 +50,11 @@
 #ifndef SOL_UDP
 #define SOL_UDP 17
 #endif
+#ifndef UDP_GRO
+#define UDP_GRO 104            /* <linux/udp.h>: an int cmsg, the segment size of a glued read */
+#endif
+#define GRO_MAX_SEGMENTS 64    /* datagrams one GRO read holds at most (the kernel's UDP_GRO_CNT_MAX) */
+#define OUT_DATAGRAMS (BATCH * GRO_MAX_SEGMENTS)  /* pod datagrams one from_pods call may queue */
 
 /* One datagram to send: its bytes and where to (NULL on a connected socket). */
 typedef struct {
@@ -92,6 +99,7 @@ typedef struct {
     int touched_len;
     char *client_buffers;            /* BATCH x BUFFER_BYTES, mmap'd: only touched pages count */
     char *pod_buffers;
+    Datagram *pod_out;               /* OUT_DATAGRAMS: the pod datagrams one from_pods call queues */
     unsigned long long to_pod_bytes, to_client_bytes;
 } Splicer;
 
@@ -367,9 +375,10 @@ static int Splicer_init(Splicer *self, PyObject *args, PyObject *kwds) {
     }
     int most = batches * BATCH > BATCH * 2 ? batches * BATCH : BATCH * 2;
     self->touched = PyMem_Calloc((size_t)most, sizeof(Slot *));
+    self->pod_out = PyMem_Calloc(OUT_DATAGRAMS, sizeof(Datagram));
     self->by_key = PyDict_New();
     self->failures = PyList_New(0);
-    if (!self->touched || !self->by_key || !self->failures) {
+    if (!self->touched || !self->pod_out || !self->by_key || !self->failures) {
         PyErr_NoMemory();
         return -1;
     }
@@ -402,6 +411,7 @@ static void release_all(Splicer *self) {
 static void Splicer_dealloc(Splicer *self) {
     release_all(self);
     PyMem_Free(self->touched);
+    PyMem_Free(self->pod_out);
     Py_XDECREF(self->by_key);
     Py_XDECREF(self->failures);
     Py_TYPE(self)->tp_free((PyObject *)self);
@@ -626,6 +636,26 @@ static PyObject *Splicer_from_clients(Splicer *self, PyObject *arg) {
     return slow;
 }
 
+/* The UDP_GRO segment size of a read of `length` bytes (its cmsg), or `length`: one datagram. */
+static unsigned int gro_segment(struct msghdr *msg, unsigned int length) {
+    for (struct cmsghdr *c = CMSG_FIRSTHDR(msg); c; c = CMSG_NXTHDR(msg, c)) {
+        if (c->cmsg_level == SOL_UDP && c->cmsg_type == UDP_GRO && c->cmsg_len >= CMSG_LEN(sizeof(int))) {
+            int size;
+            memcpy(&size, CMSG_DATA(c), sizeof size);
+            if (size > 0 && (unsigned int)size < length) return (unsigned int)size;
+        }
+    }
+    return length;
+}
+
+/* Send out[0..count) to their clients through the listener, BATCH datagrams per sendmmsg plan. */
+static void send_to_clients(Splicer *self, Datagram *out, int count) {
+    for (int at = 0; at < count; at += BATCH) {
+        int n = count - at < BATCH ? count - at : BATCH;
+        self->to_client_bytes += send_datagrams(self, self->listener, out + at, n, self->gso, NULL);
+    }
+}
+
 static PyObject *Splicer_from_pods(Splicer *self, PyObject *arg) {
     double now = PyFloat_AsDouble(arg);
     if ((now == -1.0 && PyErr_Occurred()) || !ready(self)) return NULL;
@@ -638,15 +668,16 @@ static PyObject *Splicer_from_pods(Splicer *self, PyObject *arg) {
     self->call++;
     struct mmsghdr in[BATCH];
     struct iovec iov[BATCH];
-    Datagram out[BATCH];
+    char controls[BATCH][CMSG_SPACE(sizeof(int))];
+    Datagram *out = self->pod_out;
     int used = 0, queued = 0, failed = 0;  /* buffers read into; datagrams queued to send */
     for (int e = 0; e < ready_count && !failed; e++) {
         Slot *slot = slot_for_fd(self, events[e].data.fd);
         if (!slot || slot->failed) continue;
         int budget = self->per_pod;
         while (budget > 0) {
-            if (used == BATCH) {
-                self->to_client_bytes += send_datagrams(self, self->listener, out, queued, self->gso, NULL);
+            if (used == BATCH) {  /* every buffer holds queued datagrams: send them, reuse the buffers */
+                send_to_clients(self, out, queued);
                 used = queued = 0;
             }
             int want = BATCH - used < budget ? BATCH - used : budget;
@@ -656,6 +687,8 @@ static PyObject *Splicer_from_pods(Splicer *self, PyObject *arg) {
                 iov[i].iov_len = BUFFER_BYTES;
                 in[i].msg_hdr.msg_iov = &iov[i];
                 in[i].msg_hdr.msg_iovlen = 1;
+                in[i].msg_hdr.msg_control = controls[i];
+                in[i].msg_hdr.msg_controllen = sizeof controls[i];
             }
             int n = recvmmsg(slot->fd, in + used, (unsigned int)want, MSG_DONTWAIT, NULL);
             if (n < 0) {
@@ -668,24 +701,33 @@ static PyObject *Splicer_from_pods(Splicer *self, PyObject *arg) {
                 unsigned int length = in[i].msg_len;
                 if (!length || (in[i].msg_hdr.msg_flags & MSG_TRUNC)) continue;
                 unsigned char *data = (unsigned char *)iov[i].iov_base;
-                if ((data[0] & 0x80) && worth_learning(slot, data, length)) {  /* Python learns the pod's CIDs */
-                    PyObject *item = Py_BuildValue("(Oy#)", slot->flow, (const char *)data, (Py_ssize_t)length);
-                    if (!item || PyList_Append(learned, item) < 0) failed = 1;
-                    Py_XDECREF(item);
-                }
-                out[queued].iov.iov_base = data;
-                out[queued].iov.iov_len = length;
-                out[queued].name = &slot->client;
-                out[queued].name_len = slot->client_len;
+                unsigned int segment = gro_segment(&in[i].msg_hdr, length);
                 slot->pod_bytes += length;
-                queued++;
+                for (unsigned int at = 0; at < length; at += segment) {  /* each datagram of a GRO read */
+                    unsigned int size = length - at < segment ? length - at : segment;
+                    unsigned char *datagram = data + at;
+                    if ((datagram[0] & 0x80) && worth_learning(slot, datagram, size)) {  /* Python learns the pod's CIDs */
+                        PyObject *item = Py_BuildValue("(Oy#)", slot->flow, (const char *)datagram, (Py_ssize_t)size);
+                        if (!item || PyList_Append(learned, item) < 0) failed = 1;
+                        Py_XDECREF(item);
+                    }
+                    if (queued == OUT_DATAGRAMS) {  /* tiny segments: send what is queued (the buffers stay) */
+                        send_to_clients(self, out, queued);
+                        queued = 0;
+                    }
+                    out[queued].iov.iov_base = datagram;
+                    out[queued].iov.iov_len = size;
+                    out[queued].name = &slot->client;
+                    out[queued].name_len = slot->client_len;
+                    queued++;
+                }
             }
             used += n;
             budget -= n;
             if (n < want) break;  /* drained */
         }
     }
-    if (queued) self->to_client_bytes += send_datagrams(self, self->listener, out, queued, self->gso, NULL);
+    if (queued) send_to_clients(self, out, queued);
     self->busy = 0;
     if (write_counts(self, now, 0) < 0 || failed) {
         Py_DECREF(learned);

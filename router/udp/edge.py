@@ -348,7 +348,7 @@ class UdpRouter(FlowEndings):
             return
         started = self._now()
         try:
-            sock = connect_udp(target.address, target.quic_port, gro=self._splicer is None)
+            sock = connect_udp(target.address, target.quic_port)
         except OSError as exc:
             self._refusals.log.info("quic dial to %s for %s failed: %s", target.quic_endpoint,
                                     peer(pending.address), exc)

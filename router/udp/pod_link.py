@@ -131,14 +131,14 @@ class Outboxes(Generic[F]):
             self.sent_bytes += link.flush()
 
 
-def connect_udp(address: str, port: int, gro: bool = True) -> socket.socket:
-    """A non-blocking UDP socket connected to a pod IP (never a name: no DNS here), GRO on if
-    offered and ``gro`` (the C splice reads single datagrams: it forwards each read as one)."""
+def connect_udp(address: str, port: int) -> socket.socket:
+    """A non-blocking UDP socket connected to a pod IP (never a name: no DNS here), GRO on if the
+    kernel offers it: a pod's GSO batch (quinn sends them) is then one read, passed on as one
+    ``UDP_SEGMENT`` send by either path (``pod_to_client``, the C splice)."""
     family, sockaddr = _pod_sockaddr(address, port)
     sock = socket.socket(family, socket.SOCK_DGRAM | socket.SOCK_NONBLOCK)  # no ioctl to unblock it
     try:
-        if gro:
-            enable_gro(sock)
+        enable_gro(sock)
         sock.connect(sockaddr)
     except OSError:
         sock.close()
