@@ -15,6 +15,7 @@ import os
 import random
 import selectors
 import socket
+import struct
 import threading
 import time
 from pathlib import Path
@@ -22,6 +23,8 @@ from typing import Any
 
 from aioquic.quic.configuration import QuicConfiguration
 from aioquic.quic.connection import QuicConnection
+
+from router.udp.batching import UDP_SEGMENT
 
 _STATE: dict[str, Any] = {}
 SOCKET_BUFFER_BYTES = 4 * 1024 * 1024
@@ -94,28 +97,33 @@ def udp_sink_stats() -> tuple[int, int, int]:
     return counts[0], counts[1], len(sources)
 
 
-def udp_sink_blast(seconds: float, size: int) -> tuple[int, float]:
+def udp_sink_blast(seconds: float, size: int, segments: int = 1) -> tuple[int, float]:
     """The pod sends ``size``-byte short-header-looking datagrams, round-robin, to every source
     address it has seen (each flow's middle-box socket, or the client itself when direct), for
-    ``seconds``, one ``sendto`` each as a pod without GSO would; returns (sent, elapsed)."""
+    ``seconds``: one ``sendto`` each as a pod without GSO would (aioquic), or with ``segments`` > 1
+    that many per ``sendmsg`` as one ``UDP_SEGMENT`` batch (quinn); returns (sent, elapsed)."""
     sock, _counts, sources = _STATE["sink"]
     targets = list(sources)
     payload = bytearray(os.urandom(size))
     payload[0] = 0x40 | (payload[0] & 0x3F)
-    data = bytes(payload)
+    data = bytes(payload) * segments
+    gso = [(socket.SOL_UDP, UDP_SEGMENT, struct.pack("=H", size))] if segments > 1 else []
     sent = errors = 0
     clock = time.perf_counter
     started = clock()
     deadline = started + seconds
-    rounds_per_check = max(1, 256 // max(1, len(targets)))
+    rounds_per_check = max(1, 256 // max(1, len(targets) * segments))
     while clock() < deadline:
         for _ in range(rounds_per_check):
             for target in targets:
                 try:
-                    sock.sendto(data, target)
+                    if gso:
+                        sock.sendmsg([data], gso, 0, target)
+                    else:
+                        sock.sendto(data, target)
                 except OSError:  # ENOBUFS
-                    errors += 1
-            sent += len(targets)
+                    errors += segments
+            sent += len(targets) * segments
     return sent - errors, clock() - started
 
 

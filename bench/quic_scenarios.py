@@ -44,6 +44,9 @@ DATAGRAM_BYTES = 1200
 HANDSHAKE_CLIENTS = 2
 HANDSHAKE_CONCURRENCY = 4
 """Per client process; aioquic handshakes are CPU-bound in Python at both ends."""
+POD_GSO_SEGMENTS = 10
+"""Datagrams per GSO send of the pod in ``udp_download_gso``: a bulk sender's batch (quinn and
+s2n-quic send GSO batches; aioquic one datagram per call)."""
 
 
 def quic_sniff(ctx: BenchContext) -> list[Row]:
@@ -198,39 +201,43 @@ def _udp_case(ctx: BenchContext, blaster: Agent, sink: Agent, addr: tuple[str, i
 
 
 def udp_download(ctx: BenchContext) -> list[Row]:
-    """Pod -> client: the pod sends one datagram per call (as aioquic does; quinn would send GSO
-    batches, which the router's GRO pod socket takes as they come)."""
+    """Pod -> client: the pod sends one datagram per call (as aioquic does), and at 100 flows also
+    GSO batches of ``POD_GSO_SEGMENTS`` (as quinn does; the router's GRO pod socket takes each as
+    one read, nginx's reads them one by one)."""
     sink, clients, endpoints, flights, seconds = _udp_setup(ctx)
     rows = []
-    for flows in (1, 100):
-        ctx.log(f"udp download: {flows} flow(s), {DATAGRAM_BYTES} B datagrams, {seconds}s per case")
+    for flows, segments in ((1, 1), (100, 1), (100, POD_GSO_SEGMENTS)):
+        name = f"udp_download_{'gso_' if segments > 1 else ''}{flows}flow"
+        shape = f", GSO batches of {segments}" if segments > 1 else ""
+        ctx.log(f"udp download: {flows} flow(s), {DATAGRAM_BYTES} B datagrams{shape}, {seconds}s per case")
         results = interleaved(ctx.rounds, {
-            n: _download_case(sink, clients, addr, pid, flows, flights, seconds)
+            n: _download_case(sink, clients, addr, pid, flows, flights, seconds, segments)
             for n, (addr, pid) in endpoints.items()})
 
         def med(name: str, i: int, results: dict[str, list[Any]] = results) -> float | None:
             return median([r[i] for r in results.get(name, []) if r[i] is not None])
 
         rows += [
-            Row(f"udp_download_{flows}flow_pps", f"{DATAGRAM_BYTES} B pod datagrams delivered to the client, "
-                f"{flows} flow(s)", "pkt/s", med("router", 0), "nginx", med("nginx", 0), med("direct", 0),
-                targets=UDP_TARGETS + (MANY_FLOW_TARGETS if flows > 1 else ()),
+            Row(f"{name}_pps", f"{DATAGRAM_BYTES} B pod datagrams delivered to the client, "
+                f"{flows} flow(s){shape}", "pkt/s", med("router", 0), "nginx", med("nginx", 0), med("direct", 0),
+                targets=UDP_TARGETS + (MANY_FLOW_TARGETS if flows > 1 and segments == 1 else ()),
                 note=f"one Python pod offered ~{med('direct', 2) or 0:,.0f} pkt/s"),
-            Row(f"udp_download_{flows}flow_cpu", f"middle-box CPU per delivered pod datagram, {flows} flow(s)",
+            Row(f"{name}_cpu", f"middle-box CPU per delivered pod datagram, {flows} flow(s){shape}",
                 "CPU us/pkt", med("router", 1), "nginx", med("nginx", 1), None, higher_is_better=False),
         ]
     return rows
 
 
 def _download_case(sink: Agent, clients: Agent, addr: tuple[str, int], pid: int | None, flows: int,
-                   flights: list[list[bytes]], seconds: float) -> Callable[[], tuple[float, float | None, float]]:
+                   flights: list[list[bytes]], seconds: float, segments: int = 1
+                   ) -> Callable[[], tuple[float, float | None, float]]:
     def case() -> tuple[float, float | None, float]:
         sink.call(udp_sink_forget_sources)  # the pod sends only to this case's flows
         establish_flows(clients, sink, addr, flows, flights)
         time.sleep(0.1)
         cpu_before = cpu_seconds(pid) if pid is not None else 0.0
         clients.submit(count_flow_datagrams, seconds + 0.3)
-        sent, elapsed = sink.call(udp_sink_blast, seconds, DATAGRAM_BYTES)
+        sent, elapsed = sink.call(udp_sink_blast, seconds, DATAGRAM_BYTES, segments)
         delivered = clients.result()
         cpu = (cpu_seconds(pid) - cpu_before) / max(delivered, 1) * 1e6 if pid is not None else None
         clients.call(retire_udp_flows)

@@ -44,7 +44,7 @@ from bench.quic_load import (
     udp_sink_forget_sources,
     udp_sink_stats,
 )
-from bench.quic_scenarios import DATAGRAM_BYTES, ECHO_WINDOW, establish_flows
+from bench.quic_scenarios import DATAGRAM_BYTES, ECHO_WINDOW, POD_GSO_SEGMENTS, establish_flows
 
 Box = tuple[tuple[str, int], int]
 """(address the clients send to, pid of the middle box)."""
@@ -87,10 +87,11 @@ def _echo(pod: Agent, clients: Agent, seconds: float) -> tuple[int, int, float, 
     return echoes, 2 * echoes, elapsed, refills, echoes
 
 
-def _download(pod: Agent, clients: Agent, seconds: float) -> tuple[int, int, float, int, int]:
-    """``udp_download``: pod -> clients, per datagram delivered to the clients."""
+def _download(pod: Agent, clients: Agent, seconds: float, segments: int = 1) -> tuple[int, int, float, int, int]:
+    """``udp_download``: pod -> clients, per datagram delivered to the clients; ``segments`` per
+    GSO send of the pod (1: one datagram per call)."""
     clients.submit(count_flow_datagrams, seconds + 0.3)
-    _sent, elapsed = pod.call(udp_sink_blast, seconds, DATAGRAM_BYTES)
+    _sent, elapsed = pod.call(udp_sink_blast, seconds, DATAGRAM_BYTES, segments)
     delivered = clients.result()
     return delivered, delivered, elapsed, 0, delivered
 
@@ -114,7 +115,12 @@ class UdpFloor(PeerProcess):
         self._start([str(binary), str(self.port), pod_host, str(pod_port)], [self.port], True, "udp_floor")
 
 
-SHAPES: dict[str, Load] = {"echo": _echo, "download": _download, "relay": _relay}
+def _download_gso(pod: Agent, clients: Agent, seconds: float) -> tuple[int, int, float, int, int]:
+    """``udp_download`` from a pod that sends GSO batches of ``POD_GSO_SEGMENTS`` (as GSO-sending QUIC stacks do)."""
+    return _download(pod, clients, seconds, POD_GSO_SEGMENTS)
+
+
+SHAPES: dict[str, Load] = {"echo": _echo, "download": _download, "download-gso": _download_gso, "relay": _relay}
 """``--shape``: the load each round runs (the pod echoes only for ``echo``)."""
 
 
@@ -131,7 +137,8 @@ def main(argv: list[str] | None = None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--flows", type=int, default=1, help="flows (default 1)")
     p.add_argument("--shape", choices=sorted(SHAPES), default="echo",
-                   help="echo (udp_echo, the default), download (udp_download) or relay (udp_relay)")
+                   help="echo (udp_echo, the default), download (udp_download), download-gso (the same from a pod "
+                        "sending GSO batches of 10, as GSO-sending QUIC stacks do) or relay (udp_relay)")
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
     p.add_argument("--seconds", type=float, default=3.0, help="load per box and round (default 3)")
     p.add_argument("--strace", action="store_true", help="the router's system calls per datagram")
