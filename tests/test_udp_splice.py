@@ -298,6 +298,52 @@ def test_every_datagram_reaches_the_pod_or_python_exactly_once_in_order(sent: li
         assert [x.pod.recv(65536) for _ in to_pod] == to_pod
 
 
+gso_sends = st.lists(
+    st.tuples(
+        st.sampled_from(["client", "stranger"]),
+        st.lists(st.sampled_from([0x40, 0x5F, 0xC0]), min_size=1, max_size=24),  # short, short, long
+        st.integers(8, 1300),
+        st.integers(0, 5),
+    ),
+    max_size=12,
+)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(gso_sends)
+def test_a_clients_gso_batches_are_judged_datagram_by_datagram_in_order(
+    sends: list[tuple[str, list[int], int, int]],
+) -> None:
+    """With GRO on the public socket a client's GSO batch is one read: the splice cuts it and
+    holds each datagram to the same rule as if it had come alone."""
+    with spliced() as x, _udp(ROUTER_HOST) as stranger:
+        if not batching.enable_gro(x.public):
+            pytest.skip("kernel without UDP_GRO")
+        senders = {"client": x.client, "stranger": stranger}
+        sent: list[tuple[str, bytes]] = []
+        for who, firsts, size, shorter in sends:
+            batch = [bytes([first]) + len(sent + [None] * k).to_bytes(2, "big") + bytes(size - 3)
+                     for k, first in enumerate(firsts)]
+            batch[-1] = batch[-1][: max(3, size - shorter)] if len(batch) > 1 else batch[-1]
+            if len(batch) > 1:
+                _gso_send(senders[who], batch, x.public.getsockname())
+            else:
+                senders[who].sendto(batch[0], x.public.getsockname())
+            sent += [(who, datagram) for datagram in batch]
+        back: list[tuple[bytes, tuple[str, int]]] = []
+        while len(batch := x.splicer.from_clients(1.0)) or _pending(x.public):
+            back += batch
+        to_pod, to_python, slow = [], [], False
+        for who, data in sent:
+            if who == "client" and not slow and not data[0] & 0x80:
+                to_pod.append(data)
+            else:
+                slow = slow or who == "client"
+                to_python.append((data, senders[who].getsockname()))
+        assert back == to_python
+        assert [x.pod.recv(65536) for _ in to_pod] == to_pod
+
+
 def _pending(sock: socket.socket) -> bool:
     try:
         sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)

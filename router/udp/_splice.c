@@ -5,9 +5,10 @@
  * suite runs too. The policy stays in Python. This module only moves bytes for flows Python
  * has attached, and hands Python everything else, in arrival order:
  *
- *   client -> pod: recvmmsg on the public socket; a short-header datagram from an attached
- *     client address, or a long header whose DCID is the pod CID the flow last learned, is
- *     sent to its flow's connected pod socket (one sendmmsg per flow per batch, in order, runs
+ *   client -> pod: recvmmsg on the public socket (UDP_GRO on: a client's GSO batch is one read,
+ *     cut here at its segment size, each datagram judged on its own); a short-header datagram
+ *     from an attached client address, or a long header whose DCID is the pod CID the flow last
+ *     learned, is sent to its flow's connected pod socket (one sendmmsg per flow per batch, in order, runs
  *     as GSO messages); any other datagram (a new address, another long header, an empty one) is
  *     returned as (bytes, address) for the Python edge, and so are the later datagrams of
  *     that flow in the same call, so a flow's datagrams never overtake each other.
@@ -556,13 +557,38 @@ static int to_learned_cid(Slot *slot, const unsigned char *data, unsigned int le
            memcmp(data + 6, slot->scid, (size_t)slot->scid_len) == 0;
 }
 
-/* One batch read from the public socket: send the fast datagrams per flow, return the rest. */
-static int client_batch(Splicer *self, PyObject *slow, struct mmsghdr *msgs, struct sockaddr_in6 *names, int n) {
+/* The UDP_GRO segment size of a read of `length` bytes (its cmsg), or `length`: one datagram. */
+static unsigned int gro_segment(struct msghdr *msg, unsigned int length) {
+    for (struct cmsghdr *c = CMSG_FIRSTHDR(msg); c; c = CMSG_NXTHDR(msg, c)) {
+        if (c->cmsg_level == SOL_UDP && c->cmsg_type == UDP_GRO && c->cmsg_len >= CMSG_LEN(sizeof(int))) {
+            int size;
+            memcpy(&size, CMSG_DATA(c), sizeof size);
+            if (size > 0 && (unsigned int)size < length) return (unsigned int)size;
+        }
+    }
+    return length;
+}
+
+/* One client datagram of a batch: a whole read, or one segment of a GRO read. */
+typedef struct {
+    unsigned char *data;
+    unsigned int length;
+    const struct sockaddr_in6 *name;  /* the client address it came from (its read's) */
+} Piece;
+
+/* Up to BATCH client datagrams in arrival order: send the fast ones per flow, return the rest. */
+static int client_pieces(Splicer *self, PyObject *slow, Piece *pieces, int n) {
     Slot *slots[BATCH];
+    const struct sockaddr_in6 *looked_up = NULL;  /* the segments of one read share its lookup */
+    Slot *found = NULL;
     for (int i = 0; i < n; i++) {
-        unsigned char *data = (unsigned char *)msgs[i].msg_hdr.msg_iov->iov_base;
-        unsigned int length = msgs[i].msg_len;
-        Slot *slot = slot_for_address(self, (struct sockaddr *)&names[i]);
+        unsigned char *data = pieces[i].data;
+        unsigned int length = pieces[i].length;
+        if (pieces[i].name != looked_up) {
+            looked_up = pieces[i].name;
+            found = slot_for_address(self, (const struct sockaddr *)looked_up);
+        }
+        Slot *slot = found;
         if (slot && length > 0 && slot->slow_call != self->call &&
             (!(data[0] & 0x80) || to_learned_cid(slot, data, length))) {
             slots[i] = slot;
@@ -570,7 +596,7 @@ static int client_batch(Splicer *self, PyObject *slow, struct mmsghdr *msgs, str
         }
         slots[i] = NULL;
         if (slot) slot->slow_call = self->call;  /* the rest of this flow's datagrams follow it */
-        PyObject *address = tuple_of((struct sockaddr *)&names[i]);
+        PyObject *address = tuple_of((const struct sockaddr *)pieces[i].name);
         PyObject *item = address ? Py_BuildValue("(y#N)", (const char *)data, (Py_ssize_t)length, address) : NULL;
         if (!item || PyList_Append(slow, item) < 0) {
             Py_XDECREF(item);
@@ -585,8 +611,8 @@ static int client_batch(Splicer *self, PyObject *slow, struct mmsghdr *msgs, str
         int count = 0;
         for (int j = i; j < n; j++) {
             if (slots[j] != slot) continue;
-            out[count].iov.iov_base = msgs[j].msg_hdr.msg_iov->iov_base;
-            out[count].iov.iov_len = msgs[j].msg_len;
+            out[count].iov.iov_base = pieces[j].data;
+            out[count].iov.iov_len = pieces[j].length;
             out[count].name = NULL;
             out[count].name_len = 0;
             slots[j] = NULL;
@@ -601,6 +627,32 @@ static int client_batch(Splicer *self, PyObject *slow, struct mmsghdr *msgs, str
     return 0;
 }
 
+/* One batch read from the public socket, each GRO read cut at its segment size (a client's GSO
+ * batch, glued by the kernel's GRO), handled BATCH datagrams at a time in arrival order. */
+static int client_batch(Splicer *self, PyObject *slow, struct mmsghdr *msgs, struct sockaddr_in6 *names, int n) {
+    Piece pieces[BATCH];
+    int count = 0;
+    for (int i = 0; i < n; i++) {
+        unsigned char *data = (unsigned char *)msgs[i].msg_hdr.msg_iov->iov_base;
+        unsigned int length = msgs[i].msg_len;
+        unsigned int segment = gro_segment(&msgs[i].msg_hdr, length);
+        unsigned int at = 0;
+        do {  /* an empty datagram is one piece too: Python counts it */
+            if (count == BATCH) {
+                if (client_pieces(self, slow, pieces, count) < 0) return -1;
+                count = 0;
+            }
+            unsigned int size = length - at < segment ? length - at : segment;
+            pieces[count].data = data + at;
+            pieces[count].length = size;
+            pieces[count].name = &names[i];
+            count++;
+            at += size;
+        } while (at < length);
+    }
+    return count ? client_pieces(self, slow, pieces, count) : 0;
+}
+
 static PyObject *Splicer_from_clients(Splicer *self, PyObject *arg) {
     double now = PyFloat_AsDouble(arg);
     if ((now == -1.0 && PyErr_Occurred()) || !ready(self)) return NULL;
@@ -611,6 +663,7 @@ static PyObject *Splicer_from_clients(Splicer *self, PyObject *arg) {
     struct mmsghdr msgs[BATCH];
     struct iovec iov[BATCH];
     struct sockaddr_in6 names[BATCH];
+    char controls[BATCH][CMSG_SPACE(sizeof(int))];
     int failed = 0;
     for (int round = 0; round < self->batches && !failed; round++) {
         memset(msgs, 0, sizeof msgs);
@@ -621,6 +674,8 @@ static PyObject *Splicer_from_clients(Splicer *self, PyObject *arg) {
             msgs[i].msg_hdr.msg_iovlen = 1;
             msgs[i].msg_hdr.msg_name = &names[i];
             msgs[i].msg_hdr.msg_namelen = sizeof names[i];
+            msgs[i].msg_hdr.msg_control = controls[i];
+            msgs[i].msg_hdr.msg_controllen = sizeof controls[i];
         }
         int n = recvmmsg(self->listener, msgs, BATCH, MSG_DONTWAIT, NULL);
         if (n < 0 && errno == EINTR) continue;
@@ -634,18 +689,6 @@ static PyObject *Splicer_from_clients(Splicer *self, PyObject *arg) {
         return NULL;
     }
     return slow;
-}
-
-/* The UDP_GRO segment size of a read of `length` bytes (its cmsg), or `length`: one datagram. */
-static unsigned int gro_segment(struct msghdr *msg, unsigned int length) {
-    for (struct cmsghdr *c = CMSG_FIRSTHDR(msg); c; c = CMSG_NXTHDR(msg, c)) {
-        if (c->cmsg_level == SOL_UDP && c->cmsg_type == UDP_GRO && c->cmsg_len >= CMSG_LEN(sizeof(int))) {
-            int size;
-            memcpy(&size, CMSG_DATA(c), sizeof size);
-            if (size > 0 && (unsigned int)size < length) return (unsigned int)size;
-        }
-    }
-    return length;
 }
 
 /* Send out[0..count) to their clients through the listener, BATCH datagrams per sendmmsg plan. */

@@ -17,6 +17,7 @@ import socket
 from typing import Protocol
 
 from router import constants as c
+from router.udp.batching import enable_gro
 from router.udp.flow_table import Address
 
 log = logging.getLogger("router.udp_router")
@@ -69,7 +70,9 @@ class SocketOut:
 
 
 def open_socket(host: str, port: int, reuse_port: bool) -> socket.socket:
-    """The public socket for the C splice: bound (SO_REUSEPORT when workers share it), non-blocking, buffers sized."""
+    """The public socket for the C splice: bound (SO_REUSEPORT when workers share it), non-blocking,
+    buffers sized, UDP GRO on if offered (the splice cuts a client's GSO batch into its datagrams;
+    the pure-Python listener reads through asyncio, which cannot, so it never has GRO)."""
     family, _, _, _, sockaddr = socket.getaddrinfo(host, port, type=socket.SOCK_DGRAM, flags=socket.AI_PASSIVE)[0]
     sock = socket.socket(family, socket.SOCK_DGRAM | socket.SOCK_NONBLOCK)
     try:
@@ -80,6 +83,7 @@ def open_socket(host: str, port: int, reuse_port: bool) -> socket.socket:
         sock.close()
         raise
     _size_buffers(sock)
+    enable_gro(sock)
     return sock
 
 
