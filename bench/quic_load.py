@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import random
 import selectors
@@ -195,27 +196,33 @@ def resend_initials(first: int = 0, batch: int = 20, pause_s: float = 0.01) -> N
             time.sleep(pause_s)
 
 
-def udp_blast(seconds: float, size: int) -> tuple[int, float]:
+def udp_blast(seconds: float, size: int, segments: int = 1) -> tuple[int, float]:
     """Send ``size``-byte short-header-looking datagrams round-robin on every open flow for
-    ``seconds``, as fast as the socket calls go; returns (datagrams sent, elapsed seconds)."""
+    ``seconds``, as fast as the socket calls go: one ``send`` each, or with ``segments`` > 1 that
+    many per ``sendmsg`` as one ``UDP_SEGMENT`` batch; returns (datagrams sent, elapsed seconds)."""
     payload = bytearray(os.urandom(size))
     payload[0] = 0x40 | (payload[0] & 0x3F)  # short header, fixed bit set
     data = bytes(payload)
-    sends = [sock.send for sock, _flight in _STATE.get("flows", [])]
+    socks = [sock for sock, _flight in _STATE.get("flows", [])]
+    if segments > 1:
+        batch, gso = [data * segments], [(socket.SOL_UDP, UDP_SEGMENT, struct.pack("=H", size))]
+        sends = [functools.partial(sock.sendmsg, batch, gso) for sock in socks]
+    else:
+        sends = [functools.partial(sock.send, data) for sock in socks]
     sent = 0
     errors = 0
     clock = time.perf_counter
     started = clock()
     deadline = started + seconds
-    rounds_per_check = max(1, 256 // len(sends))
+    rounds_per_check = max(1, 256 // (len(sends) * segments))
     while clock() < deadline:
         for _ in range(rounds_per_check):
             for send in sends:
                 try:
-                    send(data)
+                    send()
                 except OSError:  # ECONNREFUSED from an earlier ICMP, ENOBUFS
-                    errors += 1
-            sent += len(sends)
+                    errors += segments
+            sent += len(sends) * segments
     return sent - errors, clock() - started
 
 

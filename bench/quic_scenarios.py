@@ -44,9 +44,10 @@ DATAGRAM_BYTES = 1200
 HANDSHAKE_CLIENTS = 2
 HANDSHAKE_CONCURRENCY = 4
 """Per client process; aioquic handshakes are CPU-bound in Python at both ends."""
-POD_GSO_SEGMENTS = 10
-"""Datagrams per GSO send of the pod in ``udp_download_gso``: a bulk sender's batch (quinn and
-s2n-quic send GSO batches; aioquic one datagram per call)."""
+GSO_SEGMENTS = 10
+"""Datagrams per GSO send of the GSO-sending peer (the pod in ``udp_download_gso``, the clients in
+``udp_relay_gso``): a bulk sender's batch (quinn and s2n-quic send GSO batches; aioquic one
+datagram per call)."""
 
 
 def quic_sniff(ctx: BenchContext) -> list[Row]:
@@ -153,12 +154,16 @@ def _udp_setup(ctx: BenchContext, echo: bool = False
 
 
 def udp_relay(ctx: BenchContext) -> list[Row]:
+    """Client -> pod: the clients send one datagram per call (as aioquic does), and at 100 flows
+    also GSO batches of ``GSO_SEGMENTS`` (the router's listener has GRO on with the C splice)."""
     sink, blaster, endpoints, flights, seconds = _udp_setup(ctx)
     rows = []
-    for flows in (1, 100):
-        ctx.log(f"udp relay: {flows} flow(s), {DATAGRAM_BYTES} B datagrams, {seconds}s per case")
+    for flows, segments in ((1, 1), (100, 1), (100, GSO_SEGMENTS)):
+        name = f"udp_relay_{'gso_' if segments > 1 else ''}{flows}flow"
+        shape = f", GSO batches of {segments}" if segments > 1 else ""
+        ctx.log(f"udp relay: {flows} flow(s), {DATAGRAM_BYTES} B datagrams{shape}, {seconds}s per case")
         results = interleaved(ctx.rounds, {
-            n: _udp_case(ctx, blaster, sink, addr, pid, flows, flights, seconds)
+            n: _udp_case(ctx, blaster, sink, addr, pid, flows, flights, seconds, segments)
             for n, (addr, pid) in endpoints.items()})
 
         def med(name: str, i: int, results: dict[str, list[Any]] = results) -> float | None:
@@ -166,13 +171,13 @@ def udp_relay(ctx: BenchContext) -> list[Row]:
 
         offered = med("direct", 2)
         rows += [
-            Row(f"udp_relay_{flows}flow_pps", f"{DATAGRAM_BYTES} B datagrams delivered to the pod, "
-                f"{flows} flow(s)", "pkt/s", med("router", 0), "nginx", med("nginx", 0), med("direct", 0),
-                targets=UDP_TARGETS + (MANY_FLOW_TARGETS if flows > 1 else ()),
+            Row(f"{name}_pps", f"{DATAGRAM_BYTES} B datagrams delivered to the pod, "
+                f"{flows} flow(s){shape}", "pkt/s", med("router", 0), "nginx", med("nginx", 0), med("direct", 0),
+                targets=UDP_TARGETS + (MANY_FLOW_TARGETS if flows > 1 and segments == 1 else ()),
                 note=f"one Python sender offered ~{offered or 0:,.0f} pkt/s"),
-            Row(f"udp_relay_{flows}flow_mbps", f"payload delivered, {flows} flow(s)", "MB/s",
+            Row(f"{name}_mbps", f"payload delivered, {flows} flow(s){shape}", "MB/s",
                 _mb(med("router", 0)), "nginx", _mb(med("nginx", 0)), _mb(med("direct", 0))),
-            Row(f"udp_relay_{flows}flow_cpu", f"middle-box CPU per delivered datagram, {flows} flow(s)",
+            Row(f"{name}_cpu", f"middle-box CPU per delivered datagram, {flows} flow(s){shape}",
                 "CPU us/pkt", med("router", 1), "nginx", med("nginx", 1), None, higher_is_better=False),
         ]
     return rows
@@ -183,14 +188,14 @@ def _mb(pps: float | None) -> float | None:
 
 
 def _udp_case(ctx: BenchContext, blaster: Agent, sink: Agent, addr: tuple[str, int], pid: int | None,
-              flows: int, flights: list[list[bytes]], seconds: float
+              flows: int, flights: list[list[bytes]], seconds: float, segments: int = 1
               ) -> Callable[[], tuple[float, float | None, float]]:
     def case() -> tuple[float, float | None, float]:
         establish_flows(blaster, sink, addr, flows, flights)
         time.sleep(0.1)
         before = sink.call(udp_sink_stats)[0]
         cpu_before = cpu_seconds(pid) if pid is not None else 0.0
-        sent, elapsed = blaster.call(udp_blast, seconds, DATAGRAM_BYTES)
+        sent, elapsed = blaster.call(udp_blast, seconds, DATAGRAM_BYTES, segments)
         time.sleep(0.2)  # let queued datagrams drain through the middle box
         delivered = sink.call(udp_sink_stats)[0] - before
         cpu = (cpu_seconds(pid) - cpu_before) / max(delivered, 1) * 1e6 if pid is not None else None
@@ -202,11 +207,11 @@ def _udp_case(ctx: BenchContext, blaster: Agent, sink: Agent, addr: tuple[str, i
 
 def udp_download(ctx: BenchContext) -> list[Row]:
     """Pod -> client: the pod sends one datagram per call (as aioquic does), and at 100 flows also
-    GSO batches of ``POD_GSO_SEGMENTS`` (as quinn does; the router's GRO pod socket takes each as
+    GSO batches of ``GSO_SEGMENTS`` (as quinn does; the router's GRO pod socket takes each as
     one read, nginx's reads them one by one)."""
     sink, clients, endpoints, flights, seconds = _udp_setup(ctx)
     rows = []
-    for flows, segments in ((1, 1), (100, 1), (100, POD_GSO_SEGMENTS)):
+    for flows, segments in ((1, 1), (100, 1), (100, GSO_SEGMENTS)):
         name = f"udp_download_{'gso_' if segments > 1 else ''}{flows}flow"
         shape = f", GSO batches of {segments}" if segments > 1 else ""
         ctx.log(f"udp download: {flows} flow(s), {DATAGRAM_BYTES} B datagrams{shape}, {seconds}s per case")

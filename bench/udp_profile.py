@@ -3,7 +3,8 @@
 Runs the ``udp_echo`` load (each flow opened by a real Initial, ``ECHO_WINDOW`` datagrams of
 1,200 bytes in flight, echoed by the pod), or with ``--shape download|relay`` the
 ``udp_download`` / ``udp_relay`` load (the pod, or the clients, send round-robin on every flow as
-fast as they can, one ``sendto`` each), through the router and nginx (and ``--floor``:
+fast as they can, one ``sendto`` each; ``download-gso`` / ``relay-gso``: GSO batches of
+``GSO_SEGMENTS``), through the router and nginx (and ``--floor``:
 bench/prototypes/udp_floor, the router's batching in C and nothing else) in interleaved rounds,
 and prints each one's CPU per relayed datagram split into user and system time: the part a
 faster router could still cut is its user time, the rest is the kernel's UDP work, which every
@@ -44,7 +45,7 @@ from bench.quic_load import (
     udp_sink_forget_sources,
     udp_sink_stats,
 )
-from bench.quic_scenarios import DATAGRAM_BYTES, ECHO_WINDOW, POD_GSO_SEGMENTS, establish_flows
+from bench.quic_scenarios import DATAGRAM_BYTES, ECHO_WINDOW, GSO_SEGMENTS, establish_flows
 
 Box = tuple[tuple[str, int], int]
 """(address the clients send to, pid of the middle box)."""
@@ -96,10 +97,11 @@ def _download(pod: Agent, clients: Agent, seconds: float, segments: int = 1) -> 
     return delivered, delivered, elapsed, 0, delivered
 
 
-def _relay(pod: Agent, clients: Agent, seconds: float) -> tuple[int, int, float, int, int]:
-    """``udp_relay``: clients -> pod, per datagram delivered to the pod."""
+def _relay(pod: Agent, clients: Agent, seconds: float, segments: int = 1) -> tuple[int, int, float, int, int]:
+    """``udp_relay``: clients -> pod, per datagram delivered to the pod; ``segments`` per GSO send
+    of the clients (1: one datagram per call)."""
     before = pod.call(udp_sink_stats)[0]
-    _sent, elapsed = clients.call(udp_blast, seconds, DATAGRAM_BYTES)
+    _sent, elapsed = clients.call(udp_blast, seconds, DATAGRAM_BYTES, segments)
     time.sleep(0.2)  # let queued datagrams drain through the middle box
     delivered = pod.call(udp_sink_stats)[0] - before
     return delivered, delivered, elapsed, 0, delivered
@@ -116,11 +118,18 @@ class UdpFloor(PeerProcess):
 
 
 def _download_gso(pod: Agent, clients: Agent, seconds: float) -> tuple[int, int, float, int, int]:
-    """``udp_download`` from a pod that sends GSO batches of ``POD_GSO_SEGMENTS`` (as GSO-sending QUIC stacks do)."""
-    return _download(pod, clients, seconds, POD_GSO_SEGMENTS)
+    """``udp_download`` from a pod that sends GSO batches of ``GSO_SEGMENTS`` (as GSO-sending QUIC stacks do)."""
+    return _download(pod, clients, seconds, GSO_SEGMENTS)
 
 
-SHAPES: dict[str, Load] = {"echo": _echo, "download": _download, "download-gso": _download_gso, "relay": _relay}
+def _relay_gso(pod: Agent, clients: Agent, seconds: float) -> tuple[int, int, float, int, int]:
+    """``udp_relay`` from clients that send GSO batches of ``GSO_SEGMENTS``."""
+    return _relay(pod, clients, seconds, GSO_SEGMENTS)
+
+
+SHAPES: dict[str, Load] = {
+    "echo": _echo, "download": _download, "download-gso": _download_gso, "relay": _relay, "relay-gso": _relay_gso,
+}
 """``--shape``: the load each round runs (the pod echoes only for ``echo``)."""
 
 
@@ -137,8 +146,8 @@ def main(argv: list[str] | None = None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--flows", type=int, default=1, help="flows (default 1)")
     p.add_argument("--shape", choices=sorted(SHAPES), default="echo",
-                   help="echo (udp_echo, the default), download (udp_download), download-gso (the same from a pod "
-                        "sending GSO batches of 10, as GSO-sending QUIC stacks do) or relay (udp_relay)")
+                   help="echo (udp_echo, the default), download (udp_download), relay (udp_relay), or "
+                        "download-gso / relay-gso (the same from a pod / clients sending GSO batches of 10)")
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
     p.add_argument("--seconds", type=float, default=3.0, help="load per box and round (default 3)")
     p.add_argument("--strace", action="store_true", help="the router's system calls per datagram")
