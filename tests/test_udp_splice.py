@@ -284,18 +284,24 @@ def test_every_datagram_reaches_the_pod_or_python_exactly_once_in_order(sent: li
         senders = {"client": x.client, "stranger": stranger}
         for who, data in sent:
             senders[who].sendto(data, x.public.getsockname())
-        back: list[tuple[bytes, tuple[str, int]]] = []
-        while len(batch := x.splicer.from_clients(1.0)) or _pending(x.public):
-            back += batch
-        to_pod, to_python, slow = [], [], False
-        for who, data in sent:
-            if who == "client" and not slow and data and not data[0] & 0x80:
-                to_pod.append(data)
-            else:
-                slow = slow or who == "client"
-                to_python.append((data, senders[who].getsockname()))
-        assert back == to_python
-        assert [x.pod.recv(65536) for _ in to_pod] == to_pod
+        _assert_judged_in_order(x, senders, sent)
+
+
+def _assert_judged_in_order(x: Spliced, senders: dict[str, socket.socket], sent: list[tuple[str, bytes]]) -> None:
+    """One call's rule: the attached client's short headers before its first other datagram go
+    to the pod, everything else comes back to Python, each exactly once and in arrival order."""
+    back: list[tuple[bytes, tuple[str, int]]] = []
+    while len(batch := x.splicer.from_clients(1.0)) or _pending(x.public):
+        back += batch
+    to_pod, to_python, slow = [], [], False
+    for who, data in sent:
+        if who == "client" and not slow and data and not data[0] & 0x80:
+            to_pod.append(data)
+        else:
+            slow = slow or who == "client"
+            to_python.append((data, senders[who].getsockname()))
+    assert back == to_python
+    assert [x.pod.recv(65536) for _ in to_pod] == to_pod
 
 
 gso_sends = st.lists(
@@ -330,18 +336,7 @@ def test_a_clients_gso_batches_are_judged_datagram_by_datagram_in_order(
             else:
                 senders[who].sendto(batch[0], x.public.getsockname())
             sent += [(who, datagram) for datagram in batch]
-        back: list[tuple[bytes, tuple[str, int]]] = []
-        while len(batch := x.splicer.from_clients(1.0)) or _pending(x.public):
-            back += batch
-        to_pod, to_python, slow = [], [], False
-        for who, data in sent:
-            if who == "client" and not slow and not data[0] & 0x80:
-                to_pod.append(data)
-            else:
-                slow = slow or who == "client"
-                to_python.append((data, senders[who].getsockname()))
-        assert back == to_python
-        assert [x.pod.recv(65536) for _ in to_pod] == to_pod
+        _assert_judged_in_order(x, senders, sent)
 
 
 def _pending(sock: socket.socket) -> bool:
