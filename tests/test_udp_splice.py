@@ -219,6 +219,27 @@ def test_gso_batches_of_more_datagrams_than_one_call_queues_all_arrive_in_order(
         assert x.flow.pod_bytes == 40 * len(sent)
 
 
+def test_a_flood_of_gso_batches_from_a_stranger_comes_back_a_bounded_call_at_a_time_all_in_order() -> None:
+    with spliced() as x, _udp(ROUTER_HOST) as stranger:
+        if not batching.enable_gro(x.public):
+            pytest.skip("kernel without UDP_GRO")
+        _receive_buffer(x.public, 1 << 23)
+        sent = []
+        for batch in range(100):  # 100 reads of 64 tiny datagrams: 6,400 for Python to judge
+            datagrams = [bytes([0x40]) + (batch * 64 + n).to_bytes(4, "big") + bytes(3) for n in range(64)]
+            _gso_send(stranger, datagrams, x.public.getsockname())
+            sent += datagrams
+        first = x.splicer.from_clients(1.0)
+        # One recvmmsg of 64 reads holds 4,096 datagrams, past a call's worth (4 x 64): no second read.
+        assert len(first) == 64 * 64
+        back = first
+        while batch_back := x.splicer.from_clients(1.0):
+            assert len(batch_back) <= 64 * 64
+            back += batch_back
+        assert [data for data, _ in back] == sent
+        assert {address for _, address in back} == {stranger.getsockname()}
+
+
 def test_a_moved_client_gets_the_pod_datagrams_at_its_new_address() -> None:
     with spliced() as x, _udp(ROUTER_HOST) as moved:
         x.splicer.rekey(x.link.fileno(), moved.getsockname())

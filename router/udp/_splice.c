@@ -682,6 +682,10 @@ static PyObject *Splicer_from_clients(Splicer *self, PyObject *arg) {
         if (n <= 0) break;  /* EAGAIN, or an error the next readiness will show again */
         if (client_batch(self, slow, msgs, names, n) < 0) failed = 1;
         if (n < BATCH) break;
+        /* GRO reads hold up to 64 datagrams each: once Python has a call's worth to judge, the
+         * next batch waits for the next wake-up, so a flood of glued datagrams from strangers
+         * cannot keep the loop from its timers and pods longer than before. */
+        if (PyList_GET_SIZE(slow) >= (Py_ssize_t)self->batches * BATCH) break;
     }
     self->busy = 0;
     if (write_counts(self, now, 1) < 0 || failed) {
