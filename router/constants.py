@@ -223,9 +223,8 @@ QUIC_OUTBOX_DATAGRAMS: Final = QUIC_GSO_MAX_SEGMENTS
 full GSO run, so a flood holds at most this many per flow between two sends."""
 
 QUIC_SPLICE_BATCHES_PER_CALLBACK: Final = 4
-"""``recvmmsg`` calls of 64 reads the C splice makes per readiness of the public socket: a burst
-of 256 is taken in one wake-up, and a flood still yields the loop to timers and pods (a GRO read
-glues several datagrams: no further batch once 256 wait for Python)."""
+"""``recvmmsg`` calls of 64 reads (a GRO read glues several datagrams) per readiness of the public
+socket, fewer once 256 datagrams wait for Python: a flood still yields the loop to timers and pods."""
 
 NO_EXTENSIONS_ENV: Final = "STARGATE_ROUTER_NO_EXTENSIONS"
 """Set (to anything but empty) to run the pure-Python path although the C splice is built: the
