@@ -8,10 +8,10 @@
  *   client -> pod: recvmmsg on the public socket (UDP_GRO on: a client's GSO batch is one read,
  *     cut here at its segment size, each datagram judged on its own); a short-header datagram
  *     from an attached client address, or a long header whose DCID is the pod CID the flow last
- *     learned, is sent to its flow's connected pod socket (one sendmmsg per flow per batch, in order, runs
- *     as GSO messages); any other datagram (a new address, another long header, an empty one) is
- *     returned as (bytes, address) for the Python edge, and so are the later datagrams of
- *     that flow in the same call, so a flow's datagrams never overtake each other.
+ *     learned, is sent to its flow's connected pod socket (one sendmmsg per flow per batch, in
+ *     order, runs as GSO messages); any other datagram (a new address, another long header, an
+ *     empty one) is returned as (bytes, address) for the Python edge, and so are the later
+ *     datagrams of that flow in the same call, so a flow's datagrams never overtake each other.
  *   pod -> client: an epoll set holds the attached pod sockets; each readable one is read with
  *     recvmmsg and its datagrams leave the public socket to the flow's client address in one
  *     sendmmsg across flows. A pod socket with UDP_GRO on may hand over a pod's GSO batch (or
