@@ -753,7 +753,8 @@ static PyObject *Splicer_from_pods(Splicer *self, PyObject *arg) {
                 for (unsigned int at = 0; at < length; at += segment) {  /* each datagram of a GRO read */
                     unsigned int size = length - at < segment ? length - at : segment;
                     unsigned char *datagram = data + at;
-                    if ((datagram[0] & 0x80) && worth_learning(slot, datagram, size)) {  /* Python learns the pod's CIDs */
+                    /* Python learns the pod's CIDs from its long headers */
+                    if ((datagram[0] & 0x80) && worth_learning(slot, datagram, size)) {
                         PyObject *item = Py_BuildValue("(Oy#)", slot->flow, (const char *)datagram, (Py_ssize_t)size);
                         if (!item || PyList_Append(learned, item) < 0) failed = 1;
                         Py_XDECREF(item);
