@@ -14,7 +14,7 @@ from functools import partial
 from typing import Any
 
 from bench.context import POD, POD_HOST, SNI, BenchContext, try_start
-from bench.procs import Agent, BenchError, Nginx, Router, call_all, cpu_seconds
+from bench.procs import Agent, BenchError, Nginx, Router, call_all, cpu_exact, cpu_seconds
 from bench.quic_load import (
     client_initials,
     count_flow_datagrams,
@@ -86,13 +86,15 @@ def quic_handshake(ctx: BenchContext) -> list[Row]:
     ctx.log(f"quic handshakes: {HANDSHAKE_CLIENTS}x{HANDSHAKE_CONCURRENCY} concurrent, {seconds}s per case")
 
     def case(addr: tuple[str, int], pid: int | None) -> tuple[float, float | None]:
-        before = cpu_seconds(pid) if pid is not None else 0.0
+        # The scheduler's nanoseconds, not /proc's 10 ms ticks: a case costs a box ~0.1 s of CPU,
+        # which ticks would count to +-10%.
+        before = cpu_exact(pid) if pid is not None else 0.0
         answers = call_all(clients, quic_handshakes, [(addr[0], addr[1], SNI, str(pki.ca_path), seconds,
                                                        HANDSHAKE_CONCURRENCY)] * len(clients))
         done, failed = sum(a[0] for a in answers), sum(a[1] for a in answers)
         if failed > done // 20:
             raise BenchError(f"quic handshakes via {addr}: {failed} failed, {done} completed")
-        cpu = (cpu_seconds(pid) - before) / max(done, 1) * 1e6 if pid is not None else None
+        cpu = (cpu_exact(pid) - before) / max(done, 1) * 1e6 if pid is not None else None
         return done / max(a[2] for a in answers), cpu
 
     results = interleaved(ctx.rounds, {n: partial(case, *e) for n, e in endpoints.items()})
