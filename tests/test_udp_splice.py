@@ -432,6 +432,14 @@ def test_an_ipv6_flow_is_spliced_both_ways_with_the_addresses_python_uses() -> N
         pod.sendto(short(2), link.getsockname())
         splicer.from_pods(1.0)
         assert client.recvfrom(65536) == (short(2), public.getsockname())
+        if batching.enable_gro(public) and batching.enable_gro(link):  # GSO batches both ways, as over IPv4
+            up, down = [short(n, 700) for n in range(3, 9)], [short(n, 900) for n in range(9, 14)] + [short(14, 90)]
+            _gso_send(client, up, public.getsockname())
+            _gso_send(pod, down, link.getsockname())
+            assert splicer.from_clients(2.0) == []
+            splicer.from_pods(2.0)
+            assert [pod.recv(65536) for _ in up] == up
+            assert [client.recvfrom(65536) for _ in down] == [(d, public.getsockname()) for d in down]
         splicer.close()
     finally:
         for sock in sockets:
