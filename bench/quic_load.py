@@ -16,7 +16,6 @@ import os
 import random
 import selectors
 import socket
-import struct
 import threading
 import time
 from pathlib import Path
@@ -25,7 +24,7 @@ from typing import Any
 from aioquic.quic.configuration import QuicConfiguration
 from aioquic.quic.connection import QuicConnection
 
-from router.udp.batching import UDP_SEGMENT
+from router.udp.batching import segment_cmsg
 
 _STATE: dict[str, Any] = {}
 SOCKET_BUFFER_BYTES = 4 * 1024 * 1024
@@ -108,7 +107,7 @@ def udp_sink_blast(seconds: float, size: int, segments: int = 1) -> tuple[int, f
     payload = bytearray(os.urandom(size))
     payload[0] = 0x40 | (payload[0] & 0x3F)
     data = bytes(payload) * segments
-    gso = [(socket.SOL_UDP, UDP_SEGMENT, struct.pack("=H", size))] if segments > 1 else []
+    gso = [segment_cmsg(size)] if segments > 1 else []
     sent = errors = 0
     clock = time.perf_counter
     started = clock()
@@ -205,7 +204,7 @@ def udp_blast(seconds: float, size: int, segments: int = 1) -> tuple[int, float]
     data = bytes(payload)
     socks = [sock for sock, _flight in _STATE.get("flows", [])]
     if segments > 1:
-        batch, gso = [data * segments], [(socket.SOL_UDP, UDP_SEGMENT, struct.pack("=H", size))]
+        batch, gso = [data * segments], [segment_cmsg(size)]
         sends = [functools.partial(sock.sendmsg, batch, gso) for sock in socks]
     else:
         sends = [functools.partial(sock.send, data) for sock in socks]

@@ -11,7 +11,6 @@ from __future__ import annotations
 import errno
 import os
 import socket
-import struct
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
@@ -152,9 +151,8 @@ def test_pod_datagrams_reach_the_client_and_long_headers_come_back_to_learn_from
 def _gso_send(sock: socket.socket, datagrams: list[bytes], to: tuple[str, int]) -> None:
     """One ``sendmsg`` carrying ``datagrams`` (all of the first one's size, the last maybe
     shorter) as a GSO batch, as quinn sends; skips the test where the kernel has no UDP GSO."""
-    segment = struct.pack("=H", len(datagrams[0]))
     try:
-        sock.sendmsg([b"".join(datagrams)], [(socket.SOL_UDP, batching.UDP_SEGMENT, segment)], 0, to)
+        sock.sendmsg([b"".join(datagrams)], [batching.segment_cmsg(len(datagrams[0]))], 0, to)
     except OSError as exc:
         if exc.errno in batching.REFUSALS:
             pytest.skip(f"kernel without UDP GSO: {exc}")
@@ -202,7 +200,7 @@ def test_gso_batches_of_more_datagrams_than_one_call_queues_all_arrive_in_order(
         segments = 128  # Linux 6.x takes 128 per GSO send: reads of 128 overflow one call's queue
         try:
             x.pod.sendmsg([b"".join(short(n, 40) for n in range(segments))],
-                          [(socket.SOL_UDP, batching.UDP_SEGMENT, struct.pack("=H", 40))], 0, x.link.getsockname())
+                          [batching.segment_cmsg(40)], 0, x.link.getsockname())
         except OSError as exc:
             if exc.errno != errno.EINVAL:
                 raise
