@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import socket
 import statistics
 import sys
@@ -54,8 +55,8 @@ Figures = tuple[float, float, float, int, float, int, int, int]
 refills, drops at the box's sockets and at the pod's."""
 
 
-Load = Callable[[Agent, Agent, float], tuple[int, int, float, int, int]]
-"""Runs one shape's load for some seconds: (units, datagrams relayed, elapsed, refills, peers' units)."""
+Load = Callable[[Agent, Agent, float], tuple[int, int, float, int]]
+"""Runs one shape's load for some seconds: (units, datagrams relayed, elapsed, refills)."""
 
 
 def _measured(load: Load, pod: Agent, clients: Agent, box: Box, flows: int, flights: list[list[bytes]],
@@ -71,7 +72,7 @@ def _measured(load: Load, pod: Agent, clients: Agent, box: Box, flows: int, flig
     user0, sys0 = cpu_split(pid)
     peers0 = sum(sum(cpu_split(peer.pid)) for peer in (pod, clients))
     drops0 = udp_drops(pid), udp_drops(pod.pid)
-    units, relayed, elapsed, refills, _ = load(pod, clients, seconds)
+    units, relayed, elapsed, refills = load(pod, clients, seconds)
     user1, sys1 = cpu_split(pid)
     peers = sum(sum(cpu_split(peer.pid)) for peer in (pod, clients)) - peers0
     box_drops, pod_drops = udp_drops(pid) - drops0[0], udp_drops(pod.pid) - drops0[1]
@@ -82,29 +83,29 @@ def _measured(load: Load, pod: Agent, clients: Agent, box: Box, flows: int, flig
             peers / max(units, 1) * 1e6, refills, box_drops, pod_drops)
 
 
-def _echo(pod: Agent, clients: Agent, seconds: float) -> tuple[int, int, float, int, int]:
+def _echo(pod: Agent, clients: Agent, seconds: float) -> tuple[int, int, float, int]:
     """``udp_echo``: each echo crosses the box twice."""
     echoes, refills, elapsed = clients.call(udp_echo_window, seconds, DATAGRAM_BYTES, ECHO_WINDOW)
-    return echoes, 2 * echoes, elapsed, refills, echoes
+    return echoes, 2 * echoes, elapsed, refills
 
 
-def _download(pod: Agent, clients: Agent, seconds: float, segments: int = 1) -> tuple[int, int, float, int, int]:
+def _download(pod: Agent, clients: Agent, seconds: float, segments: int = 1) -> tuple[int, int, float, int]:
     """``udp_download``: pod -> clients, per datagram delivered to the clients; ``segments`` per
     GSO send of the pod (1: one datagram per call)."""
     clients.submit(count_flow_datagrams, seconds + 0.3)
     _sent, elapsed = pod.call(udp_sink_blast, seconds, DATAGRAM_BYTES, segments)
     delivered = clients.result()
-    return delivered, delivered, elapsed, 0, delivered
+    return delivered, delivered, elapsed, 0
 
 
-def _relay(pod: Agent, clients: Agent, seconds: float, segments: int = 1) -> tuple[int, int, float, int, int]:
+def _relay(pod: Agent, clients: Agent, seconds: float, segments: int = 1) -> tuple[int, int, float, int]:
     """``udp_relay``: clients -> pod, per datagram delivered to the pod; ``segments`` per GSO send
     of the clients (1: one datagram per call)."""
     before = pod.call(udp_sink_stats)[0]
     _sent, elapsed = clients.call(udp_blast, seconds, DATAGRAM_BYTES, segments)
     time.sleep(0.2)  # let queued datagrams drain through the middle box
     delivered = pod.call(udp_sink_stats)[0] - before
-    return delivered, delivered, elapsed, 0, delivered
+    return delivered, delivered, elapsed, 0
 
 
 class UdpFloor(PeerProcess):
@@ -117,20 +118,15 @@ class UdpFloor(PeerProcess):
         self._start([str(binary), str(self.port), pod_host, str(pod_port)], [self.port], True, "udp_floor")
 
 
-def _download_gso(pod: Agent, clients: Agent, seconds: float) -> tuple[int, int, float, int, int]:
-    """``udp_download`` from a pod that sends GSO batches of ``GSO_SEGMENTS`` (as GSO-sending QUIC stacks do)."""
-    return _download(pod, clients, seconds, GSO_SEGMENTS)
-
-
-def _relay_gso(pod: Agent, clients: Agent, seconds: float) -> tuple[int, int, float, int, int]:
-    """``udp_relay`` from clients that send GSO batches of ``GSO_SEGMENTS``."""
-    return _relay(pod, clients, seconds, GSO_SEGMENTS)
-
-
 SHAPES: dict[str, Load] = {
-    "echo": _echo, "download": _download, "download-gso": _download_gso, "relay": _relay, "relay-gso": _relay_gso,
+    "echo": _echo,
+    "download": _download,
+    "download-gso": functools.partial(_download, segments=GSO_SEGMENTS),
+    "relay": _relay,
+    "relay-gso": functools.partial(_relay, segments=GSO_SEGMENTS),
 }
-"""``--shape``: the load each round runs (the pod echoes only for ``echo``)."""
+"""``--shape``: the load each round runs (the pod echoes only for ``echo``; the ``-gso`` loads'
+senders send GSO batches of ``GSO_SEGMENTS``, as GSO-sending QUIC stacks do)."""
 
 
 def _strace(pid: int, load: Callable[[], Figures]) -> None:
