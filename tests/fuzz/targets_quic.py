@@ -135,9 +135,6 @@ class _Clock:
     def time(self) -> float:
         return self.now
 
-    def call_soon(self, callback: Any, *args: Any) -> None:
-        """A routable name: the dial never runs, the flow stays pending (decided)."""
-
 
 class _AnswerSink:
     """The listener transport: every answer must fit in the datagram being handled."""
@@ -166,7 +163,12 @@ def _router() -> tuple[UdpRouter, _Clock, _AnswerSink]:
     clock, sink = _Clock(), _AnswerSink()
     router._loop = clock  # type: ignore[assignment]
     router._transport = sink  # type: ignore[assignment]
+    router._dial = _no_dial  # type: ignore[method-assign]
     return router, clock, sink
+
+
+def _no_dial(pending: Any, target: Any, hostname: Any) -> None:
+    """A routable name: no socket is opened, the flow stays pending (decided) until swept."""
 
 
 def run_udp_router(data: bytes) -> str:
