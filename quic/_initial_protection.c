@@ -92,6 +92,21 @@ PyDoc_STRVAR(initial_keys_doc,
 "the key, IV and header protection key with their ``*_info`` (each an HkdfLabel followed by the\n"
 "block counter 1: one HMAC block each, so no output is longer than 32 bytes).");
 
+/* HKDF-Extract(salt, dcid), then HKDF-Expand of the direction's secret and of its key, IV and hp
+ * key (each output the first bytes of one 32-byte block); 0 on a libcrypto failure. */
+static int
+derive_keys(const Py_buffer *salt, const unsigned char *dcid, size_t dcid_len, const Py_buffer *secret_info,
+            const Py_buffer *key_info, const Py_buffer *iv_info, const Py_buffer *hp_info,
+            unsigned char key[SHA256_BYTES], unsigned char iv[SHA256_BYTES], unsigned char hp[SHA256_BYTES])
+{
+    unsigned char initial_secret[SHA256_BYTES], secret[SHA256_BYTES];
+    return hmac(salt->buf, (size_t)salt->len, dcid, dcid_len, initial_secret) &&
+           hmac(initial_secret, SHA256_BYTES, secret_info->buf, (size_t)secret_info->len, secret) &&
+           hmac(secret, SHA256_BYTES, key_info->buf, (size_t)key_info->len, key) &&
+           hmac(secret, SHA256_BYTES, iv_info->buf, (size_t)iv_info->len, iv) &&
+           hmac(secret, SHA256_BYTES, hp_info->buf, (size_t)hp_info->len, hp);
+}
+
 static PyObject *
 initial_keys(PyObject *self, PyObject *args)
 {
@@ -99,13 +114,8 @@ initial_keys(PyObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "y*y*y*y*y*y*:initial_keys", &salt, &dcid, &secret_info, &key_info, &iv_info,
                           &hp_info))
         return NULL;
-    unsigned char initial_secret[SHA256_BYTES], secret[SHA256_BYTES], key[SHA256_BYTES], iv[SHA256_BYTES],
-        hp[SHA256_BYTES];
-    int ok = hmac(salt.buf, (size_t)salt.len, dcid.buf, (size_t)dcid.len, initial_secret) &&
-             hmac(initial_secret, SHA256_BYTES, secret_info.buf, (size_t)secret_info.len, secret) &&
-             hmac(secret, SHA256_BYTES, key_info.buf, (size_t)key_info.len, key) &&
-             hmac(secret, SHA256_BYTES, iv_info.buf, (size_t)iv_info.len, iv) &&
-             hmac(secret, SHA256_BYTES, hp_info.buf, (size_t)hp_info.len, hp);
+    unsigned char key[SHA256_BYTES], iv[SHA256_BYTES], hp[SHA256_BYTES];
+    int ok = derive_keys(&salt, dcid.buf, (size_t)dcid.len, &secret_info, &key_info, &iv_info, &hp_info, key, iv, hp);
     PyBuffer_Release(&salt);
     PyBuffer_Release(&dcid);
     PyBuffer_Release(&secret_info);
@@ -136,35 +146,21 @@ PyDoc_STRVAR(open_initial_doc,
 "is at ``pn_offset`` and which ends at ``end``, then open its payload; None if it does not\n"
 "authenticate. ValueError for positions or key sizes the caller should not have passed.");
 
-static PyObject *
-open_initial(PyObject *self, PyObject *args)
+/* Header protection off the Initial at `offset` of `d` (its packet number at `pn_offset`, its end at
+ * `end`, positions the caller checked: pn_offset + 4 + 16 <= end), then its payload opened into a new
+ * bytes object: 1 with *packet_number and *payload set, 0 if it does not authenticate, -1 with a
+ * Python error set. */
+static int
+open_packet(const unsigned char *d, Py_ssize_t offset, Py_ssize_t pn_offset, Py_ssize_t end, int64_t largest_pn,
+            const unsigned char *key, const unsigned char *iv, const unsigned char *hp, int64_t *packet_number,
+            PyObject **payload)
 {
-    Py_buffer datagram, key, iv, hp;
-    Py_ssize_t offset, pn_offset, end;
-    long long largest_pn;
-    if (!PyArg_ParseTuple(args, "y*y*y*y*nnnL:open_initial", &datagram, &key, &iv, &hp, &offset, &pn_offset, &end,
-                          &largest_pn))
-        return NULL;
-    PyObject *result = NULL;
-    unsigned char *aad = NULL;
-    unsigned char stack_aad[STACK_AAD_BYTES];
-    const unsigned char *d = datagram.buf;
-    if (key.len != KEY_BYTES || iv.len != IV_BYTES || hp.len != HP_BYTES) {
-        PyErr_SetString(PyExc_ValueError, "Initial keys are a 16-byte key, a 12-byte IV and a 16-byte hp key");
-        goto done;
-    }
-    if (offset < 0 || pn_offset <= offset || end > datagram.len ||
-        pn_offset > end - MAX_PN_BYTES - SAMPLE_BYTES || largest_pn < -1 || largest_pn >= PN_LIMIT) {
-        PyErr_SetString(PyExc_ValueError, "Initial positions out of the datagram");
-        goto done;
-    }
-
     unsigned char mask[SAMPLE_BYTES];
     int n = 0;
-    if (!EVP_EncryptInit_ex2(aes_ecb, NULL, hp.buf, NULL, NULL) ||
+    if (!EVP_EncryptInit_ex2(aes_ecb, NULL, hp, NULL, NULL) ||
         !EVP_EncryptUpdate(aes_ecb, mask, &n, d + pn_offset + MAX_PN_BYTES, SAMPLE_BYTES) || n != SAMPLE_BYTES) {
         crypto_failure("header protection");
-        goto done;
+        return -1;
     }
     unsigned char first = d[offset] ^ (mask[0] & 0x0F); /* long header: 4 protected bits */
     int pn_length = (first & 0x03) + 1;
@@ -174,17 +170,18 @@ open_initial(PyObject *self, PyObject *args)
         pn_bytes[i] = d[pn_offset + i] ^ mask[1 + i];
         truncated = (truncated << 8) | pn_bytes[i];
     }
-    int64_t packet_number = decode_packet_number(truncated, pn_length * 8, (int64_t)largest_pn);
+    *packet_number = decode_packet_number(truncated, pn_length * 8, largest_pn);
 
     unsigned char nonce[IV_BYTES];
-    memcpy(nonce, iv.buf, IV_BYTES);
-    for (int i = 0; i < 8; i++) nonce[IV_BYTES - 1 - i] ^= (unsigned char)((uint64_t)packet_number >> (8 * i));
+    memcpy(nonce, iv, IV_BYTES);
+    for (int i = 0; i < 8; i++) nonce[IV_BYTES - 1 - i] ^= (unsigned char)((uint64_t)*packet_number >> (8 * i));
 
+    unsigned char stack_aad[STACK_AAD_BYTES];
     Py_ssize_t aad_len = pn_offset + pn_length - offset;
-    aad = aad_len <= STACK_AAD_BYTES ? stack_aad : PyMem_Malloc((size_t)aad_len);
+    unsigned char *aad = aad_len <= STACK_AAD_BYTES ? stack_aad : PyMem_Malloc((size_t)aad_len);
     if (aad == NULL) {
         PyErr_NoMemory();
-        goto done;
+        return -1;
     }
     memcpy(aad, d + offset, (size_t)(aad_len - pn_length));
     aad[0] = first;
@@ -193,28 +190,53 @@ open_initial(PyObject *self, PyObject *args)
     /* pn_offset + 4 + 16 <= end: at least a tag's worth of bytes follows the packet number. */
     const unsigned char *sealed = d + pn_offset + pn_length;
     Py_ssize_t plain_len = end - (pn_offset + pn_length) - TAG_BYTES;
-    PyObject *payload = PyBytes_FromStringAndSize(NULL, plain_len);
-    if (payload == NULL) goto done;
-    unsigned char *out = (unsigned char *)PyBytes_AS_STRING(payload);
-    int written = 0, last = 0;
-    if (!EVP_DecryptInit_ex2(aes_gcm, NULL, key.buf, nonce, NULL) ||
+    int status = -1, written = 0, last = 0;
+    PyObject *plain = PyBytes_FromStringAndSize(NULL, plain_len);
+    if (plain == NULL) goto done;
+    unsigned char *out = (unsigned char *)PyBytes_AS_STRING(plain);
+    if (!EVP_DecryptInit_ex2(aes_gcm, NULL, key, nonce, NULL) ||
         !EVP_DecryptUpdate(aes_gcm, NULL, &n, aad, (int)aad_len) ||
         !EVP_DecryptUpdate(aes_gcm, out, &written, sealed, (int)plain_len) ||
         !EVP_CIPHER_CTX_ctrl(aes_gcm, EVP_CTRL_AEAD_SET_TAG, TAG_BYTES, (void *)(sealed + plain_len))) {
-        Py_DECREF(payload);
+        Py_DECREF(plain);
         crypto_failure("AEAD");
         goto done;
     }
     if (EVP_DecryptFinal_ex(aes_gcm, out + written, &last) <= 0) { /* the tag did not match */
-        Py_DECREF(payload);
+        Py_DECREF(plain);
         ERR_clear_error();
-        result = Py_NewRef(Py_None);
+        status = 0;
         goto done;
     }
-    result = Py_BuildValue("(LN)", (long long)packet_number, payload);
-
+    *payload = plain;
+    status = 1;
 done:
-    if (aad != NULL && aad != stack_aad) PyMem_Free(aad);
+    if (aad != stack_aad) PyMem_Free(aad);
+    return status;
+}
+
+static PyObject *
+open_initial(PyObject *self, PyObject *args)
+{
+    Py_buffer datagram, key, iv, hp;
+    Py_ssize_t offset, pn_offset, end;
+    long long largest_pn;
+    if (!PyArg_ParseTuple(args, "y*y*y*y*nnnL:open_initial", &datagram, &key, &iv, &hp, &offset, &pn_offset, &end,
+                          &largest_pn))
+        return NULL;
+    PyObject *result = NULL, *payload = NULL;
+    int64_t packet_number = 0;
+    if (key.len != KEY_BYTES || iv.len != IV_BYTES || hp.len != HP_BYTES) {
+        PyErr_SetString(PyExc_ValueError, "Initial keys are a 16-byte key, a 12-byte IV and a 16-byte hp key");
+    } else if (offset < 0 || pn_offset <= offset || end > datagram.len ||
+               pn_offset > end - MAX_PN_BYTES - SAMPLE_BYTES || largest_pn < -1 || largest_pn >= PN_LIMIT) {
+        PyErr_SetString(PyExc_ValueError, "Initial positions out of the datagram");
+    } else {
+        int opened = open_packet(datagram.buf, offset, pn_offset, end, (int64_t)largest_pn, key.buf, iv.buf, hp.buf,
+                                 &packet_number, &payload);
+        if (opened == 0) result = Py_NewRef(Py_None);
+        else if (opened > 0) result = Py_BuildValue("(LN)", (long long)packet_number, payload);
+    }
     PyBuffer_Release(&datagram);
     PyBuffer_Release(&key);
     PyBuffer_Release(&iv);
@@ -398,28 +420,24 @@ PyDoc_STRVAR(sniff_initial_doc,
 "offset 0 and within ``max_crypto``, hold a whole, well-formed ClientHello of at most\n"
 "``max_hello`` bytes; None for anything else (the caller then takes the reference path).");
 
-static PyObject *
-sniff_initial(PyObject *self, PyObject *args)
+/* The ClientHello facts of a first Initial payload read the usual way: 1 with *server_name and *alpn
+ * (new references), 0 for "not simple" (the reference path reads it), -1 with a Python error set. */
+static int
+payload_facts(span payload, uint64_t max_crypto, uint64_t max_hello, PyObject **server_name, PyObject **alpn)
 {
-    Py_buffer payload;
-    unsigned long long max_crypto, max_hello;
-    if (!PyArg_ParseTuple(args, "y*KK:sniff_initial", &payload, &max_crypto, &max_hello)) return NULL;
-    PyObject *result = NULL, *server_name = NULL, *alpn = NULL;
-    unsigned char *joined = NULL;
-    span pieces[MAX_CRYPTO_PIECES], hello = {NULL, 0};
-    int count;
+    span pieces[MAX_CRYPTO_PIECES], hello;
+    int count, found = 0;
     uint64_t have;
-    if (!initial_crypto((span){payload.buf, (size_t)payload.len}, max_crypto, pieces, &count, &have) || have < 4) {
-        result = Py_NewRef(Py_None);
-        goto done;
-    }
+    unsigned char *joined = NULL;
+    *server_name = *alpn = NULL;
+    if (!initial_crypto(payload, max_crypto, pieces, &count, &have) || have < 4) return 0;
     if (count == 1) {
         hello = pieces[0];
     } else { /* several frames: one copy of the stream (at most max_crypto bytes) */
         joined = PyMem_Malloc((size_t)have);
         if (joined == NULL) {
             PyErr_NoMemory();
-            goto done;
+            return -1;
         }
         size_t at = 0;
         for (int i = 0; i < count; i++) {
@@ -429,19 +447,83 @@ sniff_initial(PyObject *self, PyObject *args)
         hello = (span){joined, (size_t)have};
     }
     size_t total = 4 + (((size_t)hello.p[1] << 16) | ((size_t)hello.p[2] << 8) | hello.p[3]);
-    if (hello.p[0] != 1 || total > max_hello || total > hello.n) {
-        result = Py_NewRef(Py_None);
+    if (hello.p[0] == 1 && total <= max_hello && total <= hello.n) {
+        hello.n = total;
+        found = client_hello(hello, server_name, alpn);
+    }
+    PyMem_Free(joined);
+    if (found <= 0) {
+        Py_CLEAR(*server_name);
+        Py_CLEAR(*alpn);
+    }
+    return found;
+}
+
+static PyObject *
+sniff_initial(PyObject *self, PyObject *args)
+{
+    Py_buffer payload;
+    unsigned long long max_crypto, max_hello;
+    if (!PyArg_ParseTuple(args, "y*KK:sniff_initial", &payload, &max_crypto, &max_hello)) return NULL;
+    PyObject *server_name, *alpn, *result = NULL;
+    int found = payload_facts((span){payload.buf, (size_t)payload.len}, max_crypto, max_hello, &server_name, &alpn);
+    PyBuffer_Release(&payload);
+    if (found > 0) result = Py_BuildValue("(NN)", server_name, alpn);
+    else if (found == 0) result = Py_NewRef(Py_None);
+    return result;
+}
+
+PyDoc_STRVAR(sniff_first_doc,
+"sniff_first(datagram, salt, secret_info, key_info, iv_info, hp_info, dcid, pn_offset, end, max_crypto, max_hello)\n"
+"    -> (packet_number, facts, opened) | None\n\n"
+"A flow's first Initial, at the start of ``datagram``, in one call: its client keys (the key schedule's\n"
+"inputs as ``initial_keys`` takes them), its opening, then what ``sniff_initial`` reads of its payload.\n"
+"``facts`` is (server_name, alpn) and ``opened`` None when the payload held the whole ClientHello the\n"
+"usual way; else ``facts`` is None and ``opened`` (key, iv, hp, payload) for the reference walk and\n"
+"the flow's next datagrams. None if the packet does not authenticate; ValueError for positions the\n"
+"caller should not have passed.");
+
+static PyObject *
+sniff_first(PyObject *self, PyObject *args)
+{
+    Py_buffer datagram, salt, secret_info, key_info, iv_info, hp_info, dcid;
+    Py_ssize_t pn_offset, end;
+    unsigned long long max_crypto, max_hello;
+    if (!PyArg_ParseTuple(args, "y*y*y*y*y*y*y*nnKK:sniff_first", &datagram, &salt, &secret_info, &key_info,
+                          &iv_info, &hp_info, &dcid, &pn_offset, &end, &max_crypto, &max_hello))
+        return NULL;
+    PyObject *result = NULL, *payload = NULL, *server_name, *alpn;
+    unsigned char key[SHA256_BYTES], iv[SHA256_BYTES], hp[SHA256_BYTES];
+    int64_t packet_number = 0;
+    if (pn_offset <= 0 || end > datagram.len || pn_offset > end - MAX_PN_BYTES - SAMPLE_BYTES) {
+        PyErr_SetString(PyExc_ValueError, "Initial positions out of the datagram");
         goto done;
     }
-    hello.n = total;
-    int found = client_hello(hello, &server_name, &alpn);
-    if (found < 0) goto done;
-    result = found ? PyTuple_Pack(2, server_name, alpn) : Py_NewRef(Py_None);
+    if (!derive_keys(&salt, dcid.buf, (size_t)dcid.len, &secret_info, &key_info, &iv_info, &hp_info, key, iv, hp)) {
+        crypto_failure("initial_keys");
+        goto done;
+    }
+    int opened = open_packet(datagram.buf, 0, pn_offset, end, -1, key, iv, hp, &packet_number, &payload);
+    if (opened <= 0) {
+        result = opened == 0 ? Py_NewRef(Py_None) : NULL;
+        goto done;
+    }
+    span plain = {(const unsigned char *)PyBytes_AS_STRING(payload), (size_t)PyBytes_GET_SIZE(payload)};
+    int found = payload_facts(plain, max_crypto, max_hello, &server_name, &alpn);
+    if (found > 0)
+        result = Py_BuildValue("(L(NN)O)", (long long)packet_number, server_name, alpn, Py_None);
+    else if (found == 0)
+        result = Py_BuildValue("(LO(y#y#y#O))", (long long)packet_number, Py_None, key, (Py_ssize_t)KEY_BYTES, iv,
+                               (Py_ssize_t)IV_BYTES, hp, (Py_ssize_t)HP_BYTES, payload);
+    Py_DECREF(payload);
 done:
-    Py_XDECREF(server_name);
-    Py_XDECREF(alpn);
-    PyMem_Free(joined);
-    PyBuffer_Release(&payload);
+    PyBuffer_Release(&datagram);
+    PyBuffer_Release(&salt);
+    PyBuffer_Release(&secret_info);
+    PyBuffer_Release(&key_info);
+    PyBuffer_Release(&iv_info);
+    PyBuffer_Release(&hp_info);
+    PyBuffer_Release(&dcid);
     return result;
 }
 
@@ -521,6 +603,7 @@ static PyMethodDef methods[] = {
     {"initial_keys", initial_keys, METH_VARARGS, initial_keys_doc},
     {"open_initial", open_initial, METH_VARARGS, open_initial_doc},
     {"sniff_initial", sniff_initial, METH_VARARGS, sniff_initial_doc},
+    {"sniff_first", sniff_first, METH_VARARGS, sniff_first_doc},
     {"client_hello_facts", client_hello_facts, METH_VARARGS, client_hello_facts_doc},
     {"long_header", long_header, METH_VARARGS, long_header_doc},
     {NULL, NULL, 0, NULL},

@@ -104,6 +104,10 @@ _NATIVE_INPUTS = {
 """The C key schedule's constant inputs per version and direction (salt, then the HKDF-Expand
 inputs of the direction's secret, key, IV and header protection key), built once."""
 
+CLIENT_KEY_INPUTS = {version: inputs for (version, direction), inputs in _NATIVE_INPUTS.items()
+                     if direction == b"client in"}
+"""The C key schedule's inputs of client Initials per version (``InitialSniffer``'s one-call first Initial)."""
+
 
 def _initial_keys(version: int, original_dcid: bytes, direction: bytes) -> InitialKeys:
     extractor = _EXTRACTORS.get(version)

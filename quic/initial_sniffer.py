@@ -31,8 +31,16 @@ from quic.clienthello import (
     parse_client_hello,
 )
 from quic.frames import QUIC_MAX_CRYPTO_BYTES, CryptoReassembler, walk_initial_frames
-from quic.initial_keys import InitialKeys, client_initial_keys, decrypt_initial
+from quic.initial_keys import (
+    CLIENT_KEY_INPUTS,
+    MAX_PN_BYTES,
+    SAMPLE_BYTES,
+    InitialKeys,
+    client_initial_keys,
+    decrypt_initial,
+)
 from quic.packet import (
+    LONG_FORM,
     QUIC_MIN_INITIAL_DATAGRAM_BYTES,
     QUIC_VERSION_NEGOTIATION,
     SUPPORTED_VERSIONS,
@@ -95,6 +103,10 @@ class InitialSniffer:
         if self.client_hello is not None:
             return self.client_hello
         opening = self.version is None
+        if opening and first is not None and self._usual_first(datagram, first):
+            extension = native.active()
+            if extension is not None:
+                return self._sniff_first(extension, datagram, first)
         try:
             payloads = self._open(datagram, first)
         except QuicPacketError:
@@ -110,6 +122,41 @@ class InitialSniffer:
         for payload in payloads:
             for offset, data in walk_initial_frames(payload):
                 self._crypto.add(offset, data)
+        return self._complete_client_hello()
+
+    def _usual_first(self, datagram: bytes, first: LongHeader) -> bool:
+        """A first datagram the C path reads in one call: one v1/v2 Initial of the right size, with
+        room for its header protection sample, and no long-header packet coalesced after it."""
+        end = first.offset + first.packet_length
+        size = len(datagram)
+        return (
+            first.packet_type is PacketType.INITIAL and first.version in CLIENT_KEY_INPUTS
+            and size >= self._min_datagram and first.header_length + MAX_PN_BYTES + SAMPLE_BYTES <= end <= size
+            and (end == size or not datagram[end] & LONG_FORM)
+        )
+
+    def _sniff_first(self, extension: native.InitialProtection, datagram: bytes,
+                     first: LongHeader) -> ClientHelloInfo | None:
+        """``feed`` of a usual first datagram: keys, opening and the usual hello in one C call (what
+        ``_open`` and ``sniff_first_payload`` would do, in ~15 Python calls fewer per new flow)."""
+        sniffed = extension.sniff_first(
+            datagram, *CLIENT_KEY_INPUTS[first.version], first.dcid, first.header_length,
+            first.offset + first.packet_length, self._crypto.max_bytes, MAX_TLS_CLIENT_HELLO_BYTES,
+        )
+        if sniffed is None:
+            raise QuicPacketError("Initial packet failed authentication")
+        packet_number, facts, opened = sniffed
+        self.version, self.original_dcid, self.client_scid = first.version, first.dcid, first.scid
+        self._largest_pn = packet_number
+        if facts is not None:
+            self.client_hello = ClientHelloInfo(*facts)
+            return self.client_hello
+        if opened is None:  # pragma: no cover - the extension gives one or the other
+            raise QuicPacketError("no Initial payload")
+        key, iv, hp, payload = opened
+        self._keys = InitialKeys(key, iv, hp)
+        for offset, data in walk_initial_frames(payload):
+            self._crypto.add(offset, data)
         return self._complete_client_hello()
 
     def _open(self, datagram: bytes, first: LongHeader | None) -> list[bytes]:

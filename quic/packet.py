@@ -31,7 +31,7 @@ MAX_CID_LENGTH = 20
 VARINT_MAX = (1 << 62) - 1
 """Largest value a QUIC variable-length integer can carry (RFC 9000 section 16)."""
 
-_LONG_FORM = 0x80
+LONG_FORM = 0x80
 _LONG_HEADER_MIN = 7  # first byte + version(4) + dcid length(1) + scid length(1)
 
 
@@ -139,7 +139,7 @@ def encode_varint(value: int) -> bytes:
 
 def is_long_header(datagram: bytes) -> bool:
     """True when the first byte has the header form bit set (RFC 8999 section 5.1)."""
-    return bool(datagram) and bool(datagram[0] & _LONG_FORM)
+    return bool(datagram) and bool(datagram[0] & LONG_FORM)
 
 
 def parse_long_header(datagram: bytes, offset: int = 0) -> LongHeader:
@@ -155,7 +155,7 @@ def parse_long_header(datagram: bytes, offset: int = 0) -> LongHeader:
     if offset < 0 or offset + _LONG_HEADER_MIN > n:
         raise QuicPacketError("truncated long header")
     first = datagram[offset]
-    if not first & _LONG_FORM:
+    if not first & LONG_FORM:
         raise QuicPacketError("not a long header")
     version = int.from_bytes(datagram[offset + 1 : offset + 5], "big")
     known = version in SUPPORTED_VERSIONS
@@ -205,7 +205,7 @@ def iter_long_headers(datagram: bytes, first: LongHeader | None = None) -> Itera
         yield header
         if header.packet_type in (None, PacketType.RETRY) or header.end >= len(datagram):
             return
-        if not datagram[header.end] & _LONG_FORM:
+        if not datagram[header.end] & LONG_FORM:
             return
         try:
             header = parse_long_header(datagram, header.end)
@@ -218,7 +218,7 @@ def long_header_scid(datagram: bytes) -> bytes | None:
     DCID length at byte 5, the SCID's length after the DCID); None for anything else. What a pod's
     long header teaches about its connection IDs, without building a ``LongHeader``."""
     n = len(datagram)
-    if n < _LONG_HEADER_MIN or not datagram[0] & _LONG_FORM:
+    if n < _LONG_HEADER_MIN or not datagram[0] & LONG_FORM:
         return None
     if int.from_bytes(datagram[1:5], "big") not in SUPPORTED_VERSIONS:
         return None
@@ -237,7 +237,7 @@ def short_header_dcid(datagram: bytes, cid_length: int) -> bytes:
         raise QuicPacketError(f"connection ID length {cid_length} out of range")
     if not datagram:
         raise QuicPacketError("empty datagram")
-    if datagram[0] & _LONG_FORM:
+    if datagram[0] & LONG_FORM:
         raise QuicPacketError("not a short header")
     if len(datagram) < 1 + cid_length:
         raise QuicPacketError("truncated short header")

@@ -9,23 +9,25 @@ from real clients: ``ssl`` ClientHellos, ``h2`` client streams, aioquic first fl
 the frame parser), and EndpointSlice documents from ``router/demo/``. The targets live in
 ``targets_tls``, ``targets_h2``, ``targets_quic``, ``targets_endpoints`` and ``targets_proxy``.
 
-=================  ===========================================================  =================
-target             what runs (and the invariant checked besides "no other error")  allowed error
-=================  ===========================================================  =================
-clienthello        ``quic.clienthello.parse_client_hello``, then the hostname match  ClientHelloError
-tls_peek           ``ClientHelloReader.feed``, whole and chunked must agree          TlsPeekError
-h2_request         ``H2RequestReader.feed``, whole and chunked must agree            H2PeekError
-settings_ack       ``SettingsAckStripper.feed``: input minus exactly one ACK out     H2PeekError
-initial_frames     ``walk_initial_frames`` into a ``CryptoReassembler``              QuicPacketError
-initial_native     ``sniff_first_payload`` (C) declines or equals the reference       (none)
-sniffer_payloads   ``InitialSniffer.feed`` on re-encrypted mutated frames            QuicPacketError
-sniffer_datagrams  ``InitialSniffer.feed`` on mutated protected datagrams            QuicPacketError
-udp_router         ``UdpRouter``'s datagram path (no sockets): answers never         (none)
-                   larger than their datagram, pending flows within their bound
-endpoints          ``parse_endpoints_document`` then ``targets_from_slices``         EndpointSliceError
-proxy_protocol     ``ProxyHeaderReader.feed``, whole and chunked must agree;        ProxyHeaderError
-                   a header within its bound, header + remainder = the input
-=================  ===========================================================  =================
+====================  ===========================================================  =================
+target                what runs (and the invariant checked besides "no other error")  allowed error
+====================  ===========================================================  =================
+clienthello           ``quic.clienthello.parse_client_hello``, then the hostname match  ClientHelloError
+tls_peek              ``ClientHelloReader.feed``, whole and chunked must agree          TlsPeekError
+h2_request            ``H2RequestReader.feed``, whole and chunked must agree            H2PeekError
+settings_ack          ``SettingsAckStripper.feed``: input minus exactly one ACK out     H2PeekError
+initial_frames        ``walk_initial_frames`` into a ``CryptoReassembler``              QuicPacketError
+initial_native        ``sniff_first_payload`` (C) declines or equals the reference       (none)
+sniffer_payloads      ``InitialSniffer.feed`` on re-encrypted mutated frames            QuicPacketError
+first_initial_native  the first Initial read in one C call leaves the sniffer as     (none)
+                      reference does (answers, version, CIDs, packet number)
+sniffer_datagrams     ``InitialSniffer.feed`` on mutated protected datagrams            QuicPacketError
+udp_router            ``UdpRouter``'s datagram path (no sockets): answers never         (none)
+                      larger than their datagram, pending flows within their bound
+endpoints             ``parse_endpoints_document`` then ``targets_from_slices``         EndpointSliceError
+proxy_protocol        ``ProxyHeaderReader.feed``, whole and chunked must agree;        ProxyHeaderError
+                      a header within its bound, header + remainder = the input
+====================  ===========================================================  =================
 
 Input conventions: multi-datagram targets split their input on ``SEPARATOR`` (for
 ``udp_router`` an empty part hands over to the next client address); the QUIC payload

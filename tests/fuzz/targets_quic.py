@@ -86,10 +86,19 @@ def _reference_long_header(datagram: bytes, offset: int) -> LongHeader:
         native.use(previous)
 
 
+def _first_header(datagram: bytes) -> LongHeader | None:
+    """The first datagram's long header, as the edge passes it to the sniffer (None: the sniffer
+    parses, and names what is wrong)."""
+    try:
+        return parse_long_header(datagram)
+    except QuicPacketError:
+        return None
+
+
 def _sniff(datagrams: Sequence[bytes]) -> str:
     sniffer = InitialSniffer()
-    for datagram in datagrams[:MAX_DATAGRAMS]:
-        info = sniffer.feed(datagram)
+    for i, datagram in enumerate(datagrams[:MAX_DATAGRAMS]):
+        info = sniffer.feed(datagram, None if i else _first_header(datagram))
         if info is not None:
             check(sniffer.feed(datagram) is info, "a complete sniffer changed its answer")
             if info.server_name:
@@ -124,6 +133,40 @@ def protect_payloads(data: bytes) -> list[bytes]:
 
 def run_sniffer_payloads(data: bytes) -> str:
     return _sniff(protect_payloads(data))
+
+
+def _sniffed(datagrams: Sequence[bytes]) -> tuple[object, ...]:
+    """Each answer (or error) of a fresh sniffer, and what it keeps for the next datagram."""
+    sniffer = InitialSniffer()
+    answers: list[object] = []
+    for i, datagram in enumerate(datagrams):
+        try:
+            answers.append(sniffer.feed(datagram, None if i else _first_header(datagram)))
+        except QuicPacketError as exc:
+            answers.append((type(exc), str(exc)))
+    keys = sniffer._keys if sniffer.client_hello is None else None  # the one call keeps none it needs no more
+    return tuple(answers), sniffer.version, sniffer.original_dcid, sniffer.client_scid, sniffer._largest_pn, keys
+
+
+def run_first_initial_native(data: bytes) -> str:
+    """A flow's first Initial read in one C call (when built) leaves the sniffer as the reference does."""
+    datagrams = protect_payloads(data)
+    previous = native.active() is not None
+    try:
+        native.use(True)
+        in_c = _sniffed(datagrams)
+        native.use(False)
+        check(in_c == _sniffed(datagrams), "the one-call first Initial differs from the reference")
+    finally:
+        native.use(previous)
+    return "-".join(_kind(answer) for answer in in_c[0][:3]) or "empty"
+
+
+def _kind(answer: object) -> str:
+    """An answer's kind, for the fuzzer's outcome count: a hello, nothing yet, or the error's type."""
+    if isinstance(answer, tuple):
+        return answer[0].__name__
+    return "none" if answer is None else "hello"
 
 
 class _Clock:
@@ -313,6 +356,8 @@ QUIC_TARGETS = (
     FuzzTarget("long_header_native", run_long_header_native, (), sniffer_datagram_seeds, 20_000, QUIC_DICTIONARY),
     FuzzTarget("sniffer_payloads", run_sniffer_payloads, (QuicPacketError,), payload_seeds, 20_000,
                QUIC_DICTIONARY, mutate_payload_input),
+    FuzzTarget("first_initial_native", run_first_initial_native, (), payload_seeds, 20_000, QUIC_DICTIONARY,
+               mutate_payload_input),
     FuzzTarget("sniffer_datagrams", run_sniffer_datagrams, (QuicPacketError,), sniffer_datagram_seeds,
                40_000, QUIC_DICTIONARY),
     FuzzTarget("udp_router", run_udp_router, (), udp_router_seeds, 40_000, QUIC_DICTIONARY, mutate_router_input),

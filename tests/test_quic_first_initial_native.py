@@ -1,0 +1,113 @@
+"""A flow's first Initial read in one C call (``sniff_first``) leaves the sniffer exactly as the
+reference path does: the same answer or error, the same version, DCIDs and packet number, and the
+same reading of the datagrams that follow (a ClientHello spread over several Initials, damage,
+coalesced packets, datagrams too short)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from quic import native as quic_native
+from quic.initial_sniffer import InitialSniffer
+from quic.packet import QUIC_V1, QUIC_V2, QuicPacketError, parse_long_header
+from tests.support.initial_packets import protected_initial
+from tests.support.quic_frames import ack, crypto_frame
+from tests.support.quic_initial_rewriter import client_first_flight
+from tests.support.quic_vectors import RFC_CLIENT_HELLO, V1_CLIENT_INITIAL, V2_CLIENT_INITIAL
+
+pytestmark = pytest.mark.skipif(not quic_native.built(), reason="quic._initial_protection is not built")
+
+HELLO = RFC_CLIENT_HELLO
+"""The RFC 9001 A.2 ClientHello (example.com, ALPN "alpn")."""
+
+
+@pytest.fixture(autouse=True)
+def native_again() -> Iterator[None]:
+    yield
+    quic_native.use(True)
+
+
+def sniffed(datagrams: list[bytes]) -> tuple[object, ...]:
+    """What a fresh sniffer answers to each datagram (the first with its parsed long header, as
+    the edge passes it), and the state it is left in (its keys only while the hello is incomplete:
+    the one call does not keep what no later datagram needs)."""
+    sniffer = InitialSniffer()
+    answers: list[object] = []
+    for i, datagram in enumerate(datagrams):
+        first = None
+        if i == 0:
+            try:
+                first = parse_long_header(datagram)
+            except QuicPacketError:
+                first = None
+        try:
+            answers.append(sniffer.feed(datagram, first))
+        except QuicPacketError as exc:
+            answers.append((type(exc), str(exc)))
+    keys = sniffer._keys if sniffer.client_hello is None else "no longer needed"
+    return (tuple(answers), sniffer.version, sniffer.original_dcid, sniffer.client_scid, sniffer._largest_pn, keys)
+
+
+def agree(datagrams: list[bytes]) -> tuple[object, ...]:
+    quic_native.use(True)
+    in_c = sniffed(datagrams)
+    quic_native.use(False)
+    reference = sniffed(datagrams)
+    assert in_c == reference
+    return in_c
+
+
+@pytest.mark.parametrize("datagram", [V1_CLIENT_INITIAL, V2_CLIENT_INITIAL])
+def test_the_rfc_initials(datagram: bytes) -> None:
+    answers = agree([datagram])[0]
+    assert isinstance(answers, tuple) and answers[0].server_name == "example.com"
+
+
+@pytest.mark.parametrize("version", [QUIC_V1, QUIC_V2])
+def test_a_real_client_first_flight(version: int) -> None:
+    _, flight = client_first_flight(version)
+    assert agree(flight)[1] == version
+
+
+def test_a_big_hello_over_two_initials() -> None:
+    _, flight = client_first_flight(big_hello=True)
+    assert len(flight) >= 2
+    answers = agree(flight)[0]
+    assert isinstance(answers, tuple) and answers[0] is None and answers[-1] is not None
+
+
+def _flights() -> st.SearchStrategy[list[bytes]]:
+    """One or two client Initials carrying the hello in 1-3 CRYPTO pieces, damaged or not, with
+    junk or another long header coalesced after the first, or cut short."""
+    version = st.sampled_from([QUIC_V1, QUIC_V2])
+    cut = st.integers(1, len(HELLO) - 1)
+    dcid = st.binary(min_size=0, max_size=20)
+
+    def build(version: int, cut: int, dcid: bytes, split: bool, extra: bytes, flips: list[tuple[int, int]],
+              size: int, pn: int) -> list[bytes]:
+        pieces = [crypto_frame(0, HELLO[:cut]), crypto_frame(cut, HELLO[cut:])] if split else [crypto_frame(0, HELLO)]
+        first = bytearray(protected_initial(pieces[0] + ack(1), version=version, dcid=dcid, pn=pn, size=size))
+        for at, xor in flips:
+            first[at % len(first)] ^= xor
+        datagrams = [bytes(first) + extra]
+        if split:
+            datagrams.append(protected_initial(pieces[1], version=version, dcid=dcid, pn=pn + 1))
+        return datagrams
+
+    return st.builds(
+        build, version, cut, dcid, st.booleans(),
+        st.one_of(st.just(b""), st.binary(max_size=30),
+                  st.sampled_from([b"\xc0\x00\x00\x00\x01\x00\x00\x05hello", b"\x40junk"])),
+        st.lists(st.tuples(st.integers(0, 1300), st.integers(1, 255)), max_size=2),
+        st.sampled_from([1200, 1100, 1350]), st.integers(0, 2**20),
+    )
+
+
+@settings(max_examples=400, deadline=None)
+@given(datagrams=_flights())
+def test_whatever_the_first_datagram_the_one_call_answers_as_the_reference(datagrams: list[bytes]) -> None:
+    agree(datagrams)
