@@ -57,10 +57,11 @@ CALLBACK_HOOKS = '''
     hook(getattr(pod_link, "Outboxes", None), "_send", "client datagrams sent to pods (per loop iteration)")
     hook(pod_to_client.ClientReplies, "readable", "pod socket readable: read, send to client")
     hook(edge.UdpRouter, "sweep", "sweep (expiry)")
-    hook(edge.UdpRouter, "_open_flow", "flow setup: socket, link, reader, metrics")
-    hook(edge.UdpRouter, "_dial", "flow setup: socket, link, reader, metrics")
+    # The flow's set-up runs inside the routing decision, inside the new address's datagram.
+    hook(edge.UdpRouter, "_dial", "    of which: flow setup: socket, link, metrics")
     hook(initial_sniffer.InitialSniffer, "feed", "  of which: InitialSniffer.feed")
-    hook(edge.UdpRouter, "_route", "  of which: routing decision")
+    hook(initial_sniffer.InitialSniffer, "_sniff_first", "    of which: sniff_first (C: keys, opening, hello)")
+    hook(edge.UdpRouter, "_route", "  of which: routing decision and flow setup")
     hook(edge, "classify_unrouted", "  of which: classify_unrouted")
     hook(edge, "classify_on_flow", "  of which: classify_on_flow")
     hook(pod_to_client.ClientReplies, "_send", "  of which: send to client")
@@ -69,7 +70,7 @@ CALLBACK_HOOKS = '''
     hook(initial_sniffer, "decrypt_initial", "    of which: decrypt_initial")
     hook(initial_sniffer, "parse_client_hello", "    of which: parse_client_hello")
     hook(verdicts, "parse_long_header", "    of which: parse_long_header")
-    hook(edge, "connect_udp", "  of which: connect_udp (socket, connect)")
+    hook(edge, "connect_udp", "      of which: connect_udp (socket, connect)")
     hook(edge.UdpRouter, "_learn_from_pod", "pod long header handed back")
 '''
 """The QUIC edge's callbacks timed by ``--callbacks`` (``bench.callback_hooks``)."""
