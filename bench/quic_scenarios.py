@@ -32,6 +32,7 @@ from bench.quic_load import (
 )
 from bench.results import Row, Target, interleaved, median
 from quic.initial_sniffer import InitialSniffer
+from quic.packet import parse_long_header
 from router.demo.pki import make_pki
 
 UDP_TARGETS = (Target("ratio_vs_peer", ">=", 1.0, ">=1.0x nginx"),)
@@ -54,7 +55,7 @@ def quic_sniff(ctx: BenchContext) -> list[Row]:
     flights = client_initials(SNI, 64)
     datagrams = [f[0] for f in flights]
     for d in datagrams:
-        info = InitialSniffer().feed(d)
+        info = InitialSniffer().feed(d, parse_long_header(d))
         if info is None or info.server_name != SNI:
             raise BenchError(f"sniffer did not find the SNI in a one-datagram Initial: {info}")
     reps = ctx.pick(20, 100)
@@ -62,12 +63,12 @@ def quic_sniff(ctx: BenchContext) -> list[Row]:
     for _ in range(ctx.pick(5, 15)):
         started = time.perf_counter()
         for _ in range(reps):
-            for d in datagrams:
-                InitialSniffer().feed(d)
+            for d in datagrams:  # as the edge reads a new address's first datagram
+                InitialSniffer().feed(d, parse_long_header(d))
         per_batch.append((time.perf_counter() - started) / (reps * len(datagrams)) * 1e6)
     ctx.log(f"quic sniff: {len(per_batch)} batches of {reps * len(datagrams)} Initials")
-    return [Row("quic_initial_sniff", "SNI from one real aioquic client Initial (keys, decrypt, "
-                "parse) with quic.initial_sniffer", "us/Initial", median(per_batch),
+    return [Row("quic_initial_sniff", "SNI from one real aioquic client Initial (long header, keys, "
+                "decrypt, parse) as the edge reads it", "us/Initial", median(per_batch),
                 higher_is_better=False)]
 
 
