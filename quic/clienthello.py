@@ -8,8 +8,8 @@ raise :class:`ClientHelloError`; every read goes through a bounds-checked reader
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from enum import IntEnum
+from typing import NamedTuple
 
 from quic import native
 
@@ -40,9 +40,9 @@ class ClientHelloError(ValueError):
     """The bytes are not a well-formed ClientHello; the only error this module raises."""
 
 
-@dataclass(frozen=True, slots=True)
-class ClientHelloInfo:
-    """What the router learns from a ClientHello."""
+class ClientHelloInfo(NamedTuple):
+    """What the router learns from a ClientHello. A named tuple: one is built per connection and
+    per QUIC flow, in one call (a frozen dataclass sets each field through ``object.__setattr__``)."""
 
     server_name: str | None
     """host_name from server_name (ASCII, undecodable bytes replaced); None if absent."""

@@ -95,7 +95,9 @@ class InitialSniffer:
         self._largest_pn = -1
         # CRYPTO past the largest ClientHello accepted can never complete one; not buffering
         # it keeps one 1200-byte datagram from costing a 64 KiB reassembly buffer per flow.
-        self._crypto = CryptoReassembler(min(max_crypto_bytes, MAX_TLS_CLIENT_HELLO_BYTES))
+        self._max_crypto = min(max_crypto_bytes, MAX_TLS_CLIENT_HELLO_BYTES)
+        self._crypto: CryptoReassembler | None = None
+        """Made for the first payload the reference walk reads (a hello read in one call needs none)."""
 
     def feed(self, datagram: bytes, first: LongHeader | None = None) -> ClientHelloInfo | None:
         """Take one client datagram; the ClientHello facts once complete, else None. ``first`` is
@@ -115,14 +117,11 @@ class InitialSniffer:
             return None
         if opening and len(payloads) == 1:
             # The usual first datagram: one Initial whose CRYPTO frames hold the whole hello, in order.
-            found = sniff_first_payload(payloads[0], self._crypto.max_bytes)
+            found = sniff_first_payload(payloads[0], self._max_crypto)
             if found is not None:
                 self.client_hello = ClientHelloInfo(*found)
                 return self.client_hello
-        for payload in payloads:
-            for offset, data in walk_initial_frames(payload):
-                self._crypto.add(offset, data)
-        return self._complete_client_hello()
+        return self._walk(payloads)
 
     def _usual_first(self, datagram: bytes, first: LongHeader) -> bool:
         """A first datagram the C path reads in one call: one v1/v2 Initial of the right size, with
@@ -141,7 +140,7 @@ class InitialSniffer:
         ``_open`` and ``sniff_first_payload`` would do, in ~15 Python calls fewer per new flow)."""
         sniffed = extension.sniff_first(
             datagram, *CLIENT_KEY_INPUTS[first.version], first.dcid, first.header_length,
-            first.offset + first.packet_length, self._crypto.max_bytes, MAX_TLS_CLIENT_HELLO_BYTES,
+            first.offset + first.packet_length, self._max_crypto, MAX_TLS_CLIENT_HELLO_BYTES,
         )
         if sniffed is None:
             raise QuicPacketError("Initial packet failed authentication")
@@ -155,9 +154,7 @@ class InitialSniffer:
             raise QuicPacketError("no Initial payload")
         key, iv, hp, payload = opened
         self._keys = InitialKeys(key, iv, hp)
-        for offset, data in walk_initial_frames(payload):
-            self._crypto.add(offset, data)
-        return self._complete_client_hello()
+        return self._walk([payload])
 
     def _open(self, datagram: bytes, first: LongHeader | None) -> list[bytes]:
         """Decrypted payloads of this flow's Initials in ``datagram``; raises if none."""
@@ -195,15 +192,23 @@ class InitialSniffer:
             raise failure or NotInitial("no Initial packet in the datagram")
         return payloads
 
-    def _complete_client_hello(self) -> ClientHelloInfo | None:
-        available = self._crypto.contiguous_length
+    def _walk(self, payloads: list[bytes]) -> ClientHelloInfo | None:
+        """The reference reading: the payloads' CRYPTO frames into the reassembler, then the
+        ClientHello once the stream holds all of it."""
+        crypto = self._crypto
+        if crypto is None:
+            crypto = self._crypto = CryptoReassembler(self._max_crypto)
+        for payload in payloads:
+            for offset, data in walk_initial_frames(payload):
+                crypto.add(offset, data)
+        available = crypto.contiguous_length
         if not available:
             return None
         try:
-            total = client_hello_length(self._crypto.contiguous(HANDSHAKE_HEADER_BYTES))
+            total = client_hello_length(crypto.contiguous(HANDSHAKE_HEADER_BYTES))
             if total is None or available < total:
                 return None
-            info = parse_client_hello(self._crypto.contiguous(total))
+            info = parse_client_hello(crypto.contiguous(total))
         except ClientHelloError as exc:
             raise InvalidClientHello(str(exc)) from exc
         self.client_hello = info

@@ -343,15 +343,15 @@ class UdpRouter(FlowEndings):
     def _dial(self, pending: PendingFlow[InitialSniffer], target: Target, hostname: str | None) -> None:
         """Open the flow's socket to the pod, then flush the buffered datagrams in order."""
         assert self._loop is not None
-        started = self._now()
+        started = self._clock()
         try:
             sock = connect_udp(target.address, target.quic_port)
         except OSError as exc:
             self._refusals.log.info("quic dial to %s for %s failed: %s", target.quic_endpoint,
                                     peer(pending.address), exc)
-            self._refuse_pending(pending, hostname, Refusal.DIAL_FAILED, self._now())
+            self._refuse_pending(pending, hostname, Refusal.DIAL_FAILED, self._clock())
             return
-        now = self._now()
+        now = self._clock()
         self._series.dial.observe(now - started)
         link: Link = PodLink(self._loop, sock, self._flow_failed, self._splicer)
         flow = self._table.establish(pending, target.pod_name, link, now)

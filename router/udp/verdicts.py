@@ -10,9 +10,8 @@ only a well-formed Initial of at least 1200 bytes may cost a pending flow.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from enum import Enum
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, NamedTuple, TypeVar
 
 from quic.packet import (
     QUIC_MIN_INITIAL_DATAGRAM_BYTES,
@@ -49,9 +48,9 @@ class Verdict(Enum):
     """(Established flow) a datagram of the contender already sniffed at this address: feed it."""
 
 
-@dataclass(frozen=True, slots=True)
-class Unrouted(Generic[H]):
-    """The verdict on one unrouted datagram, with what the edge needs to carry it out."""
+class Unrouted(NamedTuple, Generic[H]):
+    """The verdict on one unrouted datagram, with what the edge needs to carry it out. A named
+    tuple, not a frozen dataclass: one is built per new address's datagram, in one call."""
 
     verdict: Verdict
     drop_reason: QuicDropReason | None = None

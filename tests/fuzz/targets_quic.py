@@ -164,9 +164,9 @@ def run_first_initial_native(data: bytes) -> str:
 
 def _kind(answer: object) -> str:
     """An answer's kind, for the fuzzer's outcome count: a hello, nothing yet, or the error's type."""
-    if isinstance(answer, tuple):
-        return answer[0].__name__
-    return "none" if answer is None else "hello"
+    if answer is None or isinstance(answer, ClientHelloInfo):
+        return "none" if answer is None else "hello"
+    return answer[0].__name__  # type: ignore[index]
 
 
 class _Clock:
