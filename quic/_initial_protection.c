@@ -5,9 +5,10 @@
  * the peers have just evicted. Through `cryptography` and `hashlib` that is a dozen OpenSSL
  * objects made and fetched from the provider per connection (a fresh cipher context per AESGCM
  * and Cipher object, a digest context per hash object), which costs 6-9x its warm time there
- * (bench/README, "Where the router's CPU per QUIC connection goes"). Here HMAC-SHA256,
+ * (bench/README, "Where the router's CPU per QUIC connection goes"). Here SHA-256,
  * AES-128-ECB and AES-128-GCM are fetched once and their contexts re-keyed per connection.
- * No primitive is written here: HKDF is RFC 5869's two HMAC steps, the rest is RFC 9001
+ * No primitive is written here: HMAC is RFC 2104's two hashes, HKDF RFC 5869's two HMAC
+ * steps, the rest is RFC 9001
  * section 5.4 (header protection) and 5.3 (AEAD nonce), the same steps as quic/initial_keys.py,
  * which stays the reference and the fallback (a property test keeps the two equal).
  *
@@ -19,10 +20,8 @@
 #include <stdint.h>
 #include <string.h>
 
-#include <openssl/core_names.h>
 #include <openssl/err.h>
 #include <openssl/evp.h>
-#include <openssl/params.h>
 
 #define KEY_BYTES 16
 #define IV_BYTES 12
@@ -37,23 +36,17 @@
 #define QUIC_V2 0x6b3343cfu         /* RFC 9369 */
 #define MAX_CID_BYTES 20            /* RFC 9000 section 17.2: a v1/v2 connection ID is at most 20 bytes */
 
-static EVP_MAC_CTX *hmac_sha256;  /* re-keyed by every EVP_MAC_init */
+static const EVP_MD *sha256;       /* fetched once */
+static EVP_MD_CTX *digest;         /* re-initialised by each hash of an HMAC */
 static EVP_CIPHER_CTX *aes_ecb;   /* header protection mask */
 static EVP_CIPHER_CTX *aes_gcm;   /* payload */
 
 static int
 setup_contexts(void)
 {
-    EVP_MAC *mac = EVP_MAC_fetch(NULL, "HMAC", NULL);
-    if (mac == NULL) return 0;
-    hmac_sha256 = EVP_MAC_CTX_new(mac);
-    EVP_MAC_free(mac); /* the context keeps its own reference */
-    if (hmac_sha256 == NULL) return 0;
-    OSSL_PARAM params[] = {
-        OSSL_PARAM_construct_utf8_string(OSSL_MAC_PARAM_DIGEST, (char *)"SHA256", 0),
-        OSSL_PARAM_construct_end(),
-    };
-    if (!EVP_MAC_CTX_set_params(hmac_sha256, params)) return 0;
+    sha256 = EVP_MD_fetch(NULL, "SHA256", NULL);
+    digest = EVP_MD_CTX_new();
+    if (sha256 == NULL || digest == NULL) return 0;
 
     EVP_CIPHER *ecb = EVP_CIPHER_fetch(NULL, "AES-128-ECB", NULL);
     EVP_CIPHER *gcm = EVP_CIPHER_fetch(NULL, "AES-128-GCM", NULL);
@@ -68,14 +61,32 @@ setup_contexts(void)
     return ok;
 }
 
-/* HMAC-SHA256(key, msg) into out (32 bytes); 0 on a libcrypto failure. */
+#define SHA256_BLOCK_BYTES 64
+
+/* SHA-256(pad XOR key, msg) into out: one hash of an HMAC, on the reused digest context. */
+static int
+padded_hash(const unsigned char *key, size_t key_len, unsigned char pad, const unsigned char *msg, size_t msg_len,
+            unsigned char out[SHA256_BYTES])
+{
+    unsigned char block[SHA256_BLOCK_BYTES];
+    memset(block, pad, sizeof block);
+    for (size_t i = 0; i < key_len; i++) block[i] ^= key[i];
+    unsigned int n = 0;
+    return EVP_DigestInit_ex2(digest, sha256, NULL) && EVP_DigestUpdate(digest, block, sizeof block) &&
+           EVP_DigestUpdate(digest, msg, msg_len) && EVP_DigestFinal_ex(digest, out, &n) && n == SHA256_BYTES;
+}
+
+/* HMAC-SHA256(key, msg) into out (32 bytes), RFC 2104's two hashes over libcrypto's SHA-256 (a key
+ * longer than a block, which HKDF here never has, is refused); 0 on a libcrypto failure. Not
+ * EVP_MAC: its every re-key copies digest contexts, a malloc and a free each, which a process
+ * whose caches the peers evicted pays dearly for. */
 static int
 hmac(const unsigned char *key, size_t key_len, const unsigned char *msg, size_t msg_len,
      unsigned char out[SHA256_BYTES])
 {
-    size_t n = 0;
-    return EVP_MAC_init(hmac_sha256, key, key_len, NULL) && EVP_MAC_update(hmac_sha256, msg, msg_len) &&
-           EVP_MAC_final(hmac_sha256, out, &n, SHA256_BYTES) && n == SHA256_BYTES;
+    unsigned char inner[SHA256_BYTES];
+    return key_len <= SHA256_BLOCK_BYTES && padded_hash(key, key_len, 0x36, msg, msg_len, inner) &&
+           padded_hash(key, key_len, 0x5c, inner, SHA256_BYTES, out);
 }
 
 static PyObject *
@@ -617,9 +628,9 @@ static struct PyModuleDef module = {
 PyMODINIT_FUNC
 PyInit__initial_protection(void)
 {
-    if (hmac_sha256 == NULL && !setup_contexts()) {
+    if (digest == NULL && !setup_contexts()) {
         ERR_clear_error();
-        PyErr_SetString(PyExc_ImportError, "libcrypto has no HMAC-SHA256, AES-128-ECB or AES-128-GCM here");
+        PyErr_SetString(PyExc_ImportError, "libcrypto has no SHA-256, AES-128-ECB or AES-128-GCM here");
         return NULL;
     }
     return PyModule_Create(&module);
