@@ -8,7 +8,6 @@ from hypothesis import strategies as st
 
 from router.outcomes import QuicDropReason
 from router.udp.flow_table import (
-    ByteBudget,
     Contention,
     Flow,
     FlowLimits,
@@ -16,6 +15,7 @@ from router.udp.flow_table import (
     PendingFlow,
     UdpFlowTable,
 )
+from router.udp.refusals import ByteBudget
 from router.udp.verdicts import Verdict, classify_on_flow, classify_unrouted
 
 A = ("192.0.2.1", 1000)

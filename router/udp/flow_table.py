@@ -362,33 +362,6 @@ class UdpFlowTable(Generic[S, H]):
         return Expired(tuple(stale), tuple(idle))
 
 
-@dataclass(slots=True)
-class ByteBudget:
-    """Token bucket of bytes per second (time passed in): caps what refusals may send."""
-
-    rate_per_s: float
-    burst: float
-    tokens: float = -1.0
-    updated_at: float | None = None
-
-    def __post_init__(self) -> None:
-        if self.rate_per_s <= 0 or self.burst <= 0:
-            raise FlowTableError(f"rate_per_s and burst must be > 0, got {self.rate_per_s}, {self.burst}")
-        if self.tokens < 0:
-            self.tokens = self.burst
-
-    def take(self, size: int, now: float) -> bool:
-        """Spend ``size`` bytes if the bucket holds them; refill by elapsed time first."""
-        if self.updated_at is not None and now > self.updated_at:
-            self.tokens = min(self.burst, self.tokens + (now - self.updated_at) * self.rate_per_s)
-        if self.updated_at is None or now > self.updated_at:
-            self.updated_at = now
-        if size > self.tokens:
-            return False
-        self.tokens -= size
-        return True
-
-
 class Contention(Enum):
     """What becomes of a new connection from an established flow's address (see ``contend``)."""
 

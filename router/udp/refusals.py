@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from discovery.targets import host_port
@@ -21,7 +22,7 @@ from router.log_limiter import RateLimitedLog
 from router.metrics import RouterMetrics
 from router.outcomes import QuicDropReason, QuicOutcome
 from router.routing import REFUSAL_ANSWERS, Refusal
-from router.udp.flow_table import Address, ByteBudget, PendingFlow, Rejection, UdpFlowTable
+from router.udp.flow_table import Address, FlowTableError, PendingFlow, Rejection, UdpFlowTable
 
 log = logging.getLogger("router.udp_router")
 """The router's logger: refusal lines keep the name operators filter on."""
@@ -37,6 +38,33 @@ def quic_answer(refusal: Refusal) -> tuple[QuicOutcome, str]:
 def peer(addr: Address) -> str:
     """``host:port``, IPv6 hosts bracketed."""
     return host_port(str(addr[0]), int(addr[1]))
+
+
+@dataclass(slots=True)
+class ByteBudget:
+    """Token bucket of bytes per second (time passed in): caps what refusals may send."""
+
+    rate_per_s: float
+    burst: float
+    tokens: float = -1.0
+    updated_at: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.rate_per_s <= 0 or self.burst <= 0:
+            raise FlowTableError(f"rate_per_s and burst must be > 0, got {self.rate_per_s}, {self.burst}")
+        if self.tokens < 0:
+            self.tokens = self.burst
+
+    def take(self, size: int, now: float) -> bool:
+        """Spend ``size`` bytes if the bucket holds them; refill by elapsed time first."""
+        if self.updated_at is not None and now > self.updated_at:
+            self.tokens = min(self.burst, self.tokens + (now - self.updated_at) * self.rate_per_s)
+        if self.updated_at is None or now > self.updated_at:
+            self.updated_at = now
+        if size > self.tokens:
+            return False
+        self.tokens -= size
+        return True
 
 
 class QuicRefusals:
