@@ -72,6 +72,7 @@ CALLBACK_HOOKS = '''
     hook(verdicts, "parse_long_header", "    of which: parse_long_header")
     hook(edge, "connect_udp", "      of which: connect_udp (socket, connect)")
     hook(edge.UdpRouter, "_learn_from_pod", "pod long header handed back")
+    hook(edge.UdpRouter, "_learn_pod_cid", "pod SCID handed back")
 '''
 """The QUIC edge's callbacks timed by ``--callbacks`` (``bench.callback_hooks``)."""
 

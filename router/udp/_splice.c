@@ -16,8 +16,9 @@
  *     recvmmsg and its datagrams leave the public socket to the flow's client address in one
  *     sendmmsg across flows. A pod socket with UDP_GRO on may hand over a pod's GSO batch (or
  *     what the NIC's GRO glued) as one read: it is cut at the UDP_GRO segment size and leaves as
- *     one GSO message, the same datagrams in the same order. Long headers are sent and also
- *     returned (flow, bytes): Python learns the pod's connection IDs from them.
+ *     one GSO message, the same datagrams in the same order. A long header with a new v1/v2
+ *     SCID for its flow is sent and its SCID returned (flow, scid): Python learns the pod's
+ *     connection IDs from them.
  *
  * A pod socket error (ECONNREFUSED after an ICMP) is queued as (flow, errno) for Python to end
  * the flow. A full socket buffer drops, as UDP drops. The flows' byte counts and activity times
@@ -533,19 +534,24 @@ static PyObject *Splicer_rekey(Splicer *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-/* Whether Python needs this pod long header to learn from: not when it is a v1/v2 packet whose
- * SCID is the one last handed over for this flow (every handshake datagram after the first).
- * Bounds-checked against the datagram's length; anything unusual goes to Python. */
-static int worth_learning(Slot *slot, const unsigned char *data, unsigned int length) {
-    if (length < 7) return 1;
+/* The SCID of a pod's v1/v2 long header, when it is a new one for this flow (every handshake
+ * datagram after the first carries the same): 1 with *scid and *scid_len set, and remembered. 0
+ * for the same SCID again, an empty one, and anything Python would learn nothing from either
+ * (another version, a header cut short: quic.packet.long_header_scid's None). Bounds-checked
+ * against the datagram's length. */
+static int new_scid(Slot *slot, const unsigned char *data, unsigned int length, const unsigned char **scid,
+                    unsigned int *scid_len) {
+    if (length < 7) return 0;
     uint32_t version = ((uint32_t)data[1] << 24) | ((uint32_t)data[2] << 16) | ((uint32_t)data[3] << 8) | data[4];
     unsigned int dcid_len = data[5], at = 6 + dcid_len;
-    if ((version != QUIC_V1 && version != QUIC_V2) || dcid_len > MAX_CID_BYTES || at >= length) return 1;
-    unsigned int scid_len = data[at];
-    if (scid_len > MAX_CID_BYTES || at + 1 + scid_len > length) return 1;
-    if (slot->scid_len == (int)scid_len && memcmp(slot->scid, data + at + 1, scid_len) == 0) return 0;
-    memcpy(slot->scid, data + at + 1, scid_len);
-    slot->scid_len = (int)scid_len;
+    if ((version != QUIC_V1 && version != QUIC_V2) || dcid_len > MAX_CID_BYTES || at >= length) return 0;
+    unsigned int n = data[at];
+    if (n == 0 || n > MAX_CID_BYTES || at + 1 + n > length) return 0;
+    if (slot->scid_len == (int)n && memcmp(slot->scid, data + at + 1, n) == 0) return 0;
+    memcpy(slot->scid, data + at + 1, n);
+    slot->scid_len = (int)n;
+    *scid = data + at + 1;
+    *scid_len = n;
     return 1;
 }
 
@@ -753,9 +759,11 @@ static PyObject *Splicer_from_pods(Splicer *self, PyObject *arg) {
                 for (unsigned int at = 0; at < length; at += segment) {  /* each datagram of a GRO read */
                     unsigned int size = length - at < segment ? length - at : segment;
                     unsigned char *datagram = data + at;
-                    /* Python learns the pod's CIDs from its long headers */
-                    if ((datagram[0] & 0x80) && worth_learning(slot, datagram, size)) {
-                        PyObject *item = Py_BuildValue("(Oy#)", slot->flow, (const char *)datagram, (Py_ssize_t)size);
+                    /* Python learns the pod's CIDs: each new SCID of its long headers */
+                    const unsigned char *scid;
+                    unsigned int scid_len;
+                    if ((datagram[0] & 0x80) && new_scid(slot, datagram, size, &scid, &scid_len)) {
+                        PyObject *item = Py_BuildValue("(Oy#)", slot->flow, (const char *)scid, (Py_ssize_t)scid_len);
                         if (!item || PyList_Append(learned, item) < 0) failed = 1;
                         Py_XDECREF(item);
                     }
@@ -833,8 +841,8 @@ static PyObject *Splicer_from_clients(Splicer *self, PyObject *arg);
 static PyObject *Splicer_from_pods(Splicer *self, PyObject *arg);
 
 /* The loop's reader callbacks (no Python frame of their own): clock() gives the time, the
- * datagrams the splice hands back go to on_datagram(data, address) in arrival order, long
- * headers from pods to on_learn(flow, datagram), pod socket errors to on_failure(flow, errno). */
+ * datagrams the splice hands back go to on_datagram(data, address) in arrival order, new pod
+ * SCIDs to on_learn(flow, scid), pod socket errors to on_failure(flow, errno). */
 static PyObject *Splicer_pump_clients(Splicer *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 3) {
         PyErr_SetString(PyExc_TypeError, "pump_clients(clock, on_datagram, on_failure)");
@@ -888,7 +896,7 @@ static PyMethodDef Splicer_methods[] = {
     {"from_clients", (PyCFunction)Splicer_from_clients, METH_O,
      "from_clients(now) -> [(datagram, address)]: splice what the public socket holds; return the rest."},
     {"from_pods", (PyCFunction)Splicer_from_pods, METH_O,
-     "from_pods(now) -> [(flow, long_header_datagram)]: splice what readable pod sockets hold."},
+     "from_pods(now) -> [(flow, new_pod_scid)]: splice what readable pod sockets hold."},
     {"pump_clients", (PyCFunction)(void (*)(void))Splicer_pump_clients, METH_FASTCALL,
      "pump_clients(clock, on_datagram, on_failure): from_clients(clock()), then the callbacks."},
     {"pump_pods", (PyCFunction)(void (*)(void))Splicer_pump_pods, METH_FASTCALL,

@@ -117,10 +117,10 @@ class UdpRouter(FlowEndings):
                 sock.fileno(), c.QUIC_SPLICE_BATCHES_PER_CALLBACK, c.QUIC_POD_READS_PER_CALLBACK
             )
             # The splice's own methods are the callbacks: no Python frame per wake-up. What it
-            # cannot splice comes back to _from_client in arrival order; pod long headers teach
-            # the flow the pod's CIDs.
+            # cannot splice comes back to _from_client in arrival order; the new SCIDs of pod
+            # long headers teach the flow the pod's CIDs.
             loop.add_reader(sock.fileno(), splicer.pump_clients, loop.time, self._handed_back, self._splice_failed)
-            loop.add_reader(splicer.epoll_fd, splicer.pump_pods, loop.time, self._learn_from_pod, self._splice_failed)
+            loop.add_reader(splicer.epoll_fd, splicer.pump_pods, loop.time, self._learn_pod_cid, self._splice_failed)
             sockname = sock.getsockname()
         s = self.settings  # ending flows in time: ``flow_endings``
         interval = min(s.sweep_interval_s, s.limits.idle_timeout_s / 4, s.limits.pending_flow_timeout_s / 4)
@@ -211,6 +211,10 @@ class UdpRouter(FlowEndings):
 
     def _learn_from_pod(self, flow: Flow[Link], datagram: bytes) -> None:
         self._table.learn_from_pod(flow, datagram, self.settings.cid_length)
+
+    def _learn_pod_cid(self, flow: Flow[Link], scid: bytes) -> None:
+        """A new SCID the C splice read from the pod's long header (no datagram copy, no parse)."""
+        self._table.learn_pod_cid(flow, scid, self.settings.cid_length)
 
     def _from_new_address(self, data: bytes, addr: Address, now: float) -> None:
         pending = self._table.pending(addr)

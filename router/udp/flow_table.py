@@ -280,7 +280,12 @@ class UdpFlowTable(Generic[S, H]):
     def learn_from_pod(self, flow: Flow[H], datagram: bytes, cid_length: int | None) -> None:
         """Learn the SCID of a pod's v1/v2 long header: a migrated client's DCID will be it."""
         scid = long_header_scid(datagram)
-        if scid is not None and (cid_length is None or len(scid) == cid_length):
+        if scid is not None:
+            self.learn_pod_cid(flow, scid, cid_length)
+
+    def learn_pod_cid(self, flow: Flow[H], scid: bytes, cid_length: int | None) -> None:
+        """Learn a pod's SCID unless its length is not the pods' (``cid_length``, when configured)."""
+        if cid_length is None or len(scid) == cid_length:
             self.learn_cid(flow, scid)
 
     def migrate(self, flow: Flow[H], address: Address) -> bool:
