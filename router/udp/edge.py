@@ -210,6 +210,7 @@ class UdpRouter(FlowEndings):
         self._loop.call_soon(callback)
 
     def _learn_from_pod(self, flow: Flow[Link], datagram: bytes) -> None:
+        """A pod's long header read by the pure-Python path (the C splice hands SCIDs to ``_learn_pod_cid``)."""
         self._table.learn_from_pod(flow, datagram, self.settings.cid_length)
 
     def _learn_pod_cid(self, flow: Flow[Link], scid: bytes) -> None:
