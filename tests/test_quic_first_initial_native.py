@@ -12,9 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from quic import native as quic_native
-from quic.initial_sniffer import InitialSniffer
-from quic.packet import QUIC_V1, QUIC_V2, QuicPacketError, parse_long_header
+from quic.packet import QUIC_V1, QUIC_V2
 from tests.support.initial_packets import protected_initial
+from tests.support.initial_reference import sniffer_reading
 from tests.support.quic_frames import ack, crypto_frame
 from tests.support.quic_initial_rewriter import client_first_flight
 from tests.support.quic_vectors import RFC_CLIENT_HELLO, V1_CLIENT_INITIAL, V2_CLIENT_INITIAL
@@ -31,32 +31,11 @@ def native_again() -> Iterator[None]:
     quic_native.use(True)
 
 
-def sniffed(datagrams: list[bytes]) -> tuple[object, ...]:
-    """What a fresh sniffer answers to each datagram (the first with its parsed long header, as
-    the edge passes it), and the state it is left in (its keys only while the hello is incomplete:
-    the one call does not keep what no later datagram needs)."""
-    sniffer = InitialSniffer()
-    answers: list[object] = []
-    for i, datagram in enumerate(datagrams):
-        first = None
-        if i == 0:
-            try:
-                first = parse_long_header(datagram)
-            except QuicPacketError:
-                first = None
-        try:
-            answers.append(sniffer.feed(datagram, first))
-        except QuicPacketError as exc:
-            answers.append((type(exc), str(exc)))
-    keys = sniffer._keys if sniffer.client_hello is None else "no longer needed"
-    return (tuple(answers), sniffer.version, sniffer.original_dcid, sniffer.client_scid, sniffer._largest_pn, keys)
-
-
 def agree(datagrams: list[bytes]) -> tuple[object, ...]:
     quic_native.use(True)
-    in_c = sniffed(datagrams)
+    in_c = sniffer_reading(datagrams)
     quic_native.use(False)
-    reference = sniffed(datagrams)
+    reference = sniffer_reading(datagrams)
     assert in_c == reference
     return in_c
 

@@ -23,7 +23,7 @@ from router.udp.settings import UdpRouterSettings
 from tests.fuzz.seed_flights import first_flight, quic_hellos
 from tests.fuzz.target import SEPARATOR, TEMPLATE, FuzzTarget, check
 from tests.fuzz.targets_tls import hellos, mutate_hello
-from tests.support.initial_reference import reference_hello
+from tests.support.initial_reference import first_header, reference_hello, sniffer_reading
 from tests.support.quic_frames import crypto_frame
 from tests.support.quic_initial_rewriter import CASES, rewrite_flight
 
@@ -86,19 +86,10 @@ def _reference_long_header(datagram: bytes, offset: int) -> LongHeader:
         native.use(previous)
 
 
-def _first_header(datagram: bytes) -> LongHeader | None:
-    """The first datagram's long header, as the edge passes it to the sniffer (None: the sniffer
-    parses, and names what is wrong)."""
-    try:
-        return parse_long_header(datagram)
-    except QuicPacketError:
-        return None
-
-
 def _sniff(datagrams: Sequence[bytes]) -> str:
     sniffer = InitialSniffer()
     for i, datagram in enumerate(datagrams[:MAX_DATAGRAMS]):
-        info = sniffer.feed(datagram, None if i else _first_header(datagram))
+        info = sniffer.feed(datagram, None if i else first_header(datagram))
         if info is not None:
             check(sniffer.feed(datagram) is info, "a complete sniffer changed its answer")
             if info.server_name:
@@ -135,28 +126,15 @@ def run_sniffer_payloads(data: bytes) -> str:
     return _sniff(protect_payloads(data))
 
 
-def _sniffed(datagrams: Sequence[bytes]) -> tuple[object, ...]:
-    """Each answer (or error) of a fresh sniffer, and what it keeps for the next datagram."""
-    sniffer = InitialSniffer()
-    answers: list[object] = []
-    for i, datagram in enumerate(datagrams):
-        try:
-            answers.append(sniffer.feed(datagram, None if i else _first_header(datagram)))
-        except QuicPacketError as exc:
-            answers.append((type(exc), str(exc)))
-    keys = sniffer._keys if sniffer.client_hello is None else None  # the one call keeps none it needs no more
-    return tuple(answers), sniffer.version, sniffer.original_dcid, sniffer.client_scid, sniffer._largest_pn, keys
-
-
 def run_first_initial_native(data: bytes) -> str:
     """A flow's first Initial read in one C call (when built) leaves the sniffer as the reference does."""
     datagrams = protect_payloads(data)
     previous = native.active() is not None
     try:
         native.use(True)
-        in_c = _sniffed(datagrams)
+        in_c = sniffer_reading(datagrams)
         native.use(False)
-        check(in_c == _sniffed(datagrams), "the one-call first Initial differs from the reference")
+        check(in_c == sniffer_reading(datagrams), "the one-call first Initial differs from the reference")
     finally:
         native.use(previous)
     return "-".join(_kind(answer) for answer in in_c[0][:3]) or "empty"

@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from quic.clienthello import (
     HANDSHAKE_HEADER_BYTES,
     MAX_TLS_CLIENT_HELLO_BYTES,
@@ -12,7 +14,8 @@ from quic.clienthello import (
     parse_client_hello,
 )
 from quic.frames import QUIC_MAX_CRYPTO_BYTES, CryptoReassembler, walk_initial_frames
-from quic.packet import QuicPacketError
+from quic.initial_sniffer import InitialSniffer
+from quic.packet import LongHeader, QuicPacketError, parse_long_header
 
 
 def reference_hello(payload: bytes, max_crypto: int = QUIC_MAX_CRYPTO_BYTES) -> object:
@@ -30,3 +33,28 @@ def reference_hello(payload: bytes, max_crypto: int = QUIC_MAX_CRYPTO_BYTES) -> 
         return parse_client_hello(crypto.contiguous(total))
     except (QuicPacketError, ClientHelloError) as exc:
         return type(exc)
+
+
+def first_header(datagram: bytes) -> LongHeader | None:
+    """The first datagram's long header, as the edge passes it to the sniffer (None: the sniffer
+    parses, and names what is wrong)."""
+    try:
+        return parse_long_header(datagram)
+    except QuicPacketError:
+        return None
+
+
+def sniffer_reading(datagrams: Sequence[bytes]) -> tuple[object, ...]:
+    """What a fresh sniffer answers to each datagram (the first with its long header, as the edge
+    passes it; an error as its type and text), and the state it is left in: version, DCIDs, largest
+    packet number, and its keys only while the hello is incomplete (the one-call first Initial keeps
+    none that no later datagram needs)."""
+    sniffer = InitialSniffer()
+    answers: list[object] = []
+    for i, datagram in enumerate(datagrams):
+        try:
+            answers.append(sniffer.feed(datagram, None if i else first_header(datagram)))
+        except QuicPacketError as exc:
+            answers.append((type(exc), str(exc)))
+    keys = sniffer._keys if sniffer.client_hello is None else None
+    return tuple(answers), sniffer.version, sniffer.original_dcid, sniffer.client_scid, sniffer._largest_pn, keys
