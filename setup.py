@@ -1,11 +1,12 @@
 """Build hook for the optional C extensions; everything else is in pyproject.toml.
 
 ``router.udp._splice`` splices established QUIC flows' datagrams in C (``recvmmsg``/``sendmmsg``,
-Linux only); ``router.tcp._relay`` pumps relayed TCP connections' bytes in C (epoll, splice, Linux
-only); ``quic._initial_protection`` derives a client Initial's keys and opens it over
-libcrypto (OpenSSL 3 headers: ``libssl-dev``). All are optional: without a C compiler (or the
-headers, or off Linux) the build goes on without them and the router uses its pure-Python paths,
-which behave the same.
+and io_uring for a batch's sends to many pods where the kernel allows it; Linux only);
+``router.tcp._relay`` pumps relayed TCP connections' bytes in C (epoll, splice, Linux only);
+``quic._initial_protection`` derives a client Initial's keys and opens it over libcrypto
+(OpenSSL 3 headers: ``libssl-dev``). All are optional: without a C compiler (or the headers, or
+off Linux) the build goes on without them and the router uses its pure-Python paths, which
+behave the same.
 """
 
 from setuptools import Extension, setup
@@ -32,7 +33,8 @@ _WARNINGS = ["-O2", "-Wall", "-Wextra", "-Wno-unused-parameter", "-Wno-missing-f
 
 setup(
     ext_modules=[
-        Extension("router.udp._splice", ["router/udp/_splice.c"], optional=True, extra_compile_args=_WARNINGS),
+        Extension("router.udp._splice", ["router/udp/_splice.c"], depends=["router/udp/_send_ring.h"], optional=True,
+                  extra_compile_args=_WARNINGS),
         Extension("router.tcp._relay", ["router/tcp/_relay.c"], optional=True, extra_compile_args=_WARNINGS),
         Extension("quic._initial_protection", ["quic/_initial_protection.c"], optional=True,
                   libraries=["crypto"], extra_compile_args=_WARNINGS),

@@ -13,9 +13,7 @@ from __future__ import annotations
 
 from typing import Final
 
-# ---------------------------------------------------------------------------
-# CLI defaults (same names and values as the Rust router's flags)
-# ---------------------------------------------------------------------------
+# -- CLI defaults (same names and values as the Rust router's flags) ----------
 DEFAULT_LISTEN_ADDR: Final = "0.0.0.0:50071"
 """Worker gRPC (h2c or TLS) port the Gateway TCPRoute sends to; the Rust router's default."""
 
@@ -96,9 +94,7 @@ DEFAULT_MAX_QUIC_FLOWS_PER_CLIENT: Final = 0
 MAX_PER_CLIENT_LIMIT: Final = 1_000_000
 """Largest per-client limit accepted: more than any fd limit, so a larger value is a typo."""
 
-# ---------------------------------------------------------------------------
-# Peek limits (TCP)
-# ---------------------------------------------------------------------------
+# -- Peek limits (TCP) --------------------------------------------------------
 MAX_PEEK_BYTES: Final = 16 * 1024
 """A ClientHello or first HEADERS block larger than this is refused; real ones are < 4 KiB."""
 
@@ -118,9 +114,7 @@ H2_PREFACE: Final = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 H2_MAX_HEADER_LIST_SIZE: Final = 16 * 1024
 """Decoded header list cap for the first HEADERS block (hpack bomb guard)."""
 
-# ---------------------------------------------------------------------------
-# Relay (TCP: copied through a shared buffer, then spliced)
-# ---------------------------------------------------------------------------
+# -- Relay (TCP: copied through a shared buffer, then spliced) ----------------
 RELAY_CHUNK_BYTES: Final = 256 * 1024
 """Read size per recv on the buffered relay path; large enough to amortise syscalls."""
 
@@ -148,9 +142,7 @@ RELAY_TIMER_DEFER_S: Final = 0.25
 """A relay's idle timer is armed this long after it starts, by one shared callback: shorter connections
 never create one; deadlines are absolute, so it fires on time (a shorter idle timeout is armed at once)."""
 
-# ---------------------------------------------------------------------------
-# QUIC / UDP: pending flows and the flow table
-# ---------------------------------------------------------------------------
+# -- QUIC / UDP: pending flows and the flow table -----------------------------
 QUIC_MAX_PENDING_DATAGRAMS_PER_FLOW: Final = 16
 """Datagrams held for a flow whose SNI is not complete yet (big ClientHellos need 2-4)."""
 
@@ -176,9 +168,7 @@ QUIC_FLOW_TAKEOVER_QUIET_MS: Final = 2_000
 """A new connection naming another pod takes a flow's address only if its client sent nothing this
 long: live ones ACK far more often, so a spoofed Initial cannot cut a busy flow (a reused port waits)."""
 
-# ---------------------------------------------------------------------------
-# QUIC / UDP: refusals (answer budget, refused attempts remembered)
-# ---------------------------------------------------------------------------
+# -- QUIC / UDP: refusals (answer budget, refused attempts remembered) --------
 QUIC_REJECT_BUDGET_BYTES_PER_S: Final = 1_000_000
 """Global byte rate of CONNECTION_CLOSE answers; with the <= received-bytes rule, no amplifier."""
 
@@ -194,9 +184,7 @@ QUIC_ANSWERS_PER_REJECTION: Final = 3
 REASON_ADDRESS_IN_USE: Final = "client address in use by a live connection"
 """QUIC CONNECTION_CLOSE reason for a new connection from the address of a live flow to another pod."""
 
-# ---------------------------------------------------------------------------
-# QUIC / UDP: sockets and batched I/O (GRO reads, GSO sends)
-# ---------------------------------------------------------------------------
+# -- QUIC / UDP: sockets and batched I/O (GRO reads, GSO sends) ---------------
 QUIC_SOCKET_BUFFER_BYTES: Final = 4 * 1024 * 1024
 """QUIC listener SO_RCVBUF/SO_SNDBUF: a burst of a few hundred Initials overflowed the default
 (the kernel clamps it to net.core.rmem_max / wmem_max)."""
@@ -230,13 +218,15 @@ NO_EXTENSIONS_ENV: Final = "STARGATE_ROUTER_NO_EXTENSIONS"
 """Set (to anything but empty) to run the pure-Python path although the C splice is built: the
 tests run both, and an operator can rule the extension out (the name follows aiohttp's and yarl's)."""
 
+NO_IO_URING_ENV: Final = "STARGATE_ROUTER_NO_IO_URING"
+"""Set (to anything but empty) to keep the C splice's sends to pods on one ``sendmmsg`` per flow
+where the kernel would take a batch's, for all flows, in one ``io_uring_enter`` (``_send_ring.h``)."""
+
 QUIC_POD_SOCKADDR_CACHE: Final = 4_096
 """Pod endpoints whose resolved socket address is kept, so a new flow skips ``getaddrinfo``: far
 more than one router's pods, and bounded (least recently used first out) when endpoints churn."""
 
-# ---------------------------------------------------------------------------
-# Metrics (names and label values match the Rust router)
-# ---------------------------------------------------------------------------
+# -- Metrics (names and label values match the Rust router) -------------------
 METRIC_PREFIX: Final = "stargate_k8s_router"
 """Prefix of every series, as exported by the Rust router."""
 
@@ -287,9 +277,7 @@ LATENCY_BUCKETS_S: Final = (
 )
 """Histogram buckets from 100 µs (loopback dial) to 5 s (the default timeouts)."""
 
-# ---------------------------------------------------------------------------
-# Rejection wording (the Rust router's reason phrases, reused for gRPC and QUIC)
-# ---------------------------------------------------------------------------
+# -- Rejection wording (the Rust router's reason phrases, reused for gRPC and QUIC)
 REASON_MISSING_SNI: Final = "missing target SNI"
 """QUIC CONNECTION_CLOSE reason when the ClientHello has no server_name."""
 
@@ -302,9 +290,7 @@ REASON_TARGET_NOT_READY: Final = "target stargate not ready"
 REASON_TOO_MANY_CONNECTIONS: Final = "too many connections from client"
 """Reason (QUIC CONNECTION_CLOSE phrase, gRPC message) when a client is over its per-client limit."""
 
-# ---------------------------------------------------------------------------
-# Worker processes (--workers N) and the merge of their metrics
-# ---------------------------------------------------------------------------
+# -- Worker processes (--workers N) and the merge of their metrics ------------
 WORKER_ENV: Final = "STARGATE_ROUTER_WORKER"
 """Set to the worker index in each child of the supervisor; its presence means 'share the listeners'."""
 
@@ -341,9 +327,7 @@ OLDEST_WINS_GAUGES: Final = frozenset({"process_start_time_seconds"})
 PER_PROCESS_LIMIT_GAUGES: Final = frozenset({"process_max_fds"})
 """Merged with max: every process has the same limit, so a sum would invent one no process has."""
 
-# ---------------------------------------------------------------------------
-# TCP accept and rejection
-# ---------------------------------------------------------------------------
+# -- TCP accept and rejection -------------------------------------------------
 ACCEPT_PAUSE_ON_EXHAUSTION_MS: Final = 100
 """accept() failing with EMFILE/ENFILE pauses the listener this long: no spin, resumes within 0.1 s."""
 
@@ -359,18 +343,14 @@ REJECT_LINGER_S: Final = 1.0
 REJECTION_LOG_LINES_PER_S: Final = 20.0
 """Rejection log lines per second per listener; the rest are counted and reported as suppressed."""
 
-# ---------------------------------------------------------------------------
-# Health / metrics HTTP endpoint
-# ---------------------------------------------------------------------------
+# -- Health / metrics HTTP endpoint -------------------------------------------
 HEALTH_MAX_REQUEST_HEAD_BYTES: Final = 8 * 1024
 """Probe and scrape requests are a few hundred bytes; anything larger is refused."""
 
 HEALTH_REQUEST_TIMEOUT_S: Final = 5.0
 """A probe client that cannot send its request (or read the answer) in this long is cut off."""
 
-# ---------------------------------------------------------------------------
-# Access log and the live view (operators' view of each connection and flow)
-# ---------------------------------------------------------------------------
+# -- Access log and the live view (operators' view of each connection and flow)
 DEFAULT_ACCESS_LOG: Final = "on"
 """One line per connection and flow at info: "what happened to this worker's connection?" needs it."""
 

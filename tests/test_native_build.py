@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import socket
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -94,10 +95,21 @@ async def test_without_the_extension_a_quic_stream_still_goes_through_the_router
     assert splicers == [None]
 
 
-@pytest.mark.parametrize("switched_off", [False, True])
-def test_the_router_says_at_start_which_datapath_carries_quic_flows(switched_off: bool) -> None:
-    env = {c.NO_EXTENSIONS_ENV: "1" if switched_off else ""}
-    expected = "python" if switched_off or not native.is_built() else "c_splice"
+def _io_uring_opens() -> bool:
+    """Whether this kernel (and seccomp profile) gives the C splice an io_uring."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        splicer_type = native.splicer_type(True)
+        assert splicer_type is not None
+        return splicer_type(sock.fileno(), 1, 1).io_uring
+
+
+@pytest.mark.parametrize("switch", ["", c.NO_EXTENSIONS_ENV, c.NO_IO_URING_ENV])
+def test_the_router_says_at_start_which_datapath_carries_quic_flows(switch: str) -> None:
+    env = {c.NO_EXTENSIONS_ENV: "", c.NO_IO_URING_ENV: ""} | ({switch: "1"} if switch else {})
+    switched_off = switch == c.NO_EXTENSIONS_ENV
+    expected = "python" if switched_off or not native.is_built() else \
+        "c_splice+io_uring" if not switch and _io_uring_opens() else "c_splice"
     initials = "python" if switched_off or not quic_native.built() else "c"
     pump = "python" if switched_off or not native_relay.is_built() else "c"
     with RouterProcess(router_args(EXAMPLE, "--target-namespace", "stargate"), env=env) as router:

@@ -8,8 +8,9 @@
  *   client -> pod: recvmmsg on the public socket (UDP_GRO on: a client's GSO batch is one read,
  *     cut here at its segment size, each datagram judged on its own); a short-header datagram
  *     from an attached client address, or a long header whose DCID is the pod CID the flow last
- *     learned, is sent to its flow's connected pod socket (one sendmmsg per flow per batch, in
- *     order, runs as GSO messages); any other datagram (a new address, another long header, an
+ *     learned, is sent to its flow's connected pod socket (in order, runs as GSO messages: one
+ *     io_uring_enter for all the batch's flows where the kernel allows io_uring, _send_ring.h;
+ *     otherwise one sendmmsg per flow per batch); any other datagram (a new address, another long header, an
  *     empty one) is returned as (bytes, address) for the Python edge, and so are the later
  *     datagrams of that flow in the same call, so a flow's datagrams never overtake each other.
  *   pod -> client: an epoll set holds the attached pod sockets; each readable one is read with
@@ -37,6 +38,8 @@
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <unistd.h>
+
+#include "_send_ring.h"
 
 #define BATCH 64               /* datagrams per recvmmsg / sendmmsg: one GSO run's worth */
 #define BUFFER_BYTES 65536     /* per datagram buffer: no UDP payload is longer, nothing truncates */
@@ -102,6 +105,8 @@ typedef struct {
     char *client_buffers;            /* BATCH x BUFFER_BYTES, mmap'd: only touched pages count */
     char *pod_buffers;
     Datagram *pod_out;               /* OUT_DATAGRAMS: the pod datagrams one from_pods call queues */
+    SendRing ring;                   /* a batch's sends to many pod sockets in one call (fd -1: none) */
+    int ring_errno;                  /* why there is no ring (0: there is one, or none was asked for) */
     unsigned long long to_pod_bytes, to_client_bytes;
 } Splicer;
 
@@ -330,12 +335,92 @@ static unsigned long long send_datagrams(Splicer *self, int fd, Datagram *d, int
     return bytes;
 }
 
+/* One flow's datagrams of a client batch: out[first .. first + count), in arrival order. */
+typedef struct {
+    Slot *slot;
+    int first;
+    int count;
+} PodSends;
+
+static void credit_to_pod(Splicer *self, Slot *slot, unsigned long long bytes) {
+    slot->client_bytes += bytes;
+    self->to_pod_bytes += bytes;
+    touch(self, slot);
+}
+
+/* After a message of a flow failed in the ring (the flow's later messages were cancelled by the
+ * link), do what send_datagrams does with that error, for d[0..count): the failed message's
+ * datagrams and the rest of the flow's. Returns the bytes sent. */
+static unsigned long long after_ring_failure(Splicer *self, Slot *slot, int result, int run, Datagram *d, int count) {
+    int error = -result;
+    if (result == RING_NOT_SUBMITTED || error == ECANCELED || error == EINTR)  /* never tried: try now */
+        return send_datagrams(self, slot->fd, d, count, self->gso && !slot->no_gso, slot);
+    if (error == EAGAIN || error == EWOULDBLOCK || error == ENOBUFS) return 0;  /* full: dropped, as UDP drops */
+    if (run > 1 && gso_refused(error)) {
+        if (error == EIO || error == ENOPROTOOPT || error == EOPNOTSUPP) self->gso = 0;
+        slot->no_gso = 1;
+        return send_datagrams(self, slot->fd, d, count, 0, slot);  /* datagram by datagram */
+    }
+    fail(self, slot, error);
+    return 0;
+}
+
+/* All flows' messages of one batch in one io_uring_enter, each flow's linked in order. */
+static void ring_to_pods(Splicer *self, Datagram *d, PodSends *sends, int flows) {
+    struct mmsghdr msgs[BATCH];
+    struct iovec iovs[BATCH];
+    char cmsgs[BATCH][CMSG_SPACE(sizeof(uint16_t))];
+    int first[BATCH + 1], results[BATCH], start[BATCH + 1];
+    int m = 0;
+    for (int f = 0; f < flows; f++) {
+        PodSends *s = &sends[f];
+        int gso = self->gso && !s->slot->no_gso;
+        int k = plan(self, d + s->first, s->count, gso, msgs + m, iovs + s->first, cmsgs + m, first + m);
+        for (int j = 0; j < k; j++) send_ring_queue(&self->ring, s->slot->fd, &msgs[m + j].msg_hdr, (unsigned)(m + j), j + 1 < k);
+        start[f] = m;
+        m += k;
+    }
+    start[flows] = m;
+    int broken = send_ring_run(&self->ring, results) < 0;
+    for (int f = 0; f < flows; f++) {
+        PodSends *s = &sends[f];
+        unsigned long long bytes = 0;
+        for (int g = start[f]; g < start[f + 1]; g++) {
+            if (results[g] >= 0) {
+                bytes += (unsigned long long)results[g];
+                continue;
+            }
+            int at = (int)(msgs[g].msg_hdr.msg_iov - (iovs + s->first));  /* its first datagram in the flow's */
+            bytes += after_ring_failure(self, s->slot, results[g], (int)msgs[g].msg_hdr.msg_iovlen, d + s->first + at,
+                                        s->count - at);
+            break;
+        }
+        credit_to_pod(self, s->slot, bytes);
+    }
+    if (broken) send_ring_close(&self->ring);  /* the kernel stopped taking entries: sendmmsg from now on */
+}
+
+/* Each flow's datagrams to its pod socket, in order: all flows in one io_uring_enter where the
+ * ring is open (it pays from two flows on), otherwise one sendmmsg per flow. */
+static void send_to_pods(Splicer *self, Datagram *d, PodSends *sends, int flows) {
+    if (flows > 1 && send_ring_usable(&self->ring)) {
+        ring_to_pods(self, d, sends, flows);
+        return;
+    }
+    for (int f = 0; f < flows; f++) {
+        Slot *slot = sends[f].slot;
+        credit_to_pod(self, slot, send_datagrams(self, slot->fd, d + sends[f].first, sends[f].count,
+                                                 self->gso && !slot->no_gso, slot));
+    }
+}
+
 /* -- the type ------------------------------------------------------------------------------- */
 
 static int Splicer_init(Splicer *self, PyObject *args, PyObject *kwds) {
-    static char *names[] = {"listener_fd", "batches", "per_pod", NULL};
-    int listener, batches, per_pod;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "iii", names, &listener, &batches, &per_pod)) return -1;
+    static char *names[] = {"listener_fd", "batches", "per_pod", "io_uring", NULL};
+    int listener, batches, per_pod, io_uring = 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "iii|$p", names, &listener, &batches, &per_pod, &io_uring))
+        return -1;
     if (batches < 1 || per_pod < 1) {
         PyErr_SetString(PyExc_ValueError, "batches and per_pod must be >= 1");
         return -1;
@@ -384,6 +469,7 @@ static int Splicer_init(Splicer *self, PyObject *args, PyObject *kwds) {
         PyErr_NoMemory();
         return -1;
     }
+    if (io_uring && send_ring_open(&self->ring) < 0) self->ring_errno = errno ? errno : EOPNOTSUPP;
     return 0;
 }
 
@@ -408,6 +494,7 @@ static void release_all(Splicer *self) {
     if (self->pod_buffers) munmap(self->pod_buffers, (size_t)BATCH * BUFFER_BYTES);
     self->client_buffers = self->pod_buffers = NULL;
     if (self->by_key) PyDict_Clear(self->by_key);
+    send_ring_close(&self->ring);
 }
 
 static void Splicer_dealloc(Splicer *self) {
@@ -421,7 +508,7 @@ static void Splicer_dealloc(Splicer *self) {
 
 static PyObject *Splicer_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     Splicer *self = (Splicer *)type->tp_alloc(type, 0);
-    if (self) self->epoll_fd = -1;
+    if (self) self->epoll_fd = self->ring.fd = -1;
     return (PyObject *)self;
 }
 
@@ -611,25 +698,28 @@ static int client_pieces(Splicer *self, PyObject *slow, Piece *pieces, int n) {
         Py_DECREF(item);
     }
     Datagram out[BATCH];
+    PodSends sends[BATCH];
+    int used = 0, flows = 0;
     for (int i = 0; i < n; i++) {
         Slot *slot = slots[i];
         if (!slot) continue;
         int count = 0;
         for (int j = i; j < n; j++) {
             if (slots[j] != slot) continue;
-            out[count].iov.iov_base = pieces[j].data;
-            out[count].iov.iov_len = pieces[j].length;
-            out[count].name = NULL;
-            out[count].name_len = 0;
+            out[used + count].iov.iov_base = pieces[j].data;
+            out[used + count].iov.iov_len = pieces[j].length;
+            out[used + count].name = NULL;
+            out[used + count].name_len = 0;
             slots[j] = NULL;
             count++;
         }
         if (slot->failed) continue;  /* its end is queued for Python: dropped */
-        unsigned long long bytes = send_datagrams(self, slot->fd, out, count, self->gso && !slot->no_gso, slot);
-        slot->client_bytes += bytes;
-        self->to_pod_bytes += bytes;
-        touch(self, slot);
+        sends[flows].slot = slot;
+        sends[flows].first = used;
+        sends[flows++].count = count;
+        used += count;
     }
+    send_to_pods(self, out, sends, flows);
     return 0;
 }
 
@@ -885,6 +975,8 @@ static PyObject *Splicer_close(Splicer *self, PyObject *unused) {
 
 static PyObject *Splicer_get_epoll_fd(Splicer *self, void *closure) { return PyLong_FromLong(self->epoll_fd); }
 static PyObject *Splicer_get_flows(Splicer *self, void *closure) { return PyLong_FromSsize_t(self->flows); }
+static PyObject *Splicer_get_io_uring(Splicer *self, void *closure) { return PyBool_FromLong(send_ring_usable(&self->ring)); }
+static PyObject *Splicer_get_io_uring_errno(Splicer *self, void *closure) { return PyLong_FromLong(self->ring_errno); }
 static PyObject *Splicer_get_has_failures(Splicer *self, void *closure) {
     return PyBool_FromLong(self->failures && PyList_GET_SIZE(self->failures) > 0);
 }
@@ -912,6 +1004,8 @@ static PyGetSetDef Splicer_getset[] = {
     {"epoll_fd", (getter)Splicer_get_epoll_fd, NULL, "readable when an attached pod socket is", NULL},
     {"flows", (getter)Splicer_get_flows, NULL, "attached flows", NULL},
     {"has_failures", (getter)Splicer_get_has_failures, NULL, "whether take_failures has something", NULL},
+    {"io_uring", (getter)Splicer_get_io_uring, NULL, "whether a batch's sends to many pods go in one io_uring_enter", NULL},
+    {"io_uring_errno", (getter)Splicer_get_io_uring_errno, NULL, "why io_uring could not be opened (0: it was, or not asked)", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
@@ -939,6 +1033,7 @@ PyMODINIT_FUNC PyInit__splice(void) {
     s_pod_bytes = PyUnicode_InternFromString("pod_bytes");
     if (!s_last_active || !s_client_seen_at || !s_client_bytes || !s_pod_bytes) return NULL;
     if (PyType_Ready(&SplicerType) < 0) return NULL;
+    if (send_ring_register_fork() != 0) return PyErr_NoMemory();
     PyObject *module = PyModule_Create(&splice_module);
     if (!module) return NULL;
     Py_INCREF(&SplicerType);

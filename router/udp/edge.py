@@ -35,7 +35,6 @@ from discovery.targets import Target, TargetSnapshot
 from quic.clienthello import ClientHelloInfo
 from quic.initial_sniffer import InitialSniffer
 from quic.packet import LongHeader, QuicPacketError
-from router import constants as c
 from router.access_log import AccessLog
 from router.client_limits import ClientSlots
 from router.hostname import HostnameTemplate
@@ -113,9 +112,7 @@ class UdpRouter(FlowEndings):
         else:
             sock = open_socket(host, port, reuse_port)
             self._transport = SocketOut(sock)
-            self._splicer = splicer = splicer_type(
-                sock.fileno(), c.QUIC_SPLICE_BATCHES_PER_CALLBACK, c.QUIC_POD_READS_PER_CALLBACK
-            )
+            self._splicer = splicer = native.open_splicer(splicer_type, sock.fileno(), self.settings.io_uring)
             # The splice's own methods are the callbacks: no Python frame per wake-up. What it
             # cannot splice comes back to _from_client in arrival order; the new SCIDs of pod
             # long headers teach the flow the pod's CIDs.
@@ -164,8 +161,8 @@ class UdpRouter(FlowEndings):
 
     @property
     def datapath(self) -> str:
-        """What moves established flows' datagrams: ``c_splice`` or ``python`` (logged at start)."""
-        return "c_splice" if self._splicer is not None else "python"
+        """What moves established flows' datagrams (logged at start): ``native.datapath``."""
+        return native.datapath(self._splicer)
 
     @property
     def active_flows(self) -> int:

@@ -27,6 +27,9 @@ class UdpRouterSettings:
     native: bool | None = None
     """Established flows through the C splice: None when it is built and not switched off by
     ``NO_EXTENSIONS_ENV``, False never (the pure-Python path), True always (an error if not built)."""
+    io_uring: bool | None = None
+    """The C splice's sends to many pods in one ``io_uring_enter`` per batch, where the kernel
+    allows it: None unless ``NO_IO_URING_ENV`` is set, False never, True where allowed."""
 
     def __post_init__(self) -> None:
         if self.cid_length is not None and not 1 <= self.cid_length <= 20:
