@@ -18,6 +18,7 @@ instead (how well the batching works).
     python -m bench.udp_profile --flows 100 --strace
     python -m bench.udp_profile --shape download --flows 100 --rounds 4
     python -m bench.udp_profile --floor /tmp/udp_floor   # bench/prototypes/udp_floor: the floor too
+    python -m bench.udp_profile --shape relay --flows 100 --floor /tmp/udp_floor --floor-io-uring
 """
 
 from __future__ import annotations
@@ -113,9 +114,10 @@ class UdpFloor(PeerProcess):
 
     kind = "floor"
 
-    def __init__(self, binary: Path, pod_host: str, pod_port: int) -> None:
+    def __init__(self, binary: Path, pod_host: str, pod_port: int, io_uring: bool = False) -> None:
         self.port = free_port(socket.SOCK_DGRAM)
-        self._start([str(binary), str(self.port), pod_host, str(pod_port)], [self.port], True, "udp_floor")
+        ring = ["io_uring"] if io_uring else []
+        self._start([str(binary), str(self.port), pod_host, str(pod_port), *ring], [self.port], True, "udp_floor")
 
 
 SHAPES: dict[str, Load] = {
@@ -148,6 +150,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, default=3.0, help="load per box and round (default 3)")
     p.add_argument("--strace", action="store_true", help="the router's system calls per datagram")
     p.add_argument("--floor", type=Path, help="also measure this build of bench/prototypes/udp_floor")
+    p.add_argument("--floor-io-uring", action="store_true",
+                   help="the floor sends a batch to many pods in one io_uring_enter, as the splice does where it can")
     args = p.parse_args(argv)
     workdir = Path(tempfile.mkdtemp(prefix="udp-profile-"))
     results: dict[str, list[Figures]] = {}
@@ -174,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
         stack.callback(nginx.close)
         boxes["nginx"] = (("127.0.0.1", nginx.port), nginx.pid)
         if args.floor is not None:
-            floor = UdpFloor(args.floor, POD_HOST, port)
+            floor = UdpFloor(args.floor, POD_HOST, port, args.floor_io_uring)
             stack.callback(floor.close)
             boxes["floor"] = (("127.0.0.1", floor.port), floor.pid)
         names = list(boxes)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import platform
 import shutil
 import socket
 import sys
@@ -116,4 +117,18 @@ def test_the_router_says_at_start_which_datapath_carries_quic_flows(switch: str)
         router.wait_listening()
         wanted = f"quic_datapath={expected} quic_initials={initials} tcp_pump={pump}"
         assert any(wanted in line for line in router.lines)
+        assert router.stop() == 0
+
+
+@pytest.mark.skipif(platform.machine() != "x86_64" or not native.is_built(),
+                    reason="the seccomp filter is x86-64's; the splice is not built")
+def test_a_seccomp_profile_that_refuses_io_uring_leaves_the_splice_on_sendmmsg_and_says_why() -> None:
+    """containerd 2's RuntimeDefault profile refuses io_uring_setup: the router still splices."""
+    env = {c.NO_EXTENSIONS_ENV: "", c.NO_IO_URING_ENV: ""}
+    args = router_args(EXAMPLE, "--target-namespace", "stargate")
+    with RouterProcess(args, env=env, module="tests.support.no_io_uring") as router:
+        router.wait_listening()
+        assert any("quic_datapath=c_splice quic_initials=" in line for line in router.lines)
+        assert any("io_uring refused (EPERM): the C splice sends to each pod with sendmmsg" in line
+                   for line in router.lines)
         assert router.stop() == 0

@@ -46,7 +46,7 @@
  * a ring belongs to the process that opened it; a child that inherited it must not submit to it. */
 static unsigned send_ring_forks;
 static void send_ring_after_fork_in_child(void) { send_ring_forks++; }
-static int send_ring_register_fork(void) { return pthread_atfork(NULL, NULL, send_ring_after_fork_in_child); }
+static inline int send_ring_register_fork(void) { return pthread_atfork(NULL, NULL, send_ring_after_fork_in_child); }
 
 typedef struct {
     int fd;                     /* -1: no ring */
@@ -136,7 +136,7 @@ static int send_ring_open(SendRing *r) {
 }
 
 /* Whether this process may use the ring now (it is open, and not a forked parent's). */
-static int send_ring_usable(const SendRing *r) { return r->fd >= 0 && r->generation == send_ring_forks; }
+static inline int send_ring_usable(const SendRing *r) { return r->fd >= 0 && r->generation == send_ring_forks; }
 
 /* Queue sendmsg(fd, msg, MSG_DONTWAIT) as entry number `index` (< RING_ENTRIES); `linked`: the
  * next queued entry runs only if this one succeeds (the rest of a chain completes -ECANCELED),

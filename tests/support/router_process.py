@@ -25,12 +25,13 @@ LISTENING = re.compile(r"listening grpc=(\S+):(\d+) quic=(\S+):(\d+) health=(\S+
 class RouterProcess:
     """A router child process; ``stop()`` sends SIGTERM and returns the exit status."""
 
-    def __init__(self, args: Sequence[str], env: dict[str, str] | None = None) -> None:
+    def __init__(self, args: Sequence[str], env: dict[str, str] | None = None, module: str = "router") -> None:
+        """``module``: what ``python -m`` runs; a wrapper (``tests.support.no_io_uring``) runs the router too."""
         full_env = dict(os.environ)
         full_env.update(env or {})
         full_env.setdefault("POD_NAMESPACE", "demo")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "router", *args],
+            [sys.executable, "-m", module, *args],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             env=full_env,
