@@ -10,9 +10,10 @@
  *     from an attached client address, or a long header whose DCID is the pod CID the flow last
  *     learned, is sent to its flow's connected pod socket (in order, runs as GSO messages: one
  *     io_uring_enter for all the batch's flows where the kernel allows io_uring, _send_ring.h;
- *     otherwise one sendmmsg per flow per batch); any other datagram (a new address, another long header, an
- *     empty one) is returned as (bytes, address) for the Python edge, and so are the later
- *     datagrams of that flow in the same call, so a flow's datagrams never overtake each other.
+ *     otherwise one sendmmsg per flow per batch); any other datagram (a new address, another
+ *     long header, an empty one) is returned as (bytes, address) for the Python edge, and so are
+ *     the later datagrams of that flow in the same call, so a flow's datagrams never overtake
+ *     each other.
  *   pod -> client: an epoll set holds the attached pod sockets; each readable one is read with
  *     recvmmsg and its datagrams leave the public socket to the flow's client address in one
  *     sendmmsg across flows. A pod socket with UDP_GRO on may hand over a pod's GSO batch (or
@@ -376,7 +377,8 @@ static void ring_to_pods(Splicer *self, Datagram *d, PodSends *sends, int flows)
         PodSends *s = &sends[f];
         int gso = self->gso && !s->slot->no_gso;
         int k = plan(self, d + s->first, s->count, gso, msgs + m, iovs + s->first, cmsgs + m, first + m);
-        for (int j = 0; j < k; j++) send_ring_queue(&self->ring, s->slot->fd, &msgs[m + j].msg_hdr, (unsigned)(m + j), j + 1 < k);
+        for (int j = 0; j < k; j++)
+            send_ring_queue(&self->ring, s->slot->fd, &msgs[m + j].msg_hdr, (unsigned)(m + j), j + 1 < k);
         start[f] = m;
         m += k;
     }
@@ -975,7 +977,9 @@ static PyObject *Splicer_close(Splicer *self, PyObject *unused) {
 
 static PyObject *Splicer_get_epoll_fd(Splicer *self, void *closure) { return PyLong_FromLong(self->epoll_fd); }
 static PyObject *Splicer_get_flows(Splicer *self, void *closure) { return PyLong_FromSsize_t(self->flows); }
-static PyObject *Splicer_get_io_uring(Splicer *self, void *closure) { return PyBool_FromLong(send_ring_usable(&self->ring)); }
+static PyObject *Splicer_get_io_uring(Splicer *self, void *closure) {
+    return PyBool_FromLong(send_ring_usable(&self->ring));
+}
 static PyObject *Splicer_get_io_uring_errno(Splicer *self, void *closure) { return PyLong_FromLong(self->ring_errno); }
 static PyObject *Splicer_get_has_failures(Splicer *self, void *closure) {
     return PyBool_FromLong(self->failures && PyList_GET_SIZE(self->failures) > 0);
@@ -1004,8 +1008,9 @@ static PyGetSetDef Splicer_getset[] = {
     {"epoll_fd", (getter)Splicer_get_epoll_fd, NULL, "readable when an attached pod socket is", NULL},
     {"flows", (getter)Splicer_get_flows, NULL, "attached flows", NULL},
     {"has_failures", (getter)Splicer_get_has_failures, NULL, "whether take_failures has something", NULL},
-    {"io_uring", (getter)Splicer_get_io_uring, NULL, "whether a batch's sends to many pods go in one io_uring_enter", NULL},
-    {"io_uring_errno", (getter)Splicer_get_io_uring_errno, NULL, "why io_uring could not be opened (0: it was, or not asked)", NULL},
+    {"io_uring", (getter)Splicer_get_io_uring, NULL, "whether a batch's sends to many pods share one call", NULL},
+    {"io_uring_errno", (getter)Splicer_get_io_uring_errno, NULL, "why io_uring did not open (0: it did, or unasked)",
+     NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
