@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import platform
+import re
 import shutil
 import socket
 import sys
@@ -132,3 +133,16 @@ def test_a_seccomp_profile_that_refuses_io_uring_leaves_the_splice_on_sendmmsg_a
         assert any("io_uring refused (EPERM): the C splice sends to each pod with sendmmsg" in line
                    for line in router.lines)
         assert router.stop() == 0
+
+
+def test_the_sdist_carries_every_header_the_c_sources_include() -> None:
+    """setuptools puts an extension's sources in the sdist, not the headers they include: a wheel
+    built from an sdist without them (``python -m build``) would silently lack the extension."""
+    root = EXAMPLE.parents[2]
+    manifest = {line.strip() for line in (root / "MANIFEST.in").read_text().splitlines()}
+    for source in [*root.glob("router/**/*.c"), *root.glob("quic/**/*.c")]:
+        for header in re.findall(r'^#include "([^"]+)"', source.read_text(), re.MULTILINE):
+            if not (source.parent / header).exists():
+                continue  # the system's or Python's (structmember.h)
+            path = (source.parent / header).resolve().relative_to(root)
+            assert f"include {path}" in manifest, f"{source.name} includes {header}: add it to MANIFEST.in"
