@@ -9,7 +9,9 @@ loopback sockets; each pod is its own socket on 127.0.0.2.
 
 from __future__ import annotations
 
+import asyncio
 import errno
+import hashlib
 import os
 import platform
 import socket
@@ -17,17 +19,26 @@ import threading
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
+from aioquic.asyncio import connect, serve
+from aioquic.quic.configuration import QuicConfiguration
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from discovery.targets import Target, TargetSnapshot
+from router.demo.pki import DemoPki
+from router.demo.quic_pods import ALPN, client_configuration
 from router.udp import native
 from router.udp.flow_table import Flow
+from router.udp.settings import UdpRouterSettings
+from tests.support.udp_router import running_udp_router
 
 pytestmark = pytest.mark.skipif(not native.is_built(), reason="the C splice is not built (no C compiler)")
 
 ROUTER_HOST, POD_HOST = "127.0.0.1", "127.0.0.2"
+SNI = "stargate-0.stargate.external"
 T = 5.0
 SO_NO_CHECK = 11
 """``<asm-generic/socket.h>``: no UDP checksum on send, which makes the kernel refuse GSO (EINVAL)."""
@@ -229,3 +240,46 @@ def test_a_forked_child_sends_with_sendmmsg_and_leaves_the_parents_ring_alone() 
             x.send(i, short(i, 2))
         assert x.drain() == []
         assert [pod.recv(65536) for pod in x.pods] == [short(i, 2) for i in range(2)]
+
+
+@pytest.mark.parametrize("io_uring", [True, False], ids=["io_uring", "sendmmsg"])
+async def test_concurrent_quic_uploads_through_the_router_are_byte_exact(pki: DemoPki, io_uring: bool) -> None:
+    """Eight real aioquic clients upload at once through a router on the C splice to one real
+    aioquic pod: their datagrams share client batches, which go to the pod through the ring."""
+    payloads = [os.urandom(150_000) for _ in range(8)]
+    tasks: set[asyncio.Task[None]] = set()
+
+    def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        async def answer() -> None:
+            writer.write(hashlib.sha256(await reader.read()).digest())
+            writer.write_eof()
+
+        tasks.add(asyncio.get_running_loop().create_task(answer()))
+
+    config = QuicConfiguration(is_client=False, alpn_protocols=[ALPN])
+    config.load_cert_chain(str(pki.cert_path), str(pki.key_path))
+    server = await serve(POD_HOST, 0, configuration=config, stream_handler=handler)
+    try:
+        pod_port = server._transport.get_extra_info("sockname")[1]
+        snapshot = TargetSnapshot.of([Target("stargate-0", POD_HOST, 1, pod_port)])
+        settings_ = UdpRouterSettings(native=True, io_uring=io_uring)
+        async with running_udp_router(lambda: snapshot, settings_) as (router, port):
+
+            async def upload(payload: bytes) -> bytes:
+                client_config = client_configuration(SNI, Path(pki.ca_path))
+                async with connect(ROUTER_HOST, port, configuration=client_config) as client:
+                    reader, writer = await client.create_stream()
+                    writer.write(payload)
+                    writer.write_eof()
+                    return await asyncio.wait_for(reader.read(), T)
+
+            answers = await asyncio.wait_for(asyncio.gather(*(upload(p) for p in payloads)), 4 * T)
+            assert answers == [hashlib.sha256(p).digest() for p in payloads]
+            splicer = router._splicer
+            assert splicer is not None
+            if io_uring and splicer.io_uring:
+                assert splicer.ring_batches > 0
+            else:
+                assert splicer.ring_batches == 0
+    finally:
+        server.close()

@@ -108,6 +108,7 @@ typedef struct {
     Datagram *pod_out;               /* OUT_DATAGRAMS: the pod datagrams one from_pods call queues */
     SendRing ring;                   /* a batch's sends to many pod sockets in one call (fd -1: none) */
     int ring_errno;                  /* why there is no ring (0: there is one, or none was asked for) */
+    unsigned long long ring_batches; /* client batches whose sends to pods went through the ring */
     unsigned long long to_pod_bytes, to_client_bytes;
 } Splicer;
 
@@ -384,6 +385,7 @@ static void ring_to_pods(Splicer *self, Datagram *d, PodSends *sends, int flows)
     }
     start[flows] = m;
     int broken = send_ring_run(&self->ring, results) < 0;
+    self->ring_batches++;
     for (int f = 0; f < flows; f++) {
         PodSends *s = &sends[f];
         unsigned long long bytes = 0;
@@ -981,6 +983,9 @@ static PyObject *Splicer_get_io_uring(Splicer *self, void *closure) {
     return PyBool_FromLong(send_ring_usable(&self->ring));
 }
 static PyObject *Splicer_get_io_uring_errno(Splicer *self, void *closure) { return PyLong_FromLong(self->ring_errno); }
+static PyObject *Splicer_get_ring_batches(Splicer *self, void *closure) {
+    return PyLong_FromUnsignedLongLong(self->ring_batches);
+}
 static PyObject *Splicer_get_has_failures(Splicer *self, void *closure) {
     return PyBool_FromLong(self->failures && PyList_GET_SIZE(self->failures) > 0);
 }
@@ -1011,6 +1016,7 @@ static PyGetSetDef Splicer_getset[] = {
     {"io_uring", (getter)Splicer_get_io_uring, NULL, "whether a batch's sends to many pods share one call", NULL},
     {"io_uring_errno", (getter)Splicer_get_io_uring_errno, NULL, "why io_uring did not open (0: it did, or unasked)",
      NULL},
+    {"ring_batches", (getter)Splicer_get_ring_batches, NULL, "client batches sent to their pods through the ring", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
