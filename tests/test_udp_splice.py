@@ -24,7 +24,7 @@ from quic.packet import QUIC_V1
 from router import constants as c
 from router.demo.pki import DemoPki
 from router.udp import batching, native
-from router.udp.flow_table import Flow
+from router.udp.flow_table import Flow, FlowLimits
 from router.udp.settings import UdpRouterSettings
 from tests.support.quic_exchange import quic_exchange
 from tests.support.udp_router import running_udp_router
@@ -388,7 +388,12 @@ async def _exchange(pki: DemoPki, request: bytes, answer: bytes) -> tuple[bytes,
     @asynccontextmanager
     async def router_to(pod_port: int) -> AsyncIterator[int]:
         snapshot = TargetSnapshot.of([Target("stargate-0", POD_HOST, 1, pod_port)])
-        async with running_udp_router(lambda: snapshot, UdpRouterSettings(native=True)) as (router, port):
+        # The sweeper drains the splice's counts into the metrics every sweep: none may run during
+        # the exchange (a slow one, under ASan, took longer than QUIC_FLOW_SWEEP_INTERVAL_MS), or
+        # take_counts below would see only what moved since the last sweep.
+        quiet = UdpRouterSettings(native=True, sweep_interval_s=60.0,
+                                  limits=FlowLimits(pending_flow_timeout_s=240.0, idle_timeout_s=600.0))
+        async with running_udp_router(lambda: snapshot, quiet) as (router, port):
             assert router._splicer is not None
             yield port
             moved.append(sum(router._splicer.take_counts()))
