@@ -22,17 +22,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from aioquic.asyncio import connect, serve
-from aioquic.quic.configuration import QuicConfiguration
+from aioquic.asyncio import connect
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from discovery.targets import Target, TargetSnapshot
 from router.demo.pki import DemoPki
-from router.demo.quic_pods import ALPN, client_configuration
+from router.demo.quic_pods import client_configuration
 from router.udp import native
 from router.udp.flow_table import Flow
 from router.udp.settings import UdpRouterSettings
+from tests.support.quic_exchange import answering_pod
 from tests.support.udp_router import running_udp_router
 
 pytestmark = pytest.mark.skipif(not native.is_built(), reason="the C splice is not built (no C compiler)")
@@ -247,20 +247,7 @@ async def test_concurrent_quic_uploads_through_the_router_are_byte_exact(pki: De
     """Eight real aioquic clients upload at once through a router on the C splice to one real
     aioquic pod: their datagrams share client batches, which go to the pod through the ring."""
     payloads = [os.urandom(150_000) for _ in range(8)]
-    tasks: set[asyncio.Task[None]] = set()
-
-    def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        async def answer() -> None:
-            writer.write(hashlib.sha256(await reader.read()).digest())
-            writer.write_eof()
-
-        tasks.add(asyncio.get_running_loop().create_task(answer()))
-
-    config = QuicConfiguration(is_client=False, alpn_protocols=[ALPN])
-    config.load_cert_chain(str(pki.cert_path), str(pki.key_path))
-    server = await serve(POD_HOST, 0, configuration=config, stream_handler=handler)
-    try:
-        pod_port = server._transport.get_extra_info("sockname")[1]
+    async with answering_pod(pki, lambda data: hashlib.sha256(data).digest()) as pod_port:
         snapshot = TargetSnapshot.of([Target("stargate-0", POD_HOST, 1, pod_port)])
         settings_ = UdpRouterSettings(native=True, io_uring=io_uring)
         async with running_udp_router(lambda: snapshot, settings_) as (router, port):
@@ -281,5 +268,3 @@ async def test_concurrent_quic_uploads_through_the_router_are_byte_exact(pki: De
                 assert splicer.ring_batches > 0
             else:
                 assert splicer.ring_batches == 0
-    finally:
-        server.close()
