@@ -27,7 +27,7 @@ from router.udp import batching, native
 from router.udp.flow_table import Flow, FlowLimits
 from router.udp.settings import UdpRouterSettings
 from tests.support.quic_exchange import quic_exchange
-from tests.support.udp_router import running_udp_router
+from tests.support.udp_router import has_datagram, running_udp_router
 
 pytestmark = pytest.mark.skipif(not native.is_built(), reason="the C splice is not built (no C compiler)")
 
@@ -315,7 +315,7 @@ def _assert_judged_in_order(x: Spliced, senders: dict[str, socket.socket], sent:
     """One call's rule: the attached client's short headers before its first other datagram go
     to the pod, everything else comes back to Python, each exactly once and in arrival order."""
     back: list[tuple[bytes, tuple[str, int]]] = []
-    while len(batch := x.splicer.from_clients(1.0)) or _pending(x.public):
+    while len(batch := x.splicer.from_clients(1.0)) or has_datagram(x.public):
         back += batch
     to_pod, to_python, slow = [], [], False
     for who, data in sent:
@@ -361,14 +361,6 @@ def test_a_clients_gso_batches_are_judged_datagram_by_datagram_in_order(
                 senders[who].sendto(batch[0], x.public.getsockname())
             sent += [(who, datagram) for datagram in batch]
         _assert_judged_in_order(x, senders, sent)
-
-
-def _pending(sock: socket.socket) -> bool:
-    try:
-        sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
-    except BlockingIOError:
-        return False
-    return True
 
 
 def test_the_switch_turns_the_splice_off_unless_asked_for(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -565,7 +557,7 @@ def test_whatever_the_pod_and_client_send_the_splice_follows_its_rules(
         for datagram in from_pod:
             x.pod.sendto(datagram, x.link.getsockname())
         learned: list[tuple[object, bytes]] = []
-        while len(batch := x.splicer.from_pods(1.0)) or _pending(x.link):
+        while len(batch := x.splicer.from_pods(1.0)) or has_datagram(x.link):
             learned += batch
         assert [x.client.recv(65536) for _ in from_pod] == from_pod
         handed, remembered = learned_by_model(from_pod)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
@@ -37,3 +38,12 @@ async def running_udp_router(
         yield router, port
     finally:
         await asyncio.wait_for(router.close(), CLOSE_TIMEOUT_S)
+
+
+def has_datagram(sock: socket.socket) -> bool:
+    """Whether a datagram waits on ``sock`` (peeked, not read): the splice's tests drain until none does."""
+    try:
+        sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+    except BlockingIOError:
+        return False
+    return True
