@@ -63,13 +63,9 @@ def process_tree(pid: int) -> list[int]:
 
 
 def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of ``pid``'s process tree so far."""
-    total = 0
-    for p in process_tree(pid):
-        with contextlib.suppress(OSError):
-            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
-            total += int(fields[11]) + int(fields[12])
-    return total / CLK_TCK
+    """User + system CPU seconds of ``pid``'s process tree so far (children that exited count
+    once waited for: a C load generator run per load)."""
+    return sum(cpu_split(pid))
 
 
 def cpu_exact(pid: int) -> float:
@@ -85,12 +81,14 @@ def cpu_exact(pid: int) -> float:
 
 
 def cpu_split(pid: int) -> tuple[float, float]:
-    """User and system CPU seconds of ``pid``'s process tree."""
+    """User and system CPU seconds of ``pid``'s process tree, with its members' children that
+    exited and were waited for (``cutime`` / ``cstime``), so a child's time is not lost when it ends."""
     user = system = 0
     for p in process_tree(pid):
         with contextlib.suppress(OSError):
             fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
-            user, system = user + int(fields[11]), system + int(fields[12])
+            user += int(fields[11]) + int(fields[13])
+            system += int(fields[12]) + int(fields[14])
     return user / CLK_TCK, system / CLK_TCK
 
 

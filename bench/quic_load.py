@@ -24,10 +24,25 @@ from typing import Any
 from aioquic.quic.configuration import QuicConfiguration
 from aioquic.quic.connection import QuicConnection
 
+from bench import udp_peers
 from router.udp.batching import segment_cmsg
 
 _STATE: dict[str, Any] = {}
 SOCKET_BUFFER_BYTES = 4 * 1024 * 1024
+ECHO_STALL_S = 0.05
+"""A flow with no echo for this long is refilled to its window, as a sender's loss recovery would."""
+
+
+def use_c_peers(binary: Path | None) -> None:
+    """From now on this agent's loads run in ``binary`` (bench/udp_peers.c), or in Python if None;
+    a pod started after this call too."""
+    _STATE["peers"] = binary
+
+
+def _c_peers() -> Path | None:
+    """The C peers' binary if this agent uses them."""
+    binary: Path | None = _STATE.get("peers")
+    return binary
 
 
 def client_initials(server_name: str, count: int, alpn: str = "stargate-whoami") -> list[list[bytes]]:
@@ -84,6 +99,10 @@ def start_udp_sink(host: str, echo: bool = False) -> int:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SOCKET_BUFFER_BYTES)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKET_BUFFER_BYTES)
     sock.bind((host, 0))
+    if (binary := _c_peers()) is not None:
+        _STATE["c_pod"] = udp_peers.NativePod(binary, sock, echo)
+        _STATE["sink"] = (sock, [0, 0], set[Any]())
+        return int(sock.getsockname()[1])
     counts, sources = [0, 0], set[Any]()
     _STATE["sink"] = (sock, counts, sources)
     loop = _echo_loop if echo else _sink_loop
@@ -93,6 +112,8 @@ def start_udp_sink(host: str, echo: bool = False) -> int:
 
 def udp_sink_stats() -> tuple[int, int, int]:
     """(datagrams, bytes, distinct source addresses) received so far."""
+    if "c_pod" in _STATE:
+        return _STATE["c_pod"].stats()  # type: ignore[no-any-return]
     _sock, counts, sources = _STATE["sink"]
     return counts[0], counts[1], len(sources)
 
@@ -102,6 +123,8 @@ def udp_sink_blast(seconds: float, size: int, segments: int = 1) -> tuple[int, f
     address it has seen (each flow's middle-box socket, or the client itself when direct), for
     ``seconds``: one ``sendto`` each as a pod without GSO would (aioquic), or with ``segments`` > 1
     that many per ``sendmsg`` as one ``UDP_SEGMENT`` batch (quinn); returns (sent, elapsed)."""
+    if "c_pod" in _STATE:
+        return _STATE["c_pod"].blast(seconds, size, segments)  # type: ignore[no-any-return]
     sock, _counts, sources = _STATE["sink"]
     targets = list(sources)
     payload = bytearray(os.urandom(size))
@@ -129,6 +152,8 @@ def udp_sink_blast(seconds: float, size: int, segments: int = 1) -> tuple[int, f
 
 def count_flow_datagrams(seconds: float) -> int:
     """Datagrams the open flows' sockets receive within ``seconds`` (the download side)."""
+    if (binary := _c_peers()) is not None:
+        return udp_peers.count(binary, [sock for sock, _flight in _STATE.get("flows", [])], seconds)
     selector = selectors.DefaultSelector()
     for sock, _flight in _STATE.get("flows", []):
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SOCKET_BUFFER_BYTES)
@@ -157,6 +182,8 @@ def count_flow_datagrams(seconds: float) -> int:
 def udp_sink_forget_sources() -> None:
     """Forget the source addresses seen: call it when the sockets that sent them are closed,
     since their ports may come back as sources of new flows."""
+    if "c_pod" in _STATE:
+        _STATE["c_pod"].forget_sources()
     _STATE["sink"][2].clear()
 
 
@@ -199,6 +226,8 @@ def udp_blast(seconds: float, size: int, segments: int = 1) -> tuple[int, float]
     """Send ``size``-byte short-header-looking datagrams round-robin on every open flow for
     ``seconds``, as fast as the socket calls go: one ``send`` each, or with ``segments`` > 1 that
     many per ``sendmsg`` as one ``UDP_SEGMENT`` batch; returns (datagrams sent, elapsed seconds)."""
+    if (binary := _c_peers()) is not None:
+        return udp_peers.blast(binary, [sock for sock, _flight in _STATE.get("flows", [])], seconds, size, segments)
     payload = bytearray(os.urandom(size))
     payload[0] = 0x40 | (payload[0] & 0x3F)  # short header, fixed bit set
     data = bytes(payload)
@@ -225,11 +254,14 @@ def udp_blast(seconds: float, size: int, segments: int = 1) -> tuple[int, float]
     return sent - errors, clock() - started
 
 
-def udp_echo_window(seconds: float, size: int, window: int, stall_s: float = 0.05) -> tuple[int, int, float]:
+def udp_echo_window(seconds: float, size: int, window: int, stall_s: float = ECHO_STALL_S) -> tuple[int, int, float]:
     """A windowed echo on every open flow: ``window`` datagrams of ``size`` bytes in flight per
     flow, one more sent for each echo received, for ``seconds``. A flow that got no echo for
     ``stall_s`` (its window lost to a full buffer somewhere) is refilled to ``window``, as a
     sender's loss recovery would. Returns (echoes received, refills, elapsed seconds)."""
+    if (binary := _c_peers()) is not None:
+        return udp_peers.echo_window(binary, [sock for sock, _flight in _STATE.get("flows", [])], seconds, size,
+                                     window, stall_s)
     payload = bytearray(os.urandom(size))
     payload[0] = 0x40 | (payload[0] & 0x3F)  # short header, fixed bit set
     data = bytes(payload)

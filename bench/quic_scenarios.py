@@ -13,6 +13,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
+from bench import udp_peers
 from bench.context import POD, POD_HOST, SNI, BenchContext, try_start
 from bench.procs import Agent, BenchError, Nginx, Router, call_all, cpu_exact, cpu_seconds
 from bench.quic_load import (
@@ -29,6 +30,7 @@ from bench.quic_load import (
     udp_sink_blast,
     udp_sink_forget_sources,
     udp_sink_stats,
+    use_c_peers,
 )
 from bench.results import Row, Target, interleaved, median
 from quic.initial_sniffer import InitialSniffer
@@ -140,26 +142,29 @@ Endpoints = dict[str, tuple[tuple[str, int], int | None]]
 
 
 def _udp_setup(ctx: BenchContext, echo: bool = False
-               ) -> tuple[Agent, Agent, Endpoints, list[list[bytes]], float]:
+               ) -> tuple[Agent, Agent, Endpoints, list[list[bytes]], float, str]:
     """The UDP pod (a counting sink that can also send, or ``echo`` every datagram back), the
     client agent, the router / nginx / direct endpoints, the Initial flights that open flows,
-    and the seconds per case."""
-    sink = ctx.own(Agent("udp-pod"))
+    the seconds per case, and which peers (C where a compiler is found, bench/udp_peers.c: the
+    Python ones cost more CPU than the middle box, on the same cores)."""
+    peers = udp_peers.build()
+    ctx.log(f"udp loads: {udp_peers.describe(peers)}")
+    sink, clients = ctx.own(Agent("udp-pod")), ctx.own(Agent("udp-clients"))
+    call_all([sink, clients], use_c_peers, [(peers,), (peers,)])
     port = sink.call(start_udp_sink, POD_HOST, echo)
-    clients = ctx.own(Agent("udp-clients"))
     router = ctx.own(Router(ctx.workdir, [(POD, POD_HOST, 1, port)], workers=ctx.workers))
     nginx = try_start(ctx, "nginx", lambda: Nginx(ctx.workdir, POD_HOST, port))
     endpoints: Endpoints = {
         "router": (("127.0.0.1", router.udp_port), router.pid), "direct": ((POD_HOST, port), None)}
     if nginx is not None:
         endpoints["nginx"] = (("127.0.0.1", nginx.port), nginx.pid)
-    return sink, clients, endpoints, client_initials(SNI, 100), ctx.pick(0.5, 2.0)
+    return sink, clients, endpoints, client_initials(SNI, 100), ctx.pick(0.5, 2.0), udp_peers.describe(peers)
 
 
 def udp_relay(ctx: BenchContext) -> list[Row]:
     """Client -> pod: the clients send one datagram per call (as aioquic does), and at 100 flows
     also GSO batches of ``GSO_SEGMENTS`` (the router's listener has GRO on with the C splice)."""
-    sink, blaster, endpoints, flights, seconds = _udp_setup(ctx)
+    sink, blaster, endpoints, flights, seconds, peers = _udp_setup(ctx)
     rows = []
     for flows, segments in ((1, 1), (100, 1), (100, GSO_SEGMENTS)):
         name = f"udp_relay_{'gso_' if segments > 1 else ''}{flows}flow"
@@ -177,7 +182,7 @@ def udp_relay(ctx: BenchContext) -> list[Row]:
             Row(f"{name}_pps", f"{DATAGRAM_BYTES} B datagrams delivered to the pod, "
                 f"{flows} flow(s){shape}", "pkt/s", med("router", 0), "nginx", med("nginx", 0), med("direct", 0),
                 targets=UDP_TARGETS + (MANY_FLOW_TARGETS if flows > 1 and segments == 1 else ()),
-                note=f"one Python sender offered ~{offered or 0:,.0f} pkt/s"),
+                note=f"one sender offered ~{offered or 0:,.0f} pkt/s; {peers}"),
             Row(f"{name}_mbps", f"payload delivered, {flows} flow(s){shape}", "MB/s",
                 _mb(med("router", 0)), "nginx", _mb(med("nginx", 0)), _mb(med("direct", 0))),
             Row(f"{name}_cpu", f"middle-box CPU per delivered datagram, {flows} flow(s){shape}",
@@ -212,7 +217,7 @@ def udp_download(ctx: BenchContext) -> list[Row]:
     """Pod -> client: the pod sends one datagram per call (as aioquic does), and at 100 flows also
     GSO batches of ``GSO_SEGMENTS`` (as quinn does; the router's GRO pod socket takes each as
     one read, nginx's reads them one by one)."""
-    sink, clients, endpoints, flights, seconds = _udp_setup(ctx)
+    sink, clients, endpoints, flights, seconds, peers = _udp_setup(ctx)
     rows = []
     for flows, segments in ((1, 1), (100, 1), (100, GSO_SEGMENTS)):
         name = f"udp_download_{'gso_' if segments > 1 else ''}{flows}flow"
@@ -229,7 +234,7 @@ def udp_download(ctx: BenchContext) -> list[Row]:
             Row(f"{name}_pps", f"{DATAGRAM_BYTES} B pod datagrams delivered to the client, "
                 f"{flows} flow(s){shape}", "pkt/s", med("router", 0), "nginx", med("nginx", 0), med("direct", 0),
                 targets=UDP_TARGETS + (MANY_FLOW_TARGETS if flows > 1 and segments == 1 else ()),
-                note=f"one Python pod offered ~{med('direct', 2) or 0:,.0f} pkt/s"),
+                note=f"one pod offered ~{med('direct', 2) or 0:,.0f} pkt/s; {peers}"),
             Row(f"{name}_cpu", f"middle-box CPU per delivered pod datagram, {flows} flow(s){shape}",
                 "CPU us/pkt", med("router", 1), "nginx", med("nginx", 1), None, higher_is_better=False),
         ]
@@ -257,7 +262,7 @@ def _download_case(sink: Agent, clients: Agent, addr: tuple[str, int], pid: int 
 def udp_echo(ctx: BenchContext) -> list[Row]:
     """QUIC-shaped traffic both ways: each flow keeps ``ECHO_WINDOW`` datagrams in flight to an
     echoing pod and sends one more per echo, like a sender clocked by its acknowledgements."""
-    pod, clients, endpoints, flights, seconds = _udp_setup(ctx, echo=True)
+    pod, clients, endpoints, flights, seconds, peers = _udp_setup(ctx, echo=True)
     rows = []
     for flows in (1, 100):
         ctx.log(f"udp echo: {flows} flow(s) x {ECHO_WINDOW} in flight, {DATAGRAM_BYTES} B, {seconds}s per case")
@@ -273,7 +278,8 @@ def udp_echo(ctx: BenchContext) -> list[Row]:
             Row(f"udp_echo_{flows}flow_pps", f"{DATAGRAM_BYTES} B datagrams echoed back to the client, "
                 f"{flows} flow(s) x {ECHO_WINDOW} in flight", "pkt/s", med("router", 0), "nginx",
                 med("nginx", 0), med("direct", 0), targets=MANY_FLOW_TARGETS,
-                note=f"each echo crosses the middle box twice; {refills} window refills after losses in all cases"),
+                note=f"each echo crosses the middle box twice; {refills} window refills after losses in all "
+                     f"cases; {peers}"),
             Row(f"udp_echo_{flows}flow_cpu", f"middle-box CPU per relayed datagram (either way), {flows} flow(s)",
                 "CPU us/pkt", med("router", 1), "nginx", med("nginx", 1), None, higher_is_better=False),
         ]

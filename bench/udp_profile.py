@@ -34,8 +34,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from bench import udp_peers
 from bench.context import POD, POD_HOST, SNI
-from bench.procs import Agent, Nginx, PeerProcess, Router, cpu_split, free_port, syscall_counts, udp_drops
+from bench.procs import Agent, Nginx, PeerProcess, Router, call_all, cpu_split, free_port, syscall_counts, udp_drops
 from bench.quic_load import (
     client_initials,
     count_flow_datagrams,
@@ -46,6 +47,7 @@ from bench.quic_load import (
     udp_sink_blast,
     udp_sink_forget_sources,
     udp_sink_stats,
+    use_c_peers,
 )
 from bench.quic_scenarios import DATAGRAM_BYTES, ECHO_WINDOW, GSO_SEGMENTS, establish_flows
 
@@ -152,13 +154,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--floor", type=Path, help="also measure this build of bench/prototypes/udp_floor")
     p.add_argument("--floor-io-uring", action="store_true",
                    help="the floor sends a batch to many pods in one io_uring_enter, as the splice does where it can")
+    p.add_argument("--python-peers", action="store_true",
+                   help="the clients and pod in Python, as before bench/udp_peers.c (the bench's choice without a "
+                        "C compiler)")
     args = p.parse_args(argv)
+    peers = None if args.python_peers else udp_peers.build()
     workdir = Path(tempfile.mkdtemp(prefix="udp-profile-"))
     results: dict[str, list[Figures]] = {}
     with contextlib.ExitStack() as stack:
         pod, clients = Agent("udp-pod"), Agent("udp-clients")
         stack.callback(pod.close)
         stack.callback(clients.close)
+        call_all([pod, clients], use_c_peers, [(peers,), (peers,)])
         port = pod.call(start_udp_sink, POD_HOST, args.shape == "echo")
         router = Router(workdir, [(POD, POD_HOST, 1, port)])
         stack.callback(router.close)
@@ -190,7 +197,8 @@ def main(argv: list[str] | None = None) -> int:
     shape = f"x {ECHO_WINDOW} in flight" if echo else f"({args.shape})"
     unit = "echoes/s" if echo else "datagrams/s"
     per = "echo" if echo else "delivered datagram"
-    print(f"{args.rounds} rounds x {args.seconds:g} s per box, {args.flows} flow(s) {shape}")
+    print(f"{args.rounds} rounds x {args.seconds:g} s per box, {args.flows} flow(s) {shape}, "
+          f"{udp_peers.describe(peers)}")
     nginx_rate = statistics.median(row[0] for row in results["nginx"]) if "nginx" in results else None
     for name, rows in results.items():
         rate, user, system = (statistics.median(row[i] for row in rows) for i in range(3))

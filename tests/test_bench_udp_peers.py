@@ -1,0 +1,114 @@
+"""``bench/udp_peers.c``: the UDP loads' C clients and pod, run against each other on loopback
+(the bench runs them through the router and nginx)."""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from bench import udp_peers
+from bench.udp_peers import NativePod
+
+POD_HOST = "127.0.0.2"
+
+
+@pytest.fixture(scope="module")
+def binary() -> Path:
+    built = udp_peers.build()
+    if built is None:
+        pytest.skip("no C compiler: the bench runs the Python peers")
+    return built
+
+
+def _pod(binary: Path, echo: bool) -> Iterator[tuple[NativePod, int]]:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.bind((POD_HOST, 0))
+    native = NativePod(binary, sock, echo)
+    try:
+        yield native, sock.getsockname()[1]
+    finally:
+        native.close()
+        sock.close()
+
+
+@pytest.fixture
+def echo_pod(binary: Path) -> Iterator[tuple[NativePod, int]]:
+    yield from _pod(binary, echo=True)
+
+
+@pytest.fixture
+def sink_pod(binary: Path) -> Iterator[tuple[NativePod, int]]:
+    yield from _pod(binary, echo=False)
+
+
+@pytest.fixture
+def flows(request: pytest.FixtureRequest) -> Iterator[list[socket.socket]]:
+    """Three flow sockets to the pod fixture named by the parameter ("echo" or "sink")."""
+    _native, port = request.getfixturevalue(f"{request.param}_pod")
+    socks = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(3)]
+    for sock in socks:
+        sock.connect((POD_HOST, port))
+        sock.send(b"\xc0initial")  # a flow's first datagram: echoed or not, not part of any load
+    try:
+        yield socks
+    finally:
+        for sock in socks:
+            sock.close()
+
+
+@pytest.mark.parametrize("flows", ["echo"], indirect=True)
+def test_the_c_client_keeps_its_window_in_flight_through_the_c_pod(
+        binary: Path, echo_pod: tuple[NativePod, int], flows: list[socket.socket]) -> None:
+    echoes, refills, elapsed = udp_peers.echo_window(binary, flows, 0.3, 1200, 8, 0.05)
+    datagrams, size, sources = echo_pod[0].stats()
+    assert 0.3 <= elapsed < 5
+    assert echoes > 3 * 8 and refills == 0  # loopback with nothing in between loses nothing
+    assert sources == 3
+    assert datagrams >= echoes + 3 and size >= 1200 * echoes  # the pod saw every echo and the Initials
+
+
+@pytest.mark.parametrize("segments", [1, 10])
+@pytest.mark.parametrize("flows", ["sink"], indirect=True)
+def test_the_c_clients_blast_reaches_the_c_pod_on_every_flow(
+        binary: Path, sink_pod: tuple[NativePod, int], flows: list[socket.socket], segments: int) -> None:
+    sent, elapsed = udp_peers.blast(binary, flows, 0.2, 1200, segments)
+    assert 0.2 <= elapsed < 5 and sent > 0 and sent % segments == 0
+    time.sleep(0.1)  # what is queued at the pod is read
+    datagrams, size, sources = sink_pod[0].stats()
+    assert sources == 3
+    assert 0 < datagrams - 3 <= sent and size - 3 * len(b"\xc0initial") == 1200 * (datagrams - 3)
+
+
+@pytest.mark.parametrize("segments", [1, 10])
+@pytest.mark.parametrize("flows", ["sink"], indirect=True)
+def test_the_c_pods_blast_is_counted_by_the_c_clients(
+        binary: Path, sink_pod: tuple[NativePod, int], flows: list[socket.socket], segments: int) -> None:
+    native, _port = sink_pod
+    while native.stats()[2] < 3:  # the pod sends to the sources it has seen
+        time.sleep(0.01)
+    with ThreadPoolExecutor(1) as pool:  # the clients count while the pod sends, as in the bench
+        counted = pool.submit(udp_peers.count, binary, flows, 0.6)
+        time.sleep(0.1)
+        sent, elapsed = native.blast(0.2, 1200, segments)
+        received = counted.result()
+    assert 0.2 <= elapsed < 5 and sent > 0 and sent % segments == 0
+    assert 0 < received <= sent  # each segment arrives as a datagram of its own
+
+
+def test_forgetting_sources_counts_only_new_ones(echo_pod: tuple[NativePod, int]) -> None:
+    native, port = echo_pod
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.connect((POD_HOST, port))
+        sock.send(b"one")
+        assert sock.recv(100) == b"one"
+        assert native.stats() == (1, 3, 1)
+        native.forget_sources()
+        assert native.stats() == (1, 3, 0)
+        sock.send(b"two")
+        assert sock.recv(100) == b"two"
+        assert native.stats() == (2, 6, 1)
