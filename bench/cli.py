@@ -1,7 +1,7 @@
 """``python -m bench``: run the scenarios, print the table, write JSON / Markdown / PNG.
 
     python -m bench [--quick] [--json FILE] [--plot DIR] [--markdown FILE] [--only NAME[,NAME]]
-                    [--workers N] [--rounds N]
+                    [--workers N] [--rounds N] [--python-peers]
 """
 
 from __future__ import annotations
@@ -67,6 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "the 'workers' scenario always compares 1 and 2")
     p.add_argument("--rounds", type=int, default=None, help="interleaved rounds per scenario "
                    "(default 5, --quick 3)")
+    p.add_argument("--python-peers", action="store_true",
+                   help="the UDP loads' clients and pod in Python, not bench/udp_peers.c (as without a C compiler)")
     return p
 
 
@@ -102,7 +104,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="stargate-bench-") as tmp:
         for name in wanted:
             ctx = BenchContext(quick=args.quick, workdir=Path(tmp), workers=args.workers,
-                               rounds_override=args.rounds)
+                               rounds_override=args.rounds, python_peers=args.python_peers)
             print(f"bench: {name}", file=sys.stderr, flush=True)
             t0 = time.monotonic()
             try:

@@ -28,6 +28,8 @@ class BenchContext:
     workdir: Path
     workers: int = 1
     rounds_override: int | None = None
+    python_peers: bool = False
+    """The UDP loads' clients and pod in Python even where bench/udp_peers.c can be built."""
     stack: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
 
     @property

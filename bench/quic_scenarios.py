@@ -147,7 +147,7 @@ def _udp_setup(ctx: BenchContext, echo: bool = False
     client agent, the router / nginx / direct endpoints, the Initial flights that open flows,
     the seconds per case, and which peers (C where a compiler is found, bench/udp_peers.c: the
     Python ones cost more CPU than the middle box, on the same cores)."""
-    peers = udp_peers.build()
+    peers = None if ctx.python_peers else udp_peers.build()
     ctx.log(f"udp loads: {udp_peers.describe(peers)}")
     sink, clients = ctx.own(Agent("udp-pod")), ctx.own(Agent("udp-clients"))
     call_all([sink, clients], use_c_peers, [(peers,), (peers,)])

@@ -42,7 +42,7 @@ def build() -> Path | None:
 
 def describe(binary: Path | None) -> str:
     """What a row's note says about the peers that made its load."""
-    return "C peers (bench/udp_peers.c)" if binary is not None else "Python peers (no C compiler)"
+    return "C peers (bench/udp_peers.c)" if binary is not None else "Python peers"
 
 
 class NativePod:
