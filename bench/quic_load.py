@@ -45,6 +45,11 @@ def _c_peers() -> Path | None:
     return binary
 
 
+def _flow_sockets() -> list[socket.socket]:
+    """The open flows' sockets, in the order they were opened."""
+    return [sock for sock, _flight in _STATE.get("flows", [])]
+
+
 def client_initials(server_name: str, count: int, alpn: str = "stargate-whoami") -> list[list[bytes]]:
     """First-flight datagrams of ``count`` fresh aioquic clients (each one list, usually 1 Initial)."""
     flights = []
@@ -153,9 +158,9 @@ def udp_sink_blast(seconds: float, size: int, segments: int = 1) -> tuple[int, f
 def count_flow_datagrams(seconds: float) -> int:
     """Datagrams the open flows' sockets receive within ``seconds`` (the download side)."""
     if (binary := _c_peers()) is not None:
-        return udp_peers.count(binary, [sock for sock, _flight in _STATE.get("flows", [])], seconds)
+        return udp_peers.count(binary, _flow_sockets(), seconds)
     selector = selectors.DefaultSelector()
-    for sock, _flight in _STATE.get("flows", []):
+    for sock in _flow_sockets():
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SOCKET_BUFFER_BYTES)
         sock.setblocking(False)
         selector.register(sock, selectors.EVENT_READ)
@@ -174,7 +179,7 @@ def count_flow_datagrams(seconds: float) -> int:
                     pass
     finally:
         selector.close()
-        for sock, _flight in _STATE.get("flows", []):
+        for sock in _flow_sockets():
             sock.setblocking(True)
     return received
 
@@ -227,11 +232,11 @@ def udp_blast(seconds: float, size: int, segments: int = 1) -> tuple[int, float]
     ``seconds``, as fast as the socket calls go: one ``send`` each, or with ``segments`` > 1 that
     many per ``sendmsg`` as one ``UDP_SEGMENT`` batch; returns (datagrams sent, elapsed seconds)."""
     if (binary := _c_peers()) is not None:
-        return udp_peers.blast(binary, [sock for sock, _flight in _STATE.get("flows", [])], seconds, size, segments)
+        return udp_peers.blast(binary, _flow_sockets(), seconds, size, segments)
     payload = bytearray(os.urandom(size))
     payload[0] = 0x40 | (payload[0] & 0x3F)  # short header, fixed bit set
     data = bytes(payload)
-    socks = [sock for sock, _flight in _STATE.get("flows", [])]
+    socks = _flow_sockets()
     if segments > 1:
         batch, gso = [data * segments], [segment_cmsg(size)]
         sends = [functools.partial(sock.sendmsg, batch, gso) for sock in socks]
@@ -260,12 +265,11 @@ def udp_echo_window(seconds: float, size: int, window: int, stall_s: float = ECH
     ``stall_s`` (its window lost to a full buffer somewhere) is refilled to ``window``, as a
     sender's loss recovery would. Returns (echoes received, refills, elapsed seconds)."""
     if (binary := _c_peers()) is not None:
-        return udp_peers.echo_window(binary, [sock for sock, _flight in _STATE.get("flows", [])], seconds, size,
-                                     window, stall_s)
+        return udp_peers.echo_window(binary, _flow_sockets(), seconds, size, window, stall_s)
     payload = bytearray(os.urandom(size))
     payload[0] = 0x40 | (payload[0] & 0x3F)  # short header, fixed bit set
     data = bytes(payload)
-    socks = [sock for sock, _flight in _STATE.get("flows", [])]
+    socks = _flow_sockets()
     buf = bytearray(65536)
     selector = selectors.DefaultSelector()
     for i, sock in enumerate(socks):
@@ -320,7 +324,7 @@ def udp_echo_window(seconds: float, size: int, window: int, stall_s: float = ECH
 def retire_udp_flows() -> None:
     """Stop blasting on the open flows but keep their sockets: a closed socket's port could
     come back for a new flow, which the middle box would take for the old one."""
-    _STATE.setdefault("retired", []).extend(sock for sock, _flight in _STATE.get("flows", []))
+    _STATE.setdefault("retired", []).extend(_flow_sockets())
     _STATE["flows"] = []
 
 

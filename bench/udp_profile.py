@@ -12,9 +12,11 @@ box pays (on loopback a send also pays the receiving socket's delivery). Beside 
 the clients' CPU per echo (per delivered datagram for the others) under each box, the windows
 they refilled after losses, and the datagrams the kernel dropped at the box's and the pod's
 sockets (full receive buffers). ``--strace`` counts the router's system calls per datagram
-instead (how well the batching works).
+instead (how well the batching works). The clients and pod are bench/udp_peers.c where a C
+compiler is found (the bench's own choice), the Python ones with ``--python-peers``.
 
     python -m bench.udp_profile --flows 1 --rounds 4
+    python -m bench.udp_profile --flows 1 --rounds 4 --python-peers
     python -m bench.udp_profile --flows 100 --strace
     python -m bench.udp_profile --shape download --flows 100 --rounds 4
     python -m bench.udp_profile --floor /tmp/udp_floor   # bench/prototypes/udp_floor: the floor too
@@ -155,8 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--floor-io-uring", action="store_true",
                    help="the floor sends a batch to many pods in one io_uring_enter, as the splice does where it can")
     p.add_argument("--python-peers", action="store_true",
-                   help="the clients and pod in Python, as before bench/udp_peers.c (the bench's choice without a "
-                        "C compiler)")
+                   help="the clients and pod in Python instead of bench/udp_peers.c (as without a C compiler)")
     args = p.parse_args(argv)
     peers = None if args.python_peers else udp_peers.build()
     workdir = Path(tempfile.mkdtemp(prefix="udp-profile-"))
