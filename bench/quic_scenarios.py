@@ -148,7 +148,8 @@ def _udp_setup(ctx: BenchContext, echo: bool = False
     the seconds per case, and which peers (C where a compiler is found, bench/udp_peers.c: the
     Python ones cost more CPU than the middle box, on the same cores)."""
     peers = None if ctx.python_peers else udp_peers.build()
-    ctx.log(f"udp loads: {udp_peers.describe(peers)}")
+    which = udp_peers.describe(peers)
+    ctx.log(f"udp loads: {which}")
     sink, clients = ctx.own(Agent("udp-pod")), ctx.own(Agent("udp-clients"))
     call_all([sink, clients], use_c_peers, [(peers,), (peers,)])
     port = sink.call(start_udp_sink, POD_HOST, echo)
@@ -158,7 +159,7 @@ def _udp_setup(ctx: BenchContext, echo: bool = False
         "router": (("127.0.0.1", router.udp_port), router.pid), "direct": ((POD_HOST, port), None)}
     if nginx is not None:
         endpoints["nginx"] = (("127.0.0.1", nginx.port), nginx.pid)
-    return sink, clients, endpoints, client_initials(SNI, 100), ctx.pick(0.5, 2.0), udp_peers.describe(peers)
+    return sink, clients, endpoints, client_initials(SNI, 100), ctx.pick(0.5, 2.0), which
 
 
 def udp_relay(ctx: BenchContext) -> list[Row]:
