@@ -5,7 +5,7 @@ Runs the ``udp_echo`` load (each flow opened by a real Initial, ``ECHO_WINDOW`` 
 ``udp_download`` / ``udp_relay`` load (the pod, or the clients, send round-robin on every flow as
 fast as they can, one ``sendto`` each; ``download-gso`` / ``relay-gso``: GSO batches of
 ``GSO_SEGMENTS``), through the router and nginx (and ``--floor``:
-bench/prototypes/udp_floor, the router's batching in C and nothing else) in interleaved rounds,
+bench/udp_floor, the router's batching in C and nothing else) in interleaved rounds,
 and prints each one's CPU per relayed datagram split into user and system time: the part a
 faster router could still cut is its user time, the rest is the kernel's UDP work, which every
 box pays (on loopback a send also pays the receiving socket's delivery). Beside it: the pod's and
@@ -19,7 +19,7 @@ compiler is found (the bench's own choice), the Python ones with ``--python-peer
     python -m bench.udp_profile --flows 1 --rounds 4 --python-peers
     python -m bench.udp_profile --flows 100 --strace
     python -m bench.udp_profile --shape download --flows 100 --rounds 4
-    python -m bench.udp_profile --floor /tmp/udp_floor   # bench/prototypes/udp_floor: the floor too
+    python -m bench.udp_profile --floor /tmp/udp_floor   # bench/udp_floor: the floor too
     python -m bench.udp_profile --shape relay --flows 100 --floor /tmp/udp_floor --floor-io-uring
 """
 
@@ -114,7 +114,7 @@ def _relay(pod: Agent, clients: Agent, seconds: float, segments: int = 1) -> tup
 
 
 class UdpFloor(PeerProcess):
-    """``bench/prototypes/udp_floor``: the router's batching in C with nothing else, as a third box."""
+    """``bench/udp_floor``: the router's batching in C with nothing else, as a third box."""
 
     kind = "floor"
 
@@ -153,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
     p.add_argument("--seconds", type=float, default=3.0, help="load per box and round (default 3)")
     p.add_argument("--strace", action="store_true", help="the router's system calls per datagram")
-    p.add_argument("--floor", type=Path, help="also measure this build of bench/prototypes/udp_floor")
+    p.add_argument("--floor", type=Path, help="also measure this build of bench/udp_floor")
     p.add_argument("--floor-io-uring", action="store_true",
                    help="the floor sends a batch to many pods in one io_uring_enter, as the splice does where it can")
     p.add_argument("--python-peers", action="store_true",

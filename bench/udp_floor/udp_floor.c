@@ -1,6 +1,6 @@
 /* udp_floor: the least a UDP middle box can do per datagram with the router's system calls.
  *
- * A throw-away measuring stick, not a router (bench/prototypes/udp_floor/README.md): it relays
+ * A measuring stick, not a router (bench/udp_floor/README.md): it relays
  * every client address to one pod over its own connected socket, the way the C splice does
  * (router/udp/_splice.c: recvmmsg batches of 64 on the public socket, one sendmmsg per flow per
  * batch as UDP_SEGMENT runs; an epoll set of pod sockets, each read with recvmmsg and sent back
@@ -9,7 +9,7 @@
  * `io_uring`, a batch's sends to many pod sockets go in one io_uring_enter through the router's
  * own ring (router/udp/_send_ring.h), as the splice does where the kernel allows it.
  *
- *     cc -O2 -o /tmp/udp_floor bench/prototypes/udp_floor/udp_floor.c
+ *     cc -O2 -o /tmp/udp_floor bench/udp_floor/udp_floor.c
  *     /tmp/udp_floor LISTEN_PORT POD_IPV4 POD_PORT [io_uring]
  */
 #define _GNU_SOURCE
@@ -24,7 +24,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "../../../router/udp/_send_ring.h"
+#include "../../router/udp/_send_ring.h"
 
 #define BATCH 64
 #define BUFFER 65536
