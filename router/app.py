@@ -23,6 +23,7 @@ from discovery.observer import RewatchCause
 from discovery.settings import DiscoverySettings
 from discovery.targets import EMPTY_SNAPSHOT, TargetSnapshot
 from router.access_log import AccessLog
+from router.bind_failure import BindFailure, binding
 from router.config import ConfigError, RouterConfig
 from router.constants import GC_YOUNG_THRESHOLD
 from router.debug_endpoints import router_routes
@@ -177,11 +178,19 @@ class RouterApp:
     async def start(self) -> None:
         cfg = self.config
         initials = native.initial_protection()  # before the first Initial can arrive
-        self.health_addr = await self.health.start(cfg.health_listen_addr.host, cfg.health_listen_addr.port)
-        self.tcp_addr = await self.tcp.start(cfg.listen_addr.host, cfg.listen_addr.port)
-        self.udp_addr = await self.udp.start(
-            cfg.reverse_tunnel_listen_addr.host, cfg.reverse_tunnel_listen_addr.port, reuse_port=True
-        )
+        try:
+            with binding("--health-listen-addr", cfg.health_listen_addr):
+                self.health_addr = await self.health.start(cfg.health_listen_addr.host, cfg.health_listen_addr.port)
+            with binding("--listen-addr", cfg.listen_addr):
+                self.tcp_addr = await self.tcp.start(cfg.listen_addr.host, cfg.listen_addr.port)
+            with binding("--reverse-tunnel-listen-addr", cfg.reverse_tunnel_listen_addr):
+                self.udp_addr = await self.udp.start(
+                    cfg.reverse_tunnel_listen_addr.host, cfg.reverse_tunnel_listen_addr.port, reuse_port=True
+                )
+        except BindFailure:  # the process ends: let go of what is bound
+            self.tcp.stop_accepting()
+            await self.health.close()
+            raise
         self._source_task = asyncio.create_task(self.source.run(), name="discovery")
         log.info(
             "listening grpc=%s:%d quic=%s:%d health=%s:%d quic_datapath=%s quic_initials=%s tcp_pump=%s",

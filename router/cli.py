@@ -14,7 +14,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from router.config import ConfigError, RouterConfig, build_parser, config_from_args
+from router.config import (
+    CONFIG_ERROR_PREFIX,
+    CONFIG_ERROR_STATUS,
+    ConfigError,
+    RouterConfig,
+    build_parser,
+    config_from_args,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,16 +137,12 @@ def _new_event_loop() -> asyncio.AbstractEventLoop:
 
 
 def run_router(config: RouterConfig) -> int:
-    """Run one router process until SIGTERM/SIGINT; returns its exit status."""
+    """Run one router process until SIGTERM/SIGINT; returns its exit status. A ``ConfigError`` found
+    at start (a ``BindFailure`` among them) reaches ``main``, which prints it."""
     from router.app import RouterApp
 
     async def _main() -> int:
-        try:
-            app = RouterApp(config)
-        except ConfigError as exc:
-            print(f"stargate-router: error: {exc}", file=sys.stderr)
-            return 2
-        return await app.run()
+        return await RouterApp(config).run()
 
     with asyncio.Runner(loop_factory=_new_event_loop) as runner:
         return runner.run(_main())
@@ -159,16 +162,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exc:  # argparse's help, version and usage errors
         return _exit_status(exc)
     except ConfigError as exc:
-        print(f"stargate-router: error: {exc}", file=sys.stderr)
-        return 2
+        print(f"{CONFIG_ERROR_PREFIX}{exc}", file=sys.stderr)
+        return CONFIG_ERROR_STATUS
     from router.logging_setup import configure_logging
 
     configure_logging("json" if config.log_format == "json" else "text", config.log_level)
-    if config.workers > 1:
-        from router.supervisor import supervise
+    try:
+        if config.workers > 1:
+            from router.supervisor import supervise
 
-        return supervise(config, args)
-    return run_router(config)
+            return supervise(config, args)
+        return run_router(config)
+    except ConfigError as exc:  # found at start: a template the router rejects, a listener that cannot bind
+        print(f"{CONFIG_ERROR_PREFIX}{exc}", file=sys.stderr)
+        return CONFIG_ERROR_STATUS
 
 
 def entrypoint() -> None:

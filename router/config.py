@@ -25,6 +25,15 @@ class ConfigError(ValueError):
     """A bad flag value; the message starts with the flag's name."""
 
 
+CONFIG_ERROR_PREFIX = "stargate-router: error: "
+"""How the CLI's one stderr line for a ``ConfigError`` starts (as argparse's usage errors do); the
+``--workers`` supervisor knows its workers' such lines by it."""
+
+CONFIG_ERROR_STATUS = 2
+"""The exit status after that line (argparse's for a usage error); the ``--workers`` supervisor does
+not restart a worker that exits so: the same flags would fail the same way."""
+
+
 @dataclass(frozen=True, slots=True)
 class SocketAddress:
     host: str

@@ -16,6 +16,10 @@ so the supervisor's own ``listening`` line is the only one naming public address
 
 SIGTERM/SIGINT: ``/readyz`` fails at once, every worker gets SIGTERM and runs its own
 shutdown delay and drain; stragglers are killed after that budget plus a grace period.
+
+A listener that cannot bind ends the supervisor before any worker starts (it binds each address
+once, ``concrete_address``). A worker exiting 2 (a bad flag, a failed bind) is not restarted: its
+line is passed on once, not once per worker, and the supervisor exits 2.
 """
 
 from __future__ import annotations
@@ -39,7 +43,8 @@ from prometheus_client import CollectorRegistry, Counter, ProcessCollector, gene
 
 from discovery.backoff import Backoff
 from router import constants as c
-from router.config import RouterConfig, SocketAddress
+from router.bind_failure import binding
+from router.config import CONFIG_ERROR_PREFIX, CONFIG_ERROR_STATUS, RouterConfig, SocketAddress
 from router.debug_endpoints import supervisor_routes
 from router.health import (
     ProbeHttpServer,
@@ -59,6 +64,9 @@ _WORKER_LISTENING = re.compile(
     rb"listening (grpc=\S+ quic=\S+) health=(\[[0-9A-Fa-f:.]+\]|[0-9A-Za-z.:-]+):(\d+)"
 )
 """A worker's startup line (``RouterApp.start``); the address regex stops before JSON quotes."""
+
+_CONFIG_ERROR_LINE = CONFIG_ERROR_PREFIX.encode()
+"""How a worker's one line for a bad flag or a failed bind starts."""
 
 
 # ---------------------------------------------------------------------------
@@ -129,13 +137,16 @@ def stop_budget_s(config: RouterConfig) -> float:
 # IO
 # ---------------------------------------------------------------------------
 def concrete_address(addr: SocketAddress, kind: socket.SocketKind) -> SocketAddress:
-    """Port 0 becomes a port the kernel says is free now, so every worker binds the same one."""
-    if addr.port != 0:
-        return addr
+    """Binds ``addr`` once, as a worker will (SO_REUSEPORT; SO_REUSEADDR for TCP), and lets go:
+    an address no worker could bind raises its ``OSError`` here, before any worker starts. Port 0
+    becomes a port the kernel says is free now, so every worker binds the same one."""
     family = socket.AF_INET6 if ":" in addr.host else socket.AF_INET
     with socket.socket(family, kind) as probe:
-        probe.bind((addr.host, 0))
-        return SocketAddress(addr.host, int(probe.getsockname()[1]))
+        if kind == socket.SOCK_STREAM:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        probe.bind((addr.host, addr.port))
+        return addr if addr.port != 0 else SocketAddress(addr.host, int(probe.getsockname()[1]))
 
 
 def _parent_death_signal() -> Callable[[], None] | None:
@@ -191,7 +202,10 @@ class Supervisor:
         self._retired = ""
         """Counters of dead workers (``cumulative_only`` merge), so merged counters never go down."""
         self._stopping = False
-        self._failed = False
+        self._status = 0
+        """The exit status: 1 if a keeper crashed, ``CONFIG_ERROR_STATUS`` if a worker could not start."""
+        self._config_errors: set[bytes] = set()
+        """The workers' config error lines passed on so far: N workers failing alike say it once."""
         self._stop = asyncio.Event()
         self._preexec = _parent_death_signal()
         self.workers = WorkerClient()
@@ -199,19 +213,19 @@ class Supervisor:
     # -- lifecycle -----------------------------------------------------------------------
     async def run(self) -> int:
         cfg = self.config
-        try:
+        # A BindFailure here reaches the CLI: one line naming the flag, exit 2, no worker started.
+        with binding("--listen-addr", cfg.listen_addr):
             grpc = concrete_address(cfg.listen_addr, socket.SOCK_STREAM)
+        with binding("--reverse-tunnel-listen-addr", cfg.reverse_tunnel_listen_addr):
             quic = concrete_address(cfg.reverse_tunnel_listen_addr, socket.SOCK_DGRAM)
-            routes: dict[str, Route] = {"/healthz": healthy, "/readyz": self.readyz, "/metrics": self.metrics_route}
-            query_routes: dict[str, QueryRoute] = {}
-            if cfg.debug_endpoints:
-                debug, query_routes = supervisor_routes(self.ask_workers)
-                routes.update(debug)
-            server = ProbeHttpServer(routes, query_routes)
+        routes: dict[str, Route] = {"/healthz": healthy, "/readyz": self.readyz, "/metrics": self.metrics_route}
+        query_routes: dict[str, QueryRoute] = {}
+        if cfg.debug_endpoints:
+            debug, query_routes = supervisor_routes(self.ask_workers)
+            routes.update(debug)
+        server = ProbeHttpServer(routes, query_routes)
+        with binding("--health-listen-addr", cfg.health_listen_addr):
             health = await server.start(cfg.health_listen_addr.host, cfg.health_listen_addr.port)
-        except OSError as exc:
-            log.error("supervisor cannot bind: %s", exc)
-            return 1
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.request_stop)
@@ -226,14 +240,14 @@ class Supervisor:
         await server.close()
         await self.workers.close()
         log.info("all workers stopped; exiting")
-        return 1 if self._failed else 0
+        return self._status
 
     def _keeper_done(self, task: asyncio.Task[None]) -> None:
         """A keeper only returns when stopping; if one crashed its slot is unmanaged, so stop all."""
         if task.cancelled() or task.exception() is None:
             return
         log.error("worker keeper failed; stopping", exc_info=task.exception())
-        self._failed = True
+        self._status = 1
         self.request_stop()
 
     def request_stop(self) -> None:
@@ -256,6 +270,10 @@ class Supervisor:
             started = time.monotonic()
             returncode = await self._run_once(slot, argv)
             if self._stopping:
+                return
+            if returncode == CONFIG_ERROR_STATUS:  # its line (a flag, a bind) is passed on already
+                self._status = CONFIG_ERROR_STATUS
+                self.request_stop()
                 return
             uptime = time.monotonic() - started
             if uptime >= c.WORKER_STABLE_AFTER_S:
@@ -300,6 +318,10 @@ class Supervisor:
     def _relay_lines(self, slot: WorkerSlot, lines: list[bytes]) -> None:
         """Re-emit a worker's lines on our stderr; a closed stderr loses logs, never routing."""
         for line in lines:
+            if line.startswith(_CONFIG_ERROR_LINE):
+                if line in self._config_errors:
+                    continue
+                self._config_errors.add(line)
             out, health = rewrite_listening_line(line, slot.index)
             if health is not None:
                 slot.health = health

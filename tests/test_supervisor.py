@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 import re
 import signal
@@ -149,13 +150,27 @@ def test_stop_budget_covers_the_workers_own_delay_and_drain() -> None:
 
 
 def test_port_zero_becomes_a_concrete_port_that_is_free_again() -> None:
-    fixed = SocketAddress("127.0.0.1", 4242)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        fixed = SocketAddress("127.0.0.1", probe.getsockname()[1])
     assert concrete_address(fixed, socket.SOCK_STREAM) is fixed
     for kind in (socket.SOCK_STREAM, socket.SOCK_DGRAM):
         addr = concrete_address(SocketAddress("127.0.0.1", 0), kind)
         assert addr.port > 0
         with socket.socket(socket.AF_INET, kind) as s:
             s.bind((addr.host, addr.port))
+
+
+def test_an_address_no_worker_could_bind_fails_before_any_worker_starts() -> None:
+    """A port another program holds (without SO_REUSEPORT) raises the kernel's error at once."""
+    for kind in (socket.SOCK_STREAM, socket.SOCK_DGRAM):
+        with socket.socket(socket.AF_INET, kind) as holder:
+            holder.bind(("127.0.0.1", 0))
+            if kind == socket.SOCK_STREAM:
+                holder.listen()
+            with pytest.raises(OSError) as raised:
+                concrete_address(SocketAddress("127.0.0.1", holder.getsockname()[1]), kind)
+            assert raised.value.errno == errno.EADDRINUSE
 
 
 # ---------------------------------------------------------------------------

@@ -55,16 +55,20 @@ class Acceptor:
         self._native_accept, self._on_batch_end = native_accept, on_batch_end
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        if hasattr(socket, "SO_REUSEPORT"):
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        # Accepted sockets inherit TCP_NODELAY from the listener on Linux: one setsockopt, not one
-        # per connection (tests/test_tcp_socket_options.py checks the kernel still does).
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        if defer_accept_s > 0 and hasattr(socket, "TCP_DEFER_ACCEPT"):
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_DEFER_ACCEPT, defer_accept_s)
-        sock.bind((host, port))
-        sock.listen(4096)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if hasattr(socket, "SO_REUSEPORT"):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            # Accepted sockets inherit TCP_NODELAY from the listener on Linux: one setsockopt, not one
+            # per connection (tests/test_tcp_socket_options.py checks the kernel still does).
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if defer_accept_s > 0 and hasattr(socket, "TCP_DEFER_ACCEPT"):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_DEFER_ACCEPT, defer_accept_s)
+            sock.bind((host, port))
+            sock.listen(4096)
+        except OSError:
+            sock.close()
+            raise
         sock.setblocking(False)
         self._listener = sock
         self._loop.add_reader(sock.fileno(), self._on_acceptable)
