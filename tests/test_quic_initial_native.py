@@ -1,7 +1,7 @@
 """The C Initial path (``quic/_initial_protection.c``) answers exactly as the reference path does.
 
 The reference is ``cryptography`` + ``hashlib`` for keys and opening, ``quic.frames`` and
-``quic.clienthello`` for the ClientHello. The C path may decline (``sniff_first_payload`` None:
+``wire.client_hello`` for the ClientHello. The C path may decline (``sniff_first_payload`` None:
 the sniffer then walks the payload the reference way), but whatever it answers must be the
 reference's answer, on real Initials and on hostile bytes alike.
 """
@@ -16,10 +16,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from quic import native as quic_native
-from quic.clienthello import (
-    MAX_TLS_CLIENT_HELLO_BYTES,
-    ClientHelloInfo,
-)
 from quic.frames import QUIC_MAX_CRYPTO_BYTES
 from quic.initial_keys import (
     client_initial_keys,
@@ -32,6 +28,10 @@ from quic.packet import QUIC_V1, QUIC_V2, QuicPacketError, encode_varint, parse_
 from tests.support.initial_reference import reference_hello
 from tests.support.quic_frames import ack, close, crypto_frame
 from tests.support.quic_vectors import RFC_CLIENT_HELLO, V1_CLIENT_INITIAL, V2_CLIENT_INITIAL
+from wire.client_hello import (
+    MAX_TLS_CLIENT_HELLO_BYTES,
+    ClientHelloInfo,
+)
 
 pytestmark = pytest.mark.skipif(not quic_native.built(), reason="quic._initial_protection is not built")
 

@@ -11,7 +11,6 @@ from typing import Any
 
 from discovery.targets import Target, TargetSnapshot
 from quic import native
-from quic.clienthello import ClientHelloInfo
 from quic.frames import QUIC_MAX_CRYPTO_BYTES, CryptoReassembler, walk_initial_frames
 from quic.initial_keys import client_initial_keys, encrypt_initial
 from quic.initial_sniffer import InitialSniffer, sniff_first_payload
@@ -26,6 +25,7 @@ from tests.fuzz.targets_tls import hellos, mutate_hello
 from tests.support.initial_reference import first_header, reference_hello, sniffer_reading
 from tests.support.quic_frames import crypto_frame
 from tests.support.quic_initial_rewriter import CASES, rewrite_flight
+from wire.client_hello import ClientHelloInfo
 
 FUZZ_DCID = bytes.fromhex("8394c8f03e515708")
 """The client DCID of RFC 9001 appendix A: any fixed value works, the keys follow from it."""

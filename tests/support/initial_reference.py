@@ -1,21 +1,21 @@
 """The reference reading of a flow's first Initial payload, as ``InitialSniffer`` does it in Python
-(``quic.frames`` into a ``CryptoReassembler``, then ``quic.clienthello``): what the C reading of
+(``quic.frames`` into a ``CryptoReassembler``, then ``wire.client_hello``): what the C reading of
 ``quic/_initial_protection.c`` must equal whenever it answers (tests and the fuzzer check it)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from quic.clienthello import (
+from quic.frames import QUIC_MAX_CRYPTO_BYTES, CryptoReassembler, walk_initial_frames
+from quic.initial_sniffer import InitialSniffer
+from quic.packet import LongHeader, QuicPacketError, parse_long_header
+from wire.client_hello import (
     HANDSHAKE_HEADER_BYTES,
     MAX_TLS_CLIENT_HELLO_BYTES,
     ClientHelloError,
     client_hello_length,
     parse_client_hello,
 )
-from quic.frames import QUIC_MAX_CRYPTO_BYTES, CryptoReassembler, walk_initial_frames
-from quic.initial_sniffer import InitialSniffer
-from quic.packet import LongHeader, QuicPacketError, parse_long_header
 
 
 def reference_hello(payload: bytes, max_crypto: int = QUIC_MAX_CRYPTO_BYTES) -> object:
