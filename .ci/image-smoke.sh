@@ -16,7 +16,7 @@ python="${PYTHON:-python3}"
 
 echo "image-smoke: build context from .dockerignore's allowlist"
 mkdir -p "$work/context"
-for item in pyproject.toml setup.py README.md LICENSE router quic discovery; do
+for item in pyproject.toml setup.py README.md LICENSE router wire quic discovery; do
   if [[ -e "$repo/$item" ]]; then
     cp -r "$repo/$item" "$work/context/"
   fi

@@ -346,7 +346,7 @@ initial_crypto(span payload, uint64_t max_crypto, span pieces[MAX_CRYPTO_PIECES]
     return *count > 0;
 }
 
-/* quic/clienthello.py's parse_client_hello over a complete message; 0 if it would raise. */
+/* wire/client_hello.py's parse_client_hello over a complete message; 0 if it would raise. */
 static int
 client_hello(span hello, PyObject **server_name, PyObject **alpn)
 {
@@ -541,7 +541,7 @@ done:
 PyDoc_STRVAR(client_hello_facts_doc,
 "client_hello_facts(handshake, max_hello) -> (server_name, alpn) | None\n\n"
 "The facts of one whole, well-formed ClientHello handshake message of at most ``max_hello``\n"
-"bytes (TLS over TCP's peek); None for anything else: quic.clienthello then walks it itself.");
+"bytes (TLS over TCP's peek); None for anything else: wire.client_hello then walks it itself.");
 
 static PyObject *
 client_hello_facts(PyObject *self, PyObject *args)

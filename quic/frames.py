@@ -13,8 +13,8 @@ import bisect
 from collections.abc import Iterator
 from enum import IntEnum
 
-from quic.clienthello import MAX_TLS_CLIENT_HELLO_BYTES
 from quic.packet import VARINT_MAX, QuicPacketError, decode_varint
+from wire.client_hello import MAX_TLS_CLIENT_HELLO_BYTES
 
 QUIC_MAX_CRYPTO_BYTES = MAX_TLS_CLIENT_HELLO_BYTES
 """CRYPTO bytes buffered per pending flow: past the largest ClientHello accepted none can complete."""

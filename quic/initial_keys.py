@@ -6,7 +6,7 @@ without terminating QUIC, and answer a refused client the way its server would.
 Keys are derived per flow and never cached: a cache keyed by spoofable DCIDs would
 only churn. Crypto is ``cryptography`` (AES-128-GCM, AES-ECB) and stdlib HMAC; a client Initial's
 keys and opening go through the optional C extension ``quic/_initial_protection.c`` (the same
-steps over libcrypto, with the ciphers fetched once) when ``quic.native`` says it is active.
+steps over libcrypto, with the ciphers fetched once) when the caller passes it as ``native``.
 """
 
 from __future__ import annotations
@@ -15,12 +15,12 @@ import functools
 import hashlib
 import hmac
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from quic import native
 from quic.packet import (
     MAX_CID_LENGTH,
     QUIC_V1,
@@ -31,6 +31,9 @@ from quic.packet import (
     encode_varint,
     packet_type_bits,
 )
+
+if TYPE_CHECKING:
+    from quic.native import InitialProtection
 
 _SALTS = {
     QUIC_V1: bytes.fromhex("38762cf7f55934b34d179ae6a4c80cadccbb7f0a"),  # RFC 9001 section 5.2
@@ -109,14 +112,15 @@ CLIENT_KEY_INPUTS = {version: inputs for (version, direction), inputs in _NATIVE
 """The C key schedule's inputs of client Initials per version (``InitialSniffer``'s one-call first Initial)."""
 
 
-def _initial_keys(version: int, original_dcid: bytes, direction: bytes) -> InitialKeys:
+def _initial_keys(
+    version: int, original_dcid: bytes, direction: bytes, native: InitialProtection | None
+) -> InitialKeys:
     extractor = _EXTRACTORS.get(version)
     if extractor is None:
         raise QuicPacketError(f"no Initial keys for QUIC version 0x{version:08x}")
-    extension = native.active()
-    if extension is not None:
+    if native is not None:
         salt, secret_info, key_info, iv_info, hp_info = _NATIVE_INPUTS[version, direction]
-        key, iv, hp = extension.initial_keys(salt, original_dcid, secret_info, key_info, iv_info, hp_info)
+        key, iv, hp = native.initial_keys(salt, original_dcid, secret_info, key_info, iv_info, hp_info)
         return InitialKeys(key, iv, hp)
     key_label, iv_label, hp_label = _LABELS[version]
     extract = extractor.copy()
@@ -130,14 +134,14 @@ def _initial_keys(version: int, original_dcid: bytes, direction: bytes) -> Initi
     )
 
 
-def client_initial_keys(version: int, original_dcid: bytes) -> InitialKeys:
-    """Keys protecting client Initials (what the router decrypts)."""
-    return _initial_keys(version, original_dcid, b"client in")
+def client_initial_keys(version: int, original_dcid: bytes, native: InitialProtection | None = None) -> InitialKeys:
+    """Keys protecting client Initials (what the router decrypts); derived in C with ``native``."""
+    return _initial_keys(version, original_dcid, b"client in", native)
 
 
-def server_initial_keys(version: int, original_dcid: bytes) -> InitialKeys:
-    """Keys protecting server Initials (what the router encrypts a refusal with)."""
-    return _initial_keys(version, original_dcid, b"server in")
+def server_initial_keys(version: int, original_dcid: bytes, native: InitialProtection | None = None) -> InitialKeys:
+    """Keys protecting server Initials (what the router encrypts a refusal with); in C with ``native``."""
+    return _initial_keys(version, original_dcid, b"server in", native)
 
 
 def _mask(hp: bytes, sample: bytes) -> bytes:
@@ -163,12 +167,13 @@ def decode_packet_number(truncated: int, pn_bits: int, largest_pn: int) -> int:
 
 
 def decrypt_initial(
-    datagram: bytes, header: LongHeader, keys: InitialKeys, largest_pn: int = -1
+    datagram: bytes, header: LongHeader, keys: InitialKeys, largest_pn: int = -1,
+    native: InitialProtection | None = None,
 ) -> tuple[int, bytes]:
     """(packet number, plaintext payload) of the Initial ``header`` locates in ``datagram``.
 
     ``largest_pn`` is the largest packet number already received in this space (-1 for
-    none). Header-protection and AEAD failures raise QuicPacketError.
+    none). Header-protection and AEAD failures raise QuicPacketError. Opened in C with ``native``.
     """
     if header.packet_type is not PacketType.INITIAL:
         raise QuicPacketError("not an Initial packet")
@@ -176,9 +181,8 @@ def decrypt_initial(
     end = header.end
     if end > len(datagram) or pn_offset + MAX_PN_BYTES + SAMPLE_BYTES > end:
         raise QuicPacketError("Initial too short to sample for header protection")
-    extension = native.active()
-    if extension is not None and -1 <= largest_pn < _PN_LIMIT:
-        opened = extension.open_initial(datagram, keys.key, keys.iv, keys.hp, header.offset, pn_offset, end, largest_pn)
+    if native is not None and -1 <= largest_pn < _PN_LIMIT:
+        opened = native.open_initial(datagram, keys.key, keys.iv, keys.hp, header.offset, pn_offset, end, largest_pn)
         if opened is None:
             raise QuicPacketError("Initial packet failed authentication")
         return opened

@@ -21,15 +21,6 @@ Error policy, so that an off-path injector cannot kill a flow it does not own:
 
 from __future__ import annotations
 
-from quic import native
-from quic.clienthello import (
-    HANDSHAKE_HEADER_BYTES,
-    MAX_TLS_CLIENT_HELLO_BYTES,
-    ClientHelloError,
-    ClientHelloInfo,
-    client_hello_length,
-    parse_client_hello,
-)
 from quic.frames import QUIC_MAX_CRYPTO_BYTES, CryptoReassembler, walk_initial_frames
 from quic.initial_keys import (
     CLIENT_KEY_INPUTS,
@@ -39,6 +30,7 @@ from quic.initial_keys import (
     client_initial_keys,
     decrypt_initial,
 )
+from quic.native import InitialProtection, client_hello_parser
 from quic.packet import (
     LONG_FORM,
     QUIC_MIN_INITIAL_DATAGRAM_BYTES,
@@ -51,17 +43,25 @@ from quic.packet import (
     is_long_header,
     iter_long_headers,
 )
+from wire.client_hello import (
+    HANDSHAKE_HEADER_BYTES,
+    MAX_TLS_CLIENT_HELLO_BYTES,
+    ClientHelloError,
+    ClientHelloInfo,
+    client_hello_length,
+)
 
 
-def sniff_first_payload(payload: bytes, max_crypto: int) -> tuple[str | None, tuple[str, ...]] | None:
-    """The ClientHello facts (server name, ALPN) of a flow's first opened Initial payload, in C,
-    when its CRYPTO frames hold a whole well-formed hello in order from offset 0 (the usual case);
-    None otherwise, or without the C extension: then ``InitialSniffer`` walks it the reference way
-    (``quic.frames``, ``quic.clienthello``), which also names whatever is wrong."""
-    extension = native.active()
-    if extension is None:
+def sniff_first_payload(
+    payload: bytes, max_crypto: int, native: InitialProtection | None
+) -> tuple[str | None, tuple[str, ...]] | None:
+    """The ClientHello facts (server name, ALPN) of a flow's first opened Initial payload, in C
+    (``native``), when its CRYPTO frames hold a whole well-formed hello in order from offset 0 (the
+    usual case); None otherwise, or without ``native``: then ``InitialSniffer`` walks it the
+    reference way (``quic.frames``, ``wire.client_hello``), which also names whatever is wrong."""
+    if native is None:
         return None
-    return extension.sniff_initial(payload, max_crypto, MAX_TLS_CLIENT_HELLO_BYTES)
+    return native.sniff_initial(payload, max_crypto, MAX_TLS_CLIENT_HELLO_BYTES)
 
 
 class NotInitial(QuicPacketError):
@@ -78,13 +78,17 @@ class InvalidClientHello(QuicPacketError):
 
 class InitialSniffer:
     """One per pending UDP flow: feed the client's datagrams in arrival order; returns the
-    ClientHelloInfo once the CRYPTO stream holds a complete ClientHello."""
+    ClientHelloInfo once the CRYPTO stream holds a complete ClientHello. With ``native``
+    (``quic.native.EXTENSION``) the keys, the opening and a usual hello are read in C; without it,
+    in Python (the reference)."""
 
     def __init__(
         self,
         max_crypto_bytes: int = QUIC_MAX_CRYPTO_BYTES,
         min_datagram_bytes: int = QUIC_MIN_INITIAL_DATAGRAM_BYTES,
+        native: InitialProtection | None = None,
     ) -> None:
+        self._native = native
         self.version: int | None = None
         self.original_dcid: bytes | None = None
         self.client_scid: bytes | None = None
@@ -105,10 +109,9 @@ class InitialSniffer:
         if self.client_hello is not None:
             return self.client_hello
         opening = self.version is None
-        if opening and first is not None and self._usual_first(datagram, first):
-            extension = native.active()
-            if extension is not None:
-                return self._sniff_first(extension, datagram, first)
+        native = self._native
+        if opening and first is not None and native is not None and self._usual_first(datagram, first):
+            return self._sniff_first(native, datagram, first)
         try:
             payloads = self._open(datagram, first)
         except QuicPacketError:
@@ -117,7 +120,7 @@ class InitialSniffer:
             return None
         if opening and len(payloads) == 1:
             # The usual first datagram: one Initial whose CRYPTO frames hold the whole hello, in order.
-            found = sniff_first_payload(payloads[0], self._max_crypto)
+            found = sniff_first_payload(payloads[0], self._max_crypto, native)
             if found is not None:
                 self.client_hello = ClientHelloInfo(*found)
                 return self.client_hello
@@ -134,11 +137,11 @@ class InitialSniffer:
             and (end == size or not datagram[end] & LONG_FORM)
         )
 
-    def _sniff_first(self, extension: native.InitialProtection, datagram: bytes,
+    def _sniff_first(self, native: InitialProtection, datagram: bytes,
                      first: LongHeader) -> ClientHelloInfo | None:
         """``feed`` of a usual first datagram: keys, opening and the usual hello in one C call (what
         ``_open`` and ``sniff_first_payload`` would do, in ~12 Python calls fewer per new flow)."""
-        sniffed = extension.sniff_first(
+        sniffed = native.sniff_first(
             datagram, *CLIENT_KEY_INPUTS[first.version], first.dcid, first.header_length,
             first.offset + first.packet_length, self._max_crypto, MAX_TLS_CLIENT_HELLO_BYTES,
         )
@@ -162,7 +165,8 @@ class InitialSniffer:
             raise NotInitial("short header packet")
         payloads: list[bytes] = []
         failure: QuicPacketError | None = None
-        for header in iter_long_headers(datagram, first):
+        native = self._native
+        for header in iter_long_headers(datagram, first, native):
             if header.version not in SUPPORTED_VERSIONS:
                 if header.offset:
                     break  # a coalesced packet of another version: trailing junk
@@ -177,9 +181,9 @@ class InitialSniffer:
                 continue
             if len(datagram) < self._min_datagram:
                 raise ShortInitial(f"Initial in a {len(datagram)}-byte datagram")
-            keys = self._keys or client_initial_keys(header.version, header.dcid)
+            keys = self._keys or client_initial_keys(header.version, header.dcid, native)
             try:
-                packet_number, payload = decrypt_initial(datagram, header, keys, self._largest_pn)
+                packet_number, payload = decrypt_initial(datagram, header, keys, self._largest_pn, native)
             except QuicPacketError as exc:
                 failure = failure or exc
                 continue
@@ -208,7 +212,7 @@ class InitialSniffer:
             total = client_hello_length(crypto.contiguous(HANDSHAKE_HEADER_BYTES))
             if total is None or available < total:
                 return None
-            info = parse_client_hello(crypto.contiguous(total))
+            info = client_hello_parser(self._native)(crypto.contiguous(total))
         except ClientHelloError as exc:
             raise InvalidClientHello(str(exc)) from exc
         self.client_hello = info

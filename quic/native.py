@@ -1,18 +1,23 @@
-"""The optional C extension of ``quic/`` (``quic/_initial_protection.c``), and the switch that uses it.
+"""The optional C extension of ``quic/`` (``quic/_initial_protection.c``): whether it is built, and
+the reading it offers.
 
 It parses v1/v2 long headers, derives client Initial keys, opens client Initials, and reads the
 ClientHello facts of a whole handshake message or of a usual first Initial payload, over OpenSSL's
-libcrypto. ``setup.py`` builds it when a C compiler and OpenSSL's headers are there. Each caller
-asks ``active()`` and falls back to its own Python reading (``quic.packet``, ``cryptography`` and
-``hashlib``, ``quic.frames``, ``quic.clienthello``), which is also what names whatever is wrong: the
-C path only ever answers what that reading would answer, or declines
+libcrypto. ``setup.py`` builds it when a C compiler and OpenSSL's headers are there. Nothing here
+decides whether it is used: each reading takes ``native`` (this module's ``EXTENSION``, or None
+for the Python reading, the reference) from its caller, and the router chooses once at start
+(``router.extensions``). The C path only ever answers what the Python reading would answer, or
+declines, and then the Python reading answers and names whatever is wrong
 (tests/test_quic_initial_native.py, the fuzzer's ``initial_native`` and ``long_header_native``
-targets).
+targets compare the two).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
+
+from wire.client_hello import MAX_TLS_CLIENT_HELLO_BYTES, ClientHelloInfo, parse_client_hello
 
 
 class InitialProtection(Protocol):
@@ -35,27 +40,27 @@ class InitialProtection(Protocol):
 try:
     from quic import _initial_protection as _built
 
-    _extension: InitialProtection | None = _built
-except ImportError:  # not built (no compiler or OpenSSL headers at install): the Python readings alone
-    _extension = None
-
-_active = _extension
-"""The extension while ``use`` allows it, else None."""
-
-
-def use(enabled: bool) -> bool:
-    """Use the C extension (when built) if ``enabled``, else the Python readings, process-wide;
-    returns whether C is used from now on."""
-    global _active
-    _active = _extension if enabled else None
-    return _active is not None
+    EXTENSION: InitialProtection | None = _built
+    """The built extension, or None (no compiler or OpenSSL headers at install): a fact of the
+    install, not a switch; ``router.extensions`` decides whether the router uses it."""
+except ImportError:
+    EXTENSION = None
 
 
 def built() -> bool:
     """Whether ``quic._initial_protection`` is importable."""
-    return _extension is not None
+    return EXTENSION is not None
 
 
-def active() -> InitialProtection | None:
-    """The extension, if it is built and ``use`` allows it."""
-    return _active
+def client_hello_parser(native: InitialProtection | None) -> Callable[[bytes], ClientHelloInfo]:
+    """``wire.client_hello.parse_client_hello``, read in C first when ``native`` is given: a
+    well-formed hello's facts come from C, anything C declines is walked (and named) in Python."""
+    if native is None:
+        return parse_client_hello
+    facts = native.client_hello_facts
+
+    def parse(handshake: bytes) -> ClientHelloInfo:
+        found = facts(handshake, MAX_TLS_CLIENT_HELLO_BYTES)
+        return ClientHelloInfo(*found) if found is not None else parse_client_hello(handshake)
+
+    return parse

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from enum import IntEnum
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
-from quic import native
+if TYPE_CHECKING:
+    from quic.native import InitialProtection
 
 QUIC_V1 = 0x00000001
 """RFC 9000."""
@@ -142,12 +143,11 @@ def is_long_header(datagram: bytes) -> bool:
     return bool(datagram) and bool(datagram[0] & LONG_FORM)
 
 
-def parse_long_header(datagram: bytes, offset: int = 0) -> LongHeader:
-    """Parse the long header starting at ``offset``; QuicPacketError if malformed. A usual v1/v2
-    header is read by the C extension when it is active (one call, no varint or slice objects:
-    this runs once per new flow, cold); anything it declines is read here, which names the fault."""
-    extension = native.active()
-    if extension is not None and (fields := extension.long_header(datagram, offset)) is not None:
+def parse_long_header(datagram: bytes, offset: int = 0, native: InitialProtection | None = None) -> LongHeader:
+    """Parse the long header starting at ``offset``; QuicPacketError if malformed. With ``native``
+    (``quic.native.EXTENSION``) a usual v1/v2 header is read in C (one call, no varint or slice
+    objects: this runs once per new flow, cold); anything it declines is read here, which names the fault."""
+    if native is not None and (fields := native.long_header(datagram, offset)) is not None:
         version, bits, dcid, scid, token, header_length, packet_length = fields
         packet_type = (_V2_TYPES if version == QUIC_V2 else _V1_TYPES)[bits]
         return LongHeader(version, packet_type, dcid, scid, token, header_length, packet_length, offset)
@@ -192,7 +192,9 @@ def _cid(data: bytes, pos: int, known: bool, what: str) -> tuple[bytes, int]:
     return data[pos : pos + length], pos + length
 
 
-def iter_long_headers(datagram: bytes, first: LongHeader | None = None) -> Iterator[LongHeader]:
+def iter_long_headers(
+    datagram: bytes, first: LongHeader | None = None, native: InitialProtection | None = None
+) -> Iterator[LongHeader]:
     """Every coalesced long-header packet of a datagram (RFC 9000 section 12.2).
 
     A malformed first packet raises QuicPacketError. Iteration stops quietly at a short
@@ -200,7 +202,7 @@ def iter_long_headers(datagram: bytes, first: LongHeader | None = None) -> Itera
     of the datagram (Retry, VN, unknown versions): receivers discard such trailing bytes.
     ``first`` is ``parse_long_header(datagram)`` when the caller has it already (not parsed twice).
     """
-    header = parse_long_header(datagram, 0) if first is None else first
+    header = parse_long_header(datagram, 0, native) if first is None else first
     while True:
         yield header
         if header.packet_type in (None, PacketType.RETRY) or header.end >= len(datagram):
@@ -208,7 +210,7 @@ def iter_long_headers(datagram: bytes, first: LongHeader | None = None) -> Itera
         if not datagram[header.end] & LONG_FORM:
             return
         try:
-            header = parse_long_header(datagram, header.end)
+            header = parse_long_header(datagram, header.end, native)
         except QuicPacketError:
             return
 

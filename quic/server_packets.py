@@ -11,10 +11,14 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from quic.frames import FrameType
 from quic.initial_keys import encrypt_initial, server_initial_keys
 from quic.packet import QUIC_V1, QUIC_V2, QUIC_VERSION_NEGOTIATION, QuicErrorCode, QuicPacketError, encode_varint
+
+if TYPE_CHECKING:
+    from quic.native import InitialProtection
 
 QUIC_ROUTER_SCID_BYTES = 8
 """Random SCID length of the router's refusal Initial: 8 bytes, like aioquic's and most servers' CIDs."""
@@ -42,8 +46,10 @@ def build_initial_close(
     reason: str,
     error_code: int = QuicErrorCode.CONNECTION_REFUSED,
     scid: bytes | None = None,
+    native: InitialProtection | None = None,
 ) -> bytes:
-    """A server Initial closing the connection the client's ``original_dcid`` opened.
+    """A server Initial closing the connection the client's ``original_dcid`` opened (keys derived
+    in C with ``native``).
 
     Protected with the server Initial keys of ``original_dcid``, addressed to the
     client's SCID, from ``scid`` (default: QUIC_ROUTER_SCID_BYTES random bytes). Not
@@ -52,7 +58,7 @@ def build_initial_close(
     if scid is None:
         scid = secrets.token_bytes(QUIC_ROUTER_SCID_BYTES)
     payload = connection_close_frame(error_code, reason)
-    keys = server_initial_keys(version, original_dcid)
+    keys = server_initial_keys(version, original_dcid, native)
     return encrypt_initial(version, client_scid, scid, 0, payload, keys)
 
 

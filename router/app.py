@@ -27,11 +27,11 @@ from router.bind_failure import BindFailure, binding
 from router.config import ConfigError, RouterConfig
 from router.constants import GC_YOUNG_THRESHOLD
 from router.debug_endpoints import router_routes
+from router.extensions import Extensions, choose
 from router.health import HealthServer
 from router.hostname import HostnameTemplate, TemplateError
 from router.metrics import RouterMetrics
 from router.tcp.edge import TcpRouter, TcpRouterSettings
-from router.udp import native
 from router.udp.edge import UdpRouter
 from router.udp.flow_table import FlowLimits
 from router.udp.settings import UdpRouterSettings
@@ -87,8 +87,12 @@ def raise_fd_limit() -> None:
 class RouterApp:
     """One router process (one worker)."""
 
-    def __init__(self, config: RouterConfig, metrics: RouterMetrics | None = None) -> None:
+    def __init__(
+        self, config: RouterConfig, metrics: RouterMetrics | None = None, extensions: Extensions | None = None
+    ) -> None:
         self.config = config
+        self.extensions = choose() if extensions is None else extensions.require()
+        """The C extensions both edges use, chosen once (``router.extensions``)."""
         self.metrics = metrics if metrics is not None else RouterMetrics(version())
         try:
             self.template = HostnameTemplate.parse(
@@ -111,6 +115,7 @@ class RouterApp:
                 proxy_protocol_trusted_cidrs=config.proxy_protocol_trusted_cidrs,
                 max_connections_per_client=config.max_connections_per_client,
                 defer_accept=config.tcp_defer_accept,
+                extensions=self.extensions,
             ),
             self.template, self.snapshot, self.metrics, self.access,
         )
@@ -119,6 +124,7 @@ class RouterApp:
                 limits=FlowLimits(idle_timeout_s=config.relay_idle_timeout_s),
                 cid_length=config.quic_cid_length,
                 max_flows_per_client=config.max_quic_flows_per_client,
+                extensions=self.extensions,
             ),
             self.template, self.snapshot, self.metrics, self.access,
         )
@@ -177,7 +183,6 @@ class RouterApp:
 
     async def start(self) -> None:
         cfg = self.config
-        initials = native.initial_protection()  # before the first Initial can arrive
         try:
             with binding("--health-listen-addr", cfg.health_listen_addr):
                 self.health_addr = await self.health.start(cfg.health_listen_addr.host, cfg.health_listen_addr.port)
@@ -194,8 +199,8 @@ class RouterApp:
         self._source_task = asyncio.create_task(self.source.run(), name="discovery")
         log.info(
             "listening grpc=%s:%d quic=%s:%d health=%s:%d quic_datapath=%s quic_initials=%s tcp_pump=%s",
-            *self.tcp_addr[:2], *self.udp_addr[:2], *self.health_addr[:2], self.udp.datapath, initials,
-            self.tcp.pump,
+            *self.tcp_addr[:2], *self.udp_addr[:2], *self.health_addr[:2], self.udp.datapath,
+            self.extensions.start_fields()["quic_initials"], self.tcp.pump,
         )
 
     async def run(self) -> int:

@@ -4,10 +4,11 @@ One source of truth, each value with the reason it has that value. The CLI defau
 match the Rust ``stargate-k8s-router`` so this router is a drop-in replacement in the
 same Deployment; metric names match it so dashboards keep working (their label values are
 the enums of ``router/outcomes.py``; TLS alerts and gRPC status codes sit beside their codecs).
-A parser's limits live beside that parser instead (the ClientHello, CRYPTO and Initial
-bounds in ``quic/``), and protocol codes as enums in their codec (``quic.packet.QuicErrorCode``).
-It imports nothing from the project; ``quic/`` and ``discovery/`` must not import it (or
-anything in ``router/``): ``tests/test_layering.py`` checks them."""
+A parser's limits live beside that parser instead (the peek, ClientHello and PROXY bounds in
+``wire/``, the CRYPTO and Initial bounds in ``quic/``), and protocol codes as enums in their codec
+(``wire.tls.TlsAlert``, ``wire.grpc.GrpcStatus``, ``quic.packet.QuicErrorCode``). It imports
+nothing from the project; ``wire/``, ``quic/`` and ``discovery/`` must not import it (or anything
+in ``router/``): ``tests/test_layering.py`` checks them."""
 
 from __future__ import annotations
 
@@ -94,10 +95,7 @@ DEFAULT_MAX_QUIC_FLOWS_PER_CLIENT: Final = 0
 MAX_PER_CLIENT_LIMIT: Final = 1_000_000
 """Largest per-client limit accepted: more than any fd limit, so a larger value is a typo."""
 
-# -- Peek limits (TCP) --------------------------------------------------------
-MAX_PEEK_BYTES: Final = 16 * 1024
-"""A ClientHello or first HEADERS block larger than this is refused; real ones are < 4 KiB."""
-
+# -- Hostnames ------------------------------------------------------------------
 MAX_HOSTNAME_LENGTH: Final = 253
 """Longest DNS name (RFC 1035); longer :authority / SNI values never route."""
 
@@ -107,12 +105,6 @@ the match is a regex). Only names of a pod are kept and the table is emptied whe
 
 MAX_POD_NAME_LENGTH: Final = 63
 """A pod name extracted from a hostname must be one DNS-1123 label."""
-
-H2_PREFACE: Final = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
-"""The 24-byte HTTP/2 client connection preface (RFC 9113 section 3.4)."""
-
-H2_MAX_HEADER_LIST_SIZE: Final = 16 * 1024
-"""Decoded header list cap for the first HEADERS block (hpack bomb guard)."""
 
 # -- Relay (TCP: copied through a shared buffer, then spliced) ----------------
 RELAY_CHUNK_BYTES: Final = 256 * 1024

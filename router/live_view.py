@@ -19,14 +19,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from itertools import islice
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import parse_qs
 
 from discovery.targets import Target
 from router import constants as c
-
-if TYPE_CHECKING:
-    from router.access_log import AccessRecord
+from router.access_record import AccessRecord
 
 
 class LimitError(ValueError):

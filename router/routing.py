@@ -20,8 +20,8 @@ from discovery.targets import Target, TargetSnapshot
 from router import constants as c
 from router.hostname import HostnameTemplate
 from router.outcomes import GrpcOutcome, QuicOutcome
-from router.tcp.grpc_rejection import GrpcStatus
-from router.tcp.tls_peek import TlsAlert
+from wire.grpc import GrpcStatus
+from wire.tls import TlsAlert
 
 MAX_PORT: Final = 65_535
 """A target port outside 1..65535 cannot be dialled: the pod counts as not ready."""

@@ -7,11 +7,10 @@ Byte builders and harnesses that are not fixtures live in ``tests/support/``
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 
 import pytest
 
-from quic import native as quic_native
 from router import constants as c
 from router.demo.pki import DemoPki, make_pki
 from router.udp import native
@@ -31,17 +30,6 @@ async def api() -> AsyncIterator[FakeKubeApi]:
     await server.start()
     yield server
     await server.stop()
-
-
-@pytest.fixture(params=["c", "python"])
-def both_quic_readings(request: pytest.FixtureRequest) -> Iterator[str]:
-    """Run the test with ``quic/_initial_protection.c`` reading Initials and ClientHellos (skipped
-    where it is not built), then with the Python readings alone (``quic.native.use``)."""
-    if request.param == "c" and not quic_native.built():
-        pytest.skip("quic._initial_protection is not built (no C compiler or OpenSSL headers)")
-    quic_native.use(request.param == "c")
-    yield str(request.param)
-    quic_native.use(True)
 
 
 @pytest.fixture(params=["python", "native"])

@@ -17,15 +17,13 @@ import pytest
 
 from router import constants as c
 from router.access_log import (
-    ACCESS_MESSAGE,
     AccessLog,
-    AccessRecord,
-    LineValues,
     json_head,
     render_json_line,
     render_text_line,
     text_head,
 )
+from router.access_record import ACCESS_MESSAGE, AccessRecord, LineValues
 from router.live_view import LiveConnections
 from router.logging_setup import (
     EVENT_FIELDS,

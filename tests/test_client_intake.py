@@ -9,8 +9,8 @@ import socket
 import pytest
 
 from router.tcp.client_intake import ClientIntake, Intake, TrustedSources, read_proxy_header
-from router.tcp.proxy_protocol import ProxyHeaderError
 from tests.support import proxy_headers as ph
+from wire.proxy_protocol import ProxyHeaderError
 
 SOCKET_PEER = ("127.0.0.9", 40000)
 

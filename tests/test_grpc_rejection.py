@@ -8,9 +8,9 @@ import h2.events
 import pytest
 from hyperframe.frame import HeadersFrame
 
-from router.tcp.grpc_rejection import GrpcStatus, grpc_rejection, percent_encode_grpc_message
-from router.tcp.h2_frames import EMPTY_SETTINGS_FRAME
 from tests.support.h2 import REQUEST, SETTINGS_ACK, client
+from wire.grpc import GrpcStatus, grpc_rejection, percent_encode_grpc_message
+from wire.h2_frames import EMPTY_SETTINGS_FRAME
 
 
 @pytest.mark.parametrize("message", ["unknown target authority", "ü 100% \n bad", "~" * 20_000])

@@ -8,11 +8,10 @@ from hyperframe.frame import HeadersFrame
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from router.constants import H2_PREFACE, MAX_PEEK_BYTES
-from router.tcp.h2_frames import H2PeekError
-from router.tcp.h2c_peek import H2Request, H2RequestReader, looks_like_h2c
 from tests.support.h2 import AUTHORITY, PATH, REQUEST, client, frame_runs
 from tests.support.h2 import frame as _frame
+from wire.h2_frames import H2_PREFACE, H2PeekError
+from wire.h2c import MAX_PEEK_BYTES, H2Request, H2RequestReader, looks_like_h2c
 
 EXPECTED = H2Request(stream_id=1, authority=AUTHORITY, path=PATH)
 

@@ -7,7 +7,7 @@ import pytest
 
 from discovery.targets import Target
 from router import constants as c
-from router.access_log import AccessRecord
+from router.access_record import AccessRecord
 from router.live_view import (
     LimitError,
     LiveConnections,

@@ -18,6 +18,7 @@ from discovery.targets import Target, TargetSnapshot
 from quic import native as quic_native
 from router import constants as c
 from router.demo.pki import DemoPki
+from router.extensions import Extensions, NativeUnavailable, choose
 from router.tcp import native_relay
 from router.udp import native
 from router.udp.settings import UdpRouterSettings
@@ -75,9 +76,9 @@ def no_extension(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.usefixtures("no_extension")
 def test_without_the_extension_the_pure_python_path_is_chosen_and_requiring_it_says_why() -> None:
     assert not native.is_built()
-    assert native.splicer_type(None) is None
-    with pytest.raises(native.NativeUnavailable, match="not built"):
-        native.splicer_type(True)
+    assert not choose({}).splice
+    with pytest.raises(NativeUnavailable, match="not built"):
+        UdpRouterSettings(extensions=Extensions(splice=True))
 
 
 @pytest.mark.usefixtures("no_extension")
@@ -101,7 +102,7 @@ def _io_uring_opens() -> bool:
     """Whether this kernel (and seccomp profile) gives the C splice an io_uring."""
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
         sock.bind(("127.0.0.1", 0))
-        splicer_type = native.splicer_type(True)
+        splicer_type = native.splicer_type(Extensions(splice=True))
         assert splicer_type is not None
         return splicer_type(sock.fileno(), 1, 1).io_uring
 

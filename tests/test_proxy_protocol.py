@@ -9,7 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from router.tcp.proxy_protocol import (
+from tests.support import proxy_headers as ph
+from wire.h2_frames import H2_PREFACE
+from wire.proxy_protocol import (
     DEFAULT_MAX_V2_BLOCK_BYTES,
     V1_MAX_BYTES,
     V2_FIXED_BYTES,
@@ -19,10 +21,8 @@ from router.tcp.proxy_protocol import (
     ProxyHeaderReader,
     client_address,
 )
-from tests.support import proxy_headers as ph
 
 CLIENT_HELLO_START = b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03"
-H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 
 
 def read(data: bytes, **kwargs: int) -> tuple[ProxyHeader | None, bytes]:

@@ -1,7 +1,7 @@
 """The C Initial path (``quic/_initial_protection.c``) answers exactly as the reference path does.
 
 The reference is ``cryptography`` + ``hashlib`` for keys and opening, ``quic.frames`` and
-``quic.clienthello`` for the ClientHello. The C path may decline (``sniff_first_payload`` None:
+``wire.client_hello`` for the ClientHello. The C path may decline (``sniff_first_payload`` None:
 the sniffer then walks the payload the reference way), but whatever it answers must be the
 reference's answer, on real Initials and on hostile bytes alike.
 """
@@ -9,17 +9,12 @@ reference's answer, on real Initials and on hostile bytes alike.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from quic import native as quic_native
-from quic.clienthello import (
-    MAX_TLS_CLIENT_HELLO_BYTES,
-    ClientHelloInfo,
-)
 from quic.frames import QUIC_MAX_CRYPTO_BYTES
 from quic.initial_keys import (
     client_initial_keys,
@@ -32,25 +27,22 @@ from quic.packet import QUIC_V1, QUIC_V2, QuicPacketError, encode_varint, parse_
 from tests.support.initial_reference import reference_hello
 from tests.support.quic_frames import ack, close, crypto_frame
 from tests.support.quic_vectors import RFC_CLIENT_HELLO, V1_CLIENT_INITIAL, V2_CLIENT_INITIAL
+from wire.client_hello import (
+    MAX_TLS_CLIENT_HELLO_BYTES,
+    ClientHelloInfo,
+)
 
 pytestmark = pytest.mark.skipif(not quic_native.built(), reason="quic._initial_protection is not built")
 
 VERSIONS = st.sampled_from([QUIC_V1, QUIC_V2])
 
 
-@pytest.fixture(autouse=True)
-def native_again() -> Iterator[None]:
-    yield
-    quic_native.use(True)
-
-
 def both(call: object, *args: object) -> tuple[object, object]:
-    """``call(*args)`` on the C path and on the reference path: its result or its error."""
+    """``call(*args, native=...)`` on the C path and on the reference path: its result or its error."""
     outcomes = []
-    for native in (True, False):
-        quic_native.use(native)
+    for native in (quic_native.EXTENSION, None):
         try:
-            outcomes.append(call(*args))  # type: ignore[operator]
+            outcomes.append(call(*args, native=native))  # type: ignore[operator]
         except QuicPacketError as exc:
             outcomes.append((type(exc), str(exc)))
     return outcomes[0], outcomes[1]
@@ -69,7 +61,7 @@ def test_keys_agree(version: int, dcid: bytes) -> None:
 def test_the_rfc_initials_open_alike(datagram: bytes) -> None:
     header = parse_long_header(datagram)
     keys = client_initial_keys(header.version, header.dcid)
-    opened, reference = both(lambda: decrypt_initial(datagram, header, keys))
+    opened, reference = both(lambda native: decrypt_initial(datagram, header, keys, native=native))
     assert opened == reference
     assert isinstance(opened, tuple) and opened[1].startswith(b"\x06\x00")  # a CRYPTO frame at offset 0
 
@@ -100,14 +92,14 @@ def test_opening_agrees_on_any_initial_and_its_damage(
         header = parse_long_header(datagram)
     except QuicPacketError:
         return
-    opened, reference = both(lambda: decrypt_initial(datagram, header, keys, largest_pn))
+    opened, reference = both(lambda native: decrypt_initial(datagram, header, keys, largest_pn, native=native))
     assert opened == reference
     if not flips and not cut and largest_pn == -1:
         assert isinstance(opened, tuple) and opened[0] == pn and opened[1].startswith(payload)
 
 
 def agree(payload: bytes, max_crypto: int = QUIC_MAX_CRYPTO_BYTES) -> tuple[str | None, tuple[str, ...]] | None:
-    found = sniff_first_payload(payload, min(max_crypto, MAX_TLS_CLIENT_HELLO_BYTES))
+    found = sniff_first_payload(payload, min(max_crypto, MAX_TLS_CLIENT_HELLO_BYTES), quic_native.EXTENSION)
     if found is not None:
         assert reference_hello(payload, max_crypto) == ClientHelloInfo(*found)
     return found
@@ -190,7 +182,7 @@ def _long_headers() -> st.SearchStrategy[tuple[bytes, int]]:
 
 @pytest.mark.parametrize("datagram", [V1_CLIENT_INITIAL, V2_CLIENT_INITIAL])
 def test_the_rfc_initials_long_headers_are_read_in_c(datagram: bytes) -> None:
-    extension = quic_native.active()
+    extension = quic_native.EXTENSION
     assert extension is not None and extension.long_header(datagram, 0) is not None
     c_path, reference = both(parse_long_header, datagram, 0)
     assert c_path == reference
@@ -206,7 +198,7 @@ def test_the_rfc_initials_long_headers_are_read_in_c(datagram: bytes) -> None:
     _header(0x20, QUIC_V1, b"d", b"s", None, 0, b"")[:-1],  # no Length at all
 ])
 def test_anything_unusual_in_a_long_header_is_read_the_reference_way(datagram: bytes) -> None:
-    extension = quic_native.active()
+    extension = quic_native.EXTENSION
     assert extension is not None and extension.long_header(datagram, 0) is None
 
 

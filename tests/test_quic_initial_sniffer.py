@@ -13,7 +13,6 @@ from aioquic.quic.connection import QuicConnection
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from quic.clienthello import ClientHelloError, ClientHelloInfo
 from quic.initial_sniffer import InitialSniffer, InvalidClientHello, NotInitial, ShortInitial
 from quic.packet import QUIC_V1, QUIC_V2, QuicPacketError, UnsupportedVersion, encode_varint, parse_long_header
 from router.demo.pki import DemoPki
@@ -28,7 +27,9 @@ from tests.support.quic_initial_rewriter import (
     open_flight,
     rewrite_flight,
 )
+from tests.support.quic_readings import Native, both_readings
 from tests.support.quic_vectors import RFC_CLIENT_HELLO, RFC_DCID, V1_CLIENT_INITIAL, V2_CLIENT_INITIAL
+from wire.client_hello import ClientHelloError, ClientHelloInfo
 
 VERSIONS = [QUIC_V1, QUIC_V2]
 DCID = bytes.fromhex("0011223344556677")
@@ -41,27 +42,26 @@ initial = functools.partial(protected_initial, dcid=DCID, scid=SCID)
 """A client Initial carrying ``frames`` (this file's connection IDs unless told otherwise)."""
 
 
-pytestmark = pytest.mark.usefixtures("both_quic_readings")
-
-
 def feed_all(sniffer: InitialSniffer, datagrams: Sequence[bytes]) -> list[ClientHelloInfo | None]:
     return [sniffer.feed(d) for d in datagrams]
 
 
+@both_readings
 @pytest.mark.parametrize("packet", [V1_CLIENT_INITIAL, V2_CLIENT_INITIAL])
-def test_rfc_client_initials(packet: bytes) -> None:
-    sniffer = InitialSniffer()
+def test_rfc_client_initials(native: Native, packet: bytes) -> None:
+    sniffer = InitialSniffer(native=native)
     assert sniffer.feed(packet) == ClientHelloInfo(server_name="example.com", alpn=("alpn",))
     assert sniffer.original_dcid == RFC_DCID and sniffer.client_scid == b""
     assert sniffer.version == (QUIC_V1 if packet is V1_CLIENT_INITIAL else QUIC_V2)
 
 
+@both_readings
 @pytest.mark.parametrize("version", VERSIONS)
 @pytest.mark.parametrize("big_hello", [False, True])
-def test_real_aioquic_client_first_flight(version: int, big_hello: bool) -> None:
+def test_real_aioquic_client_first_flight(native: Native, version: int, big_hello: bool) -> None:
     _, datagrams = client_first_flight(version, alpn_protocols=("stargate", "h3"), big_hello=big_hello)
     assert len(datagrams) == (3 if big_hello else 1)
-    sniffer = InitialSniffer()
+    sniffer = InitialSniffer(native=native)
     results = feed_all(sniffer, datagrams)
     assert results[:-1] == [None] * (len(datagrams) - 1)
     info = results[-1]
@@ -72,13 +72,14 @@ def test_real_aioquic_client_first_flight(version: int, big_hello: bool) -> None
     assert (sniffer.original_dcid, sniffer.client_scid) == (flight.dcid, flight.scid)
 
 
+@both_readings
 @pytest.mark.parametrize("version", VERSIONS)
 @pytest.mark.parametrize("big_hello", [False, True])
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_sniffer_reads_every_rewritten_flight(version: int, big_hello: bool, case: str) -> None:
+def test_sniffer_reads_every_rewritten_flight(native: Native, version: int, big_hello: bool, case: str) -> None:
     _, flight = client_first_flight(version, big_hello=big_hello)
     datagrams = rewrite_flight(flight, case, random.Random(f"{case}{version}{big_hello}"))
-    sniffer = InitialSniffer()
+    sniffer = InitialSniffer(native=native)
     results = feed_all(sniffer, datagrams)
     first = next(i for i, r in enumerate(results) if r is not None)
     assert all(r is None for r in results[:first])
@@ -124,10 +125,11 @@ def test_real_server_completes_exactly_the_documented_cases(
     assert _pump(client, server, rewritten) is CASES[case].server_completes
 
 
-def test_second_half_first_and_dcid_of_another_flow_ignored() -> None:
+@both_readings
+def test_second_half_first_and_dcid_of_another_flow_ignored(native: Native) -> None:
     hello = RFC_CLIENT_HELLO
     part1, part2 = initial(crypto_frame(0, hello[:100])), initial(crypto_frame(100, hello[100:]), pn=1)
-    sniffer = InitialSniffer()
+    sniffer = InitialSniffer(native=native)
     assert sniffer.feed(part2) is None
     assert (sniffer.original_dcid, sniffer.client_scid, sniffer.version) == (DCID, SCID, QUIC_V1)
     other_flow = initial(crypto_frame(0, hello), dcid=b"another!")
@@ -136,7 +138,8 @@ def test_second_half_first_and_dcid_of_another_flow_ignored() -> None:
     assert sniffer.feed(part1) == ClientHelloInfo("example.com", ("alpn",))
 
 
-def test_useless_datagrams_raise_only_before_the_first_initial() -> None:
+@both_readings
+def test_useless_datagrams_raise_only_before_the_first_initial(native: Native) -> None:
     hello = RFC_CLIENT_HELLO
     tampered = bytearray(initial(crypto_frame(0, hello[:50])))
     tampered[-3] ^= 0xFF
@@ -152,59 +155,65 @@ def test_useless_datagrams_raise_only_before_the_first_initial() -> None:
     ]
     for datagram, error in cases:
         with pytest.raises(error):
-            InitialSniffer().feed(datagram)
-    sniffer = InitialSniffer()
+            InitialSniffer(native=native).feed(datagram)
+    sniffer = InitialSniffer(native=native)
     assert sniffer.feed(initial(crypto_frame(50, hello[50:]))) is None
     for datagram, _ in cases:
         assert sniffer.feed(datagram) is None
     assert sniffer.feed(initial(crypto_frame(0, hello[:50]), pn=1)) is not None
 
 
-def test_unsupported_version_names_the_cids_for_version_negotiation() -> None:
+@both_readings
+def test_unsupported_version_names_the_cids_for_version_negotiation(native: Native) -> None:
     datagram = b"\xc0" + (0x1A2A3A4A).to_bytes(4, "big") + b"\x04dcid\x04scid" + bytes(1200)
     with pytest.raises(UnsupportedVersion) as caught:
-        InitialSniffer().feed(datagram)
+        InitialSniffer(native=native).feed(datagram)
     assert (caught.value.version, caught.value.dcid, caught.value.scid) == (0x1A2A3A4A, b"dcid", b"scid")
 
 
-def test_coalesced_zero_rtt_and_trailing_junk_ignored() -> None:
+@both_readings
+def test_coalesced_zero_rtt_and_trailing_junk_ignored(native: Native) -> None:
     zero_rtt = b"\xd0" + QUIC_V1.to_bytes(4, "big") + b"\x08" + DCID + b"\x08" + SCID + b"\x1e" + bytes(30)
     datagram = initial(crypto_frame(0, RFC_CLIENT_HELLO)) + zero_rtt + b"\x45junk"
-    assert InitialSniffer().feed(datagram) == ClientHelloInfo("example.com", ("alpn",))
+    assert InitialSniffer(native=native).feed(datagram) == ClientHelloInfo("example.com", ("alpn",))
 
 
-def test_errors_inside_authenticated_initials_are_fatal() -> None:
+@both_readings
+def test_errors_inside_authenticated_initials_are_fatal(native: Native) -> None:
     hello = RFC_CLIENT_HELLO
-    sniffer = InitialSniffer()
+    sniffer = InitialSniffer(native=native)
     sniffer.feed(initial(crypto_frame(100, hello[100:])))
     with pytest.raises(QuicPacketError, match="not allowed"):
         sniffer.feed(initial(b"\x08\x00\x01a", pn=1))  # a STREAM frame in an Initial
     with pytest.raises(QuicPacketError, match="conflicting"):
         sniffer.feed(initial(crypto_frame(100, b"X" + hello[101:]), pn=2))
     with pytest.raises(QuicPacketError, match="exceeds"):
-        InitialSniffer(max_crypto_bytes=200).feed(initial(crypto_frame(0, hello)))
+        InitialSniffer(max_crypto_bytes=200, native=native).feed(initial(crypto_frame(0, hello)))
 
 
-def test_a_crypto_stream_that_is_no_client_hello_is_invalid() -> None:
+@both_readings
+def test_a_crypto_stream_that_is_no_client_hello_is_invalid(native: Native) -> None:
     with pytest.raises(InvalidClientHello) as caught:
-        InitialSniffer().feed(initial(crypto_frame(0, b"\x02\x00\x00\x04abcd")))  # a ServerHello type
+        InitialSniffer(native=native).feed(initial(crypto_frame(0, b"\x02\x00\x00\x04abcd")))  # a ServerHello type
     assert isinstance(caught.value, QuicPacketError) and isinstance(caught.value.__cause__, ClientHelloError)
     with pytest.raises(InvalidClientHello):
-        InitialSniffer().feed(initial(crypto_frame(0, b"\x01\x00\x00\x04abcd")))  # truncated body
+        InitialSniffer(native=native).feed(initial(crypto_frame(0, b"\x01\x00\x00\x04abcd")))  # truncated body
 
 
-def test_chaos_pieces_with_ping_padding_and_acks_in_one_packet() -> None:
+@both_readings
+def test_chaos_pieces_with_ping_padding_and_acks_in_one_packet(native: Native) -> None:
     rng = random.Random(5)
     hello = RFC_CLIENT_HELLO
     frames = [crypto_frame(i, hello[i : i + 7]) + rng.choice([b"\x01", b"\x00\x00", ack(0)])
               for i in range(0, len(hello), 7)]
     rng.shuffle(frames)
-    assert InitialSniffer().feed(initial(b"".join(frames))) == ClientHelloInfo("example.com", ("alpn",))
+    assert InitialSniffer(native=native).feed(initial(b"".join(frames))) == ClientHelloInfo("example.com", ("alpn",))
 
 
-def test_retransmitted_initials_are_harmless() -> None:
+@both_readings
+def test_retransmitted_initials_are_harmless(native: Native) -> None:
     first = initial(crypto_frame(0, RFC_CLIENT_HELLO[:120]))
-    sniffer = InitialSniffer()
+    sniffer = InitialSniffer(native=native)
     assert feed_all(sniffer, [first, first, first]) == [None, None, None]
     retransmission = initial(crypto_frame(0, RFC_CLIENT_HELLO), pn=1)
     assert sniffer.feed(retransmission) == ClientHelloInfo("example.com", ("alpn",))
@@ -224,10 +233,11 @@ def _hostile_datagrams() -> Iterator[st.SearchStrategy[bytes]]:
     yield st.binary(max_size=1300).map(lambda b: V1_CLIENT_INITIAL[:18] + b)
 
 
+@both_readings
 @settings(max_examples=300, deadline=None)
 @given(datagrams=st.lists(st.one_of(*_hostile_datagrams()), min_size=1, max_size=4))
-def test_fuzz_feed_raises_only_quic_packet_error(datagrams: list[bytes]) -> None:
-    sniffer = InitialSniffer()
+def test_fuzz_feed_raises_only_quic_packet_error(native: Native, datagrams: list[bytes]) -> None:
+    sniffer = InitialSniffer(native=native)
     for datagram in datagrams:
         try:
             sniffer.feed(datagram)
@@ -235,9 +245,9 @@ def test_fuzz_feed_raises_only_quic_packet_error(datagrams: list[bytes]) -> None
             return
 
 
-def _outcome(sniffer: InitialSniffer, datagram: bytes, first: bool) -> object:
+def _outcome(sniffer: InitialSniffer, datagram: bytes, first: bool, native: Native) -> object:
     try:
-        header = parse_long_header(datagram) if first else None
+        header = parse_long_header(datagram, 0, native) if first else None
     except QuicPacketError:
         header = None  # the edge never opens a flow on a header it could not parse
     try:
@@ -246,12 +256,13 @@ def _outcome(sniffer: InitialSniffer, datagram: bytes, first: bool) -> object:
         return type(exc), str(exc)
 
 
+@both_readings
 @settings(max_examples=200, deadline=None)
 @given(datagrams=st.lists(st.one_of(*_hostile_datagrams()), min_size=1, max_size=4))
-def test_a_first_header_parsed_by_the_caller_changes_nothing(datagrams: list[bytes]) -> None:
+def test_a_first_header_parsed_by_the_caller_changes_nothing(native: Native, datagrams: list[bytes]) -> None:
     """The edge hands the sniffer the header it parsed to classify the datagram: same answers."""
-    plain, given_header = InitialSniffer(), InitialSniffer()
+    plain, given_header = InitialSniffer(native=native), InitialSniffer(native=native)
     for datagram in [*datagrams, V1_CLIENT_INITIAL]:
-        assert _outcome(plain, datagram, False) == _outcome(given_header, datagram, True)
+        assert _outcome(plain, datagram, False, native) == _outcome(given_header, datagram, True, native)
         assert (plain.version, plain.original_dcid, plain.client_scid) == (
             given_header.version, given_header.original_dcid, given_header.client_scid)

@@ -11,8 +11,8 @@ from router import constants as c
 from router.hostname import HostnameTemplate
 from router.outcomes import GrpcOutcome, QuicOutcome
 from router.routing import REFUSAL_ANSWERS, Refusal, Refused, RoundRobin, route
-from router.tcp.grpc_rejection import GrpcStatus
-from router.tcp.tls_peek import TlsAlert
+from wire.grpc import GrpcStatus
+from wire.tls import TlsAlert
 
 TEMPLATE = HostnameTemplate.parse("{pod_name}.stargate.external", "ns")
 RR_PATH = "/stargate.StargateControlPlane/WatchStargates"

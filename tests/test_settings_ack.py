@@ -9,11 +9,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from router.constants import H2_PREFACE
-from router.tcp.h2_frames import EMPTY_SETTINGS_FRAME, H2PeekError
-from router.tcp.settings_ack import SettingsAckStripper
 from tests.support.h2 import AUTHORITY, REQUEST, SETTINGS_ACK, client, frame_runs
 from tests.support.h2 import frame as _frame
+from wire.h2_frames import EMPTY_SETTINGS_FRAME, H2_PREFACE, H2PeekError
+from wire.settings_ack import SettingsAckStripper
 
 
 def _strip(stripper: SettingsAckStripper, data: bytes, chunk: int) -> bytes:

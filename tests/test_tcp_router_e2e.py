@@ -25,9 +25,9 @@ from router import constants as c
 from router.demo.grpc_pods import ECHO, WATCH, RunningPod, call_whoami, start_pod
 from router.demo.pki import DemoPki, make_pki
 from router.outcomes import TCP_PROTOCOLS, GrpcOutcome, QuicOutcome
-from router.tcp.grpc_rejection import GrpcStatus
 from tests.support.bulk_tls import BulkTlsPod, bulk_tls_client
 from tests.support.router_process import RouterProcess, router_args, write_endpoints
+from wire.grpc import GrpcStatus
 
 H2C_PODS = (("stargate-0", "127.0.0.2"), ("stargate-1", "127.0.0.3"))
 TLS_PODS = (("stargate-tls-0", "127.0.0.4"), ("stargate-tls-1", "127.0.0.5"))

@@ -10,11 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from quic.clienthello import ClientHelloError, ClientHelloInfo
-from router.constants import MAX_PEEK_BYTES
 from router.demo.pki import make_pki
-from router.tcp.tls_peek import ClientHelloReader, TlsAlert, TlsPeekError, looks_like_tls, tls_alert
 from tests.support.tls import HOST, build_hello, sni_ext, ssl_client_hello_records, tls_records
+from wire.client_hello import ClientHelloError, ClientHelloInfo
+from wire.tls import MAX_PEEK_BYTES, ClientHelloReader, TlsAlert, TlsPeekError, looks_like_tls, tls_alert
 
 RECORDS = ssl_client_hello_records(alpn=("h2", "grpc-exp"))
 EXPECTED = ClientHelloInfo(server_name=HOST, alpn=("h2", "grpc-exp"))

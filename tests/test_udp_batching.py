@@ -27,6 +27,7 @@ from discovery.targets import Target, TargetSnapshot
 from router import constants as c
 from router.demo.pki import DemoPki
 from router.demo.quic_pods import ALPN
+from router.extensions import choose
 from router.udp import batching as b
 from router.udp import pod_link as udp_pod_link
 from router.udp import pod_to_client as udp_replies
@@ -324,7 +325,7 @@ async def relay_to(pod_port: int, monkeypatch: pytest.MonkeyPatch) -> AsyncItera
 
     monkeypatch.setattr(udp_pod_link, "send_datagrams", recording_outbox)
     snapshot = TargetSnapshot.of([Target("stargate-0", POD_HOST, 1, pod_port)])
-    python_path = UdpRouterSettings(native=False)
+    python_path = UdpRouterSettings(extensions=choose().with_splice(False))
     async with running_udp_router(lambda: snapshot, python_path, host=ROUTER_HOST) as (router, port):
         yield Relay(router, port, batches, outboxes)
 

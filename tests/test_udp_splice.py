@@ -23,6 +23,7 @@ from discovery.targets import Target, TargetSnapshot
 from quic.packet import QUIC_V1
 from router import constants as c
 from router.demo.pki import DemoPki
+from router.extensions import PYTHON, Extensions, choose
 from router.udp import batching, native
 from router.udp.flow_table import Flow, FlowLimits
 from router.udp.settings import UdpRouterSettings
@@ -76,7 +77,7 @@ class Spliced:
 
 @contextmanager
 def spliced() -> Iterator[Spliced]:
-    splicer_type = native.splicer_type(True)
+    splicer_type = native.splicer_type(Extensions(splice=True))
     assert splicer_type is not None
     with _udp(ROUTER_HOST) as public, _udp(ROUTER_HOST) as client, _udp(POD_HOST) as pod, \
             socket.socket(socket.AF_INET, socket.SOCK_DGRAM | socket.SOCK_NONBLOCK) as link:
@@ -363,12 +364,11 @@ def test_a_clients_gso_batches_are_judged_datagram_by_datagram_in_order(
         _assert_judged_in_order(x, senders, sent)
 
 
-def test_the_switch_turns_the_splice_off_unless_asked_for(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert native.splicer_type(None) is not None
-    assert native.splicer_type(False) is None
-    monkeypatch.setenv(c.NO_EXTENSIONS_ENV, "1")
-    assert native.splicer_type(None) is None
-    assert native.splicer_type(True) is not None
+def test_the_process_choice_takes_the_splice_unless_the_switch_is_set() -> None:
+    assert choose({}).splice and native.splicer_type(choose({})) is not None
+    assert choose({c.NO_EXTENSIONS_ENV: "1"}) == PYTHON and native.splicer_type(PYTHON) is None
+    assert choose({c.NO_IO_URING_ENV: "1"}).splice and not choose({c.NO_IO_URING_ENV: "1"}).io_uring
+    assert native.splicer_type(PYTHON.with_splice(True)) is not None
 
 
 # -- through the router, with aioquic on both ends ------------------------------------------
@@ -383,7 +383,7 @@ async def _exchange(pki: DemoPki, request: bytes, answer: bytes) -> tuple[bytes,
         # The sweeper drains the splice's counts into the metrics every sweep: none may run during
         # the exchange (a slow one, under ASan, took longer than QUIC_FLOW_SWEEP_INTERVAL_MS), or
         # take_counts below would see only what moved since the last sweep.
-        quiet = UdpRouterSettings(native=True, sweep_interval_s=60.0,
+        quiet = UdpRouterSettings(extensions=choose().with_splice(True), sweep_interval_s=60.0,
                                   limits=FlowLimits(pending_flow_timeout_s=240.0, idle_timeout_s=600.0))
         async with running_udp_router(lambda: snapshot, quiet) as (router, port):
             assert router._splicer is not None
@@ -409,7 +409,7 @@ async def test_a_quic_upload_through_the_splice_is_byte_exact(pki: DemoPki) -> N
 
 
 def test_an_ipv6_flow_is_spliced_both_ways_with_the_addresses_python_uses() -> None:
-    splicer_type = native.splicer_type(True)
+    splicer_type = native.splicer_type(Extensions(splice=True))
     assert splicer_type is not None
     sockets = [socket.socket(socket.AF_INET6, socket.SOCK_DGRAM) for _ in range(4)]
     public, client, pod, link = sockets

@@ -29,6 +29,7 @@ from hypothesis import strategies as st
 from discovery.targets import Target, TargetSnapshot
 from router.demo.pki import DemoPki
 from router.demo.quic_pods import client_configuration
+from router.extensions import Extensions, choose
 from router.udp import native
 from router.udp.flow_table import Flow
 from router.udp.settings import UdpRouterSettings
@@ -53,7 +54,7 @@ def _udp(host: str) -> socket.socket:
 
 
 def _splicer(public: socket.socket, io_uring: bool) -> native.Splicer:
-    splicer_type = native.splicer_type(True)
+    splicer_type = native.splicer_type(Extensions(splice=True))
     assert splicer_type is not None
     return splicer_type(public.fileno(), 4, 64, io_uring=io_uring)
 
@@ -240,7 +241,7 @@ async def test_concurrent_quic_uploads_through_the_router_are_byte_exact(pki: De
     payloads = [os.urandom(150_000) for _ in range(8)]
     async with answering_pod(pki, lambda data: hashlib.sha256(data).digest()) as pod_port:
         snapshot = TargetSnapshot.of([Target("stargate-0", POD_HOST, 1, pod_port)])
-        settings_ = UdpRouterSettings(native=True, io_uring=io_uring)
+        settings_ = UdpRouterSettings(extensions=choose().with_splice(True, io_uring))
         async with running_udp_router(lambda: snapshot, settings_) as (router, port):
 
             async def upload(payload: bytes) -> bytes:

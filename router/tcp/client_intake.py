@@ -4,7 +4,7 @@ Without ``--accept-proxy-protocol`` the client is the socket's peer. With it, tw
 before the TLS / h2c peek. The socket's peer must be a trusted source
 (``--proxy-protocol-trusted-cidrs``): anyone else could claim to be any client, so such a
 connection is closed before a byte is read. Then the PROXY header is read off the socket
-(``router.tcp.proxy_protocol``, sans-IO) and removed: what follows it is the client's first
+(``wire.proxy_protocol``, sans-IO) and removed: what follows it is the client's first
 bytes, handed to the peek, and the pod's byte stream starts there. The caller bounds the whole
 intake with ``--peek-timeout-ms``. Last, the connection takes one of its client's slots
 (``--max-connections-per-client``); the edge refuses it after the peek, in its own protocol,
@@ -20,11 +20,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from discovery.targets import host_port
-from router import constants as c
 from router.client_limits import ClientSlots
 from router.config import IPNetwork
+from router.tcp.first_bytes import PEEK_READ_BYTES
 from router.tcp.poller import poller_for, recv
-from router.tcp.proxy_protocol import ProxyHeaderError, ProxyHeaderReader, client_address
+from wire.proxy_protocol import ProxyHeaderError, ProxyHeaderReader, client_address
 
 Peer = tuple[str, int]
 """(host, port) of a socket peer or of the client a PROXY header names."""
@@ -73,13 +73,13 @@ class Intake:
 async def read_proxy_header(conn: socket.socket, peer: Peer) -> Intake:
     """Read and remove the PROXY header; ``ProxyHeaderError`` if it is missing, malformed or cut.
 
-    Reads at most what the peek would (``MAX_PEEK_BYTES``); the header is found incrementally,
+    Reads at most what the peek would (``PEEK_READ_BYTES``); the header is found incrementally,
     so one slow byte at a time works (the caller's timeout bounds it).
     """
     poller = poller_for(asyncio.get_running_loop())
     reader = ProxyHeaderReader()
     while True:
-        data = await recv(poller, conn, c.MAX_PEEK_BYTES)
+        data = await recv(poller, conn, PEEK_READ_BYTES)
         if not data:
             raise ProxyHeaderError("connection closed before the end of the PROXY header")
         header = reader.feed(data)

@@ -15,13 +15,15 @@ import logging
 import socket
 import time
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from discovery.targets import Target, TargetSnapshot, host_port
 from router import constants as c
-from router.access_log import AccessLog, AccessRecord, Outcome
+from router.access_log import AccessLog
+from router.access_record import AccessRecord, Outcome
 from router.config import IPNetwork
+from router.extensions import Extensions, choose
 from router.hostname import HostnameTemplate
 from router.log_limiter import RateLimitedLog
 from router.metric_families import CounterSeries
@@ -32,16 +34,16 @@ from router.tcp.acceptor import Acceptor
 from router.tcp.client_intake import ClientIntake
 from router.tcp.dial import DialError, dial
 from router.tcp.fast_path import FastPath, Head, read_now
-from router.tcp.first_bytes import FirstBytes
+from router.tcp.first_bytes import PEEK_READ_BYTES, FirstBytes
 from router.tcp.first_bytes import Peeked as _Peeked  # edge-private names kept
 from router.tcp.first_bytes import Rejected as _Rejected
-from router.tcp.h2_frames import EMPTY_SETTINGS_FRAME
 from router.tcp.native_relay import engine_for
 from router.tcp.poller import poller_for, recv, sendall
-from router.tcp.proxy_protocol import ProxyHeaderError
 from router.tcp.rejection import answer_and_close, refusal_detail, rejection_bytes
 from router.tcp.relay import RelayOutcome, RelayProbe, RelayResult, relay
-from router.tcp.settings_ack import SettingsAckStripper
+from wire.h2_frames import EMPTY_SETTINGS_FRAME
+from wire.proxy_protocol import ProxyHeaderError
+from wire.settings_ack import SettingsAckStripper
 
 log = logging.getLogger("router.tcp_router")  # pinned: operators filter logs by this name
 
@@ -58,6 +60,12 @@ class TcpRouterSettings:
     max_connections_per_client: int = c.DEFAULT_MAX_CONNECTIONS_PER_CLIENT
     defer_accept: bool = c.DEFAULT_TCP_DEFER_ACCEPT == "on"
     """The listener hands over connections once their first bytes came (``--tcp-defer-accept``)."""
+    extensions: Extensions = field(default_factory=choose)
+    """Which C extensions the edge uses: the pump (with the batched accept and dial of the usual
+    TLS connection) and the ClientHello reading (``router.extensions``; the process chooses once)."""
+
+    def __post_init__(self) -> None:
+        self.extensions.require()
 
 
 class TcpRouter:
@@ -93,7 +101,7 @@ class TcpRouter:
 
     async def start(self, host: str, port: int) -> tuple[str, int]:
         self._loop = asyncio.get_running_loop()
-        engine = engine_for(self._loop, None)
+        engine = engine_for(self._loop, self._settings.extensions.tcp_pump)
         defer_s = c.TCP_DEFER_ACCEPT_S if self._settings.defer_accept else 0
         if engine is None or self._settings.accept_proxy_protocol:
             return self._acceptor.start(host, port, defer_accept_s=defer_s)
@@ -117,7 +125,7 @@ class TcpRouter:
     def pump(self) -> str:
         """Which pump relays TLS connections (h2c's is always Python's): ``c`` or ``python``."""
         assert self._loop is not None, "started"
-        return "c" if engine_for(self._loop, None) is not None else "python"
+        return "c" if engine_for(self._loop, self._settings.extensions.tcp_pump) is not None else "python"
 
     def stop_accepting(self) -> None:
         self._acceptor.stop()
@@ -176,7 +184,7 @@ class TcpRouter:
         progress = _Peeked(ProtocolLabel.H2C, b"", None)
         started = time.monotonic()
         record = self._access.open(progress.protocol, host_port(peer[0], peer[1]), started)
-        return Head(started, record, progress, FirstBytes(progress))
+        return Head(started, record, progress, FirstBytes(progress, self._settings.extensions.parse_client_hello))
 
     async def _serve(self, conn: socket.socket, peer: tuple[Any, ...], head: Head | None = None) -> None:
         if head is None:
@@ -336,7 +344,7 @@ class TcpRouter:
             # Every way here has just read the socket dry (or found it empty): wait, then read,
             # not a read that would only say EAGAIN (level-triggered: bytes already there wake at once).
             await poller.wait(conn.fileno())
-            peeked = first.feed(await recv(poller, conn, c.MAX_PEEK_BYTES))
+            peeked = first.feed(await recv(poller, conn, PEEK_READ_BYTES))
 
     def decide(self, peeked: _Peeked) -> Target:
         request = peeked.h2_request
@@ -379,6 +387,7 @@ class TcpRouter:
                 idle_timeout_s=self._settings.relay_idle_timeout_s,
                 on_bytes=series.count_bytes,
                 use_splice=self._settings.use_splice,
+                native=self._settings.extensions.tcp_pump,
                 on_start=on_start,
                 loop=self._loop,
             )

@@ -38,15 +38,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from discovery.targets import Target
-from router import constants as c
-from router.access_log import AccessRecord, Outcome
+from router.access_record import AccessRecord, Outcome
 from router.metric_families import CounterSeries
 from router.metrics import ProtocolSeries
 from router.outcomes import GrpcOutcome, ProtocolLabel, Termination
 from router.routing import Refusal
 from router.tcp.client_intake import ClientIntake, Intake
 from router.tcp.dial import DialError, dial_error, start_dial
-from router.tcp.first_bytes import FirstBytes, Peeked, Rejected
+from router.tcp.first_bytes import PEEK_READ_BYTES, FirstBytes, Peeked, Rejected
 from router.tcp.native_relay import NativeRelay
 from router.tcp.relay_common import RelayResult
 
@@ -105,7 +104,7 @@ def read_now(conn: socket.socket | int, first: FirstBytes) -> Peeked | None:
     """Feed ``first`` what the socket (or bare socket fd) holds already, without waiting; None if
     nothing came yet."""
     try:
-        data = os.read(conn, c.MAX_PEEK_BYTES) if isinstance(conn, int) else conn.recv(c.MAX_PEEK_BYTES)
+        data = os.read(conn, PEEK_READ_BYTES) if isinstance(conn, int) else conn.recv(PEEK_READ_BYTES)
     except (BlockingIOError, InterruptedError):
         return None
     return first.feed(data)

@@ -8,15 +8,20 @@ and, once the SNI or ``:authority`` is in, what to route by (``Peeked``). Anythi
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Final
 
-from quic.clienthello import ClientHelloInfo
-from router import constants as c
 from router.outcomes import GrpcOutcome, ProtocolLabel
 from router.routing import REFUSAL_ANSWERS, Refusal
-from router.tcp.h2_frames import H2PeekError
-from router.tcp.h2c_peek import H2Request, H2RequestReader, looks_like_h2c
-from router.tcp.tls_peek import ClientHelloReader, TlsPeekError, looks_like_tls
+from wire import h2c, tls
+from wire.client_hello import ClientHelloInfo, parse_client_hello
+from wire.h2_frames import H2PeekError
+from wire.h2c import H2Request, H2RequestReader, looks_like_h2c
+from wire.tls import ClientHelloReader, TlsPeekError, looks_like_tls
+
+PEEK_READ_BYTES: Final = max(tls.MAX_PEEK_BYTES, h2c.MAX_PEEK_BYTES)
+"""One read of a connection's first bytes takes whatever either reader may look at."""
 
 
 class Rejected(Exception):
@@ -59,10 +64,13 @@ class FirstBytes:
     sent (once) before the client goes on.
     """
 
-    __slots__ = ("_buffered", "_h2", "_settings_sent", "_tls", "progress", "settings_due")
+    __slots__ = ("_buffered", "_h2", "_parse_hello", "_settings_sent", "_tls", "progress", "settings_due")
 
-    def __init__(self, progress: Peeked) -> None:
+    def __init__(
+        self, progress: Peeked, parse_hello: Callable[[bytes], ClientHelloInfo] = parse_client_hello
+    ) -> None:
         self.progress = progress
+        self._parse_hello = parse_hello
         self._buffered = bytearray()
         self._tls: ClientHelloReader | None = None
         self._h2: H2RequestReader | None = None
@@ -82,10 +90,10 @@ class FirstBytes:
         if tls is None and h2 is None:
             data = whole if whole is not None else bytes(buffered)
             if looks_like_tls(data):
-                tls = self._tls = ClientHelloReader(c.MAX_PEEK_BYTES)
+                tls = self._tls = ClientHelloReader(parse=self._parse_hello)
                 self.progress.protocol = ProtocolLabel.TLS
             elif looks_like_h2c(data):
-                h2 = self._h2 = H2RequestReader(c.MAX_PEEK_BYTES)
+                h2 = self._h2 = H2RequestReader()
             else:
                 raise Rejected(Refusal.MALFORMED, "neither TLS nor HTTP/2 prior knowledge")
         try:

@@ -13,9 +13,9 @@ import socket
 from router import constants as c
 from router.outcomes import ProtocolLabel
 from router.routing import REFUSAL_ANSWERS, Refusal, Refused
-from router.tcp.grpc_rejection import grpc_rejection
 from router.tcp.poller import poller_for, recv, sendall
-from router.tcp.tls_peek import tls_alert
+from wire.grpc import grpc_rejection
+from wire.tls import tls_alert
 
 
 def rejection_bytes(protocol: ProtocolLabel, refusal: Refusal, stream_id: int, message: str) -> bytes | None:

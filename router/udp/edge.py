@@ -32,7 +32,6 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from discovery.targets import Target, TargetSnapshot
-from quic.clienthello import ClientHelloInfo
 from quic.initial_sniffer import InitialSniffer
 from quic.packet import LongHeader, QuicPacketError
 from router.access_log import AccessLog
@@ -51,6 +50,7 @@ from router.udp.pod_to_client import ClientReplies
 from router.udp.refusals import QuicRefusals, peer
 from router.udp.settings import UdpRouterSettings
 from router.udp.verdicts import Verdict, classify_on_flow, classify_unrouted
+from wire.client_hello import ClientHelloInfo
 
 if TYPE_CHECKING:
     from router.udp._splice import Splicer
@@ -79,7 +79,9 @@ class UdpRouter(FlowEndings):
         self._series = ProtocolSeries(metrics, PROTOCOL)
         self._table: UdpFlowTable[InitialSniffer, Link] = UdpFlowTable(settings.limits)
         self._slots = ClientSlots(settings.max_flows_per_client)  # per pending flow, then its flow
-        self._refusals = QuicRefusals(self._table, metrics, settings.reject_budget_bytes_per_s, self._send)
+        self._refusals = QuicRefusals(
+            self._table, metrics, settings.reject_budget_bytes_per_s, self._send, settings.extensions.initials
+        )
         self._loop: asyncio.AbstractEventLoop | None = None
         self._clock: Callable[[], float] = time.monotonic
         """The loop's clock once started (bound once: the per-datagram path reads it)."""
@@ -103,7 +105,7 @@ class UdpRouter(FlowEndings):
         """Bind the listener and start the sweeper; returns the bound (host, port)."""
         self._loop = loop = asyncio.get_running_loop()
         self._clock = loop.time
-        splicer_type = native.splicer_type(self.settings.native)
+        splicer_type = native.splicer_type(self.settings.extensions)
         if splicer_type is None:
             transport, listener = await open_listener(host, port, reuse_port, self)
             self._transport = transport
@@ -112,7 +114,8 @@ class UdpRouter(FlowEndings):
         else:
             sock = open_socket(host, port, reuse_port)
             self._transport = SocketOut(sock)
-            self._splicer = splicer = native.open_splicer(splicer_type, sock.fileno(), self.settings.io_uring)
+            io_uring = self.settings.extensions.io_uring
+            self._splicer = splicer = native.open_splicer(splicer_type, sock.fileno(), io_uring)
             # The splice's own methods are the callbacks: no Python frame per wake-up. What it
             # cannot splice comes back to _from_client in arrival order; the new SCIDs of pod
             # long headers teach the flow the pod's CIDs.
@@ -219,7 +222,9 @@ class UdpRouter(FlowEndings):
         if pending is not None:
             self._feed(pending, data, now)
             return
-        unrouted = classify_unrouted(self._table, data, addr, now, self.settings.cid_length)
+        unrouted = classify_unrouted(
+            self._table, data, addr, now, self.settings.cid_length, self.settings.extensions.initials
+        )
         verdict, header = unrouted.verdict, unrouted.header
         if verdict is Verdict.JOIN and unrouted.flow is not None:
             self._join(unrouted.flow, data, addr, now)
@@ -235,7 +240,7 @@ class UdpRouter(FlowEndings):
 
     def _from_flow_address(self, flow: Flow[Link], data: bytes, addr: Address, now: float) -> None:
         """A long header from a flow's address: the flow's, or another connection's Initial."""
-        unrouted = classify_on_flow(self._table, flow, data, now)
+        unrouted = classify_on_flow(self._table, flow, data, now, self.settings.extensions.initials)
         verdict, header = unrouted.verdict, unrouted.header
         if verdict is Verdict.FORWARD:
             self._to_pod(flow, data, now)
@@ -269,7 +274,7 @@ class UdpRouter(FlowEndings):
         evicted = self._table.make_room()
         if evicted is not None:
             self._evict(evicted)
-        sniffer = InitialSniffer(self.settings.max_crypto_bytes)
+        sniffer = InitialSniffer(self.settings.max_crypto_bytes, native=self.settings.extensions.initials)
         opened = self._table.open_pending(addr, sniffer, now, dcid=header.dcid, contending=contending)
         if isinstance(opened, QuicDropReason):
             self._slots.release(header)

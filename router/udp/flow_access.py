@@ -13,7 +13,8 @@ from __future__ import annotations
 from typing import Any
 
 from discovery.targets import Target
-from router.access_log import AccessLog, AccessRecord, Outcome
+from router.access_log import AccessLog
+from router.access_record import AccessRecord, Outcome
 from router.outcomes import ProtocolLabel, Termination
 from router.routing import Refusal, Refused
 from router.udp.flow_table import Address, Flow, PendingFlow

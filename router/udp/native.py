@@ -1,24 +1,21 @@
-"""The optional C extensions of the QUIC edge, when they can be used.
+"""The C splice of established QUIC flows (``router/udp/_splice.c``), when the router uses it.
 
-``router/udp/_splice.c`` splices established flows; ``quic/_initial_protection.c`` opens a new
-flow's first Initial. ``setup.py`` builds them when a C compiler (and, for the second, OpenSSL's
-headers) is there; without them, or with ``NO_EXTENSIONS_ENV`` set, the edge runs the same flows
-through its pure-Python paths (``pod_link``, ``pod_to_client``; ``cryptography`` and
-``quic.clienthello``). Both paths are tested, and they differ only in cost: which datagrams reach
-whom, in which order, what the flows count and which pod an Initial names are the same.
+``setup.py`` builds it when a C compiler is there; ``router.extensions`` decides once whether the
+edge uses it (``Extensions.splice``, and ``Extensions.io_uring`` for its sends to many pods in one
+``io_uring_enter``). Without it the edge runs the same flows through its pure-Python path
+(``pod_link``, ``pod_to_client``); both paths are tested, and they differ only in cost: which
+datagrams reach whom, in which order, and what the flows count are the same.
 """
 
 from __future__ import annotations
 
 import errno
 import logging
-import os
 from typing import TYPE_CHECKING
 
-from quic import native as quic_native
 from router import constants as c
-from router import extensions
-from router.extensions import NativeUnavailable
+from router.extensions import SPLICE_MODULE, Extensions
+from router.extensions import is_built as _is_built
 
 if TYPE_CHECKING:
     from router.udp._splice import Splicer
@@ -27,33 +24,26 @@ log = logging.getLogger("router.udp_router")
 
 
 def is_built() -> bool:
-    """Whether the C splice is importable (whatever ``NO_EXTENSIONS_ENV`` says)."""
-    return extensions.is_built("router.udp._splice")
+    """Whether the C splice is importable."""
+    return _is_built(SPLICE_MODULE)
 
 
-def splicer_type(wanted: bool | None) -> type[Splicer] | None:
-    """The ``Splicer`` class to use, or None for the pure-Python path.
-
-    ``wanted`` None: the C splice if it is built and ``NO_EXTENSIONS_ENV`` is not set; False:
-    never; True: it must be built (``NativeUnavailable`` otherwise), whatever the variable says."""
-    if wanted is False or (wanted is None and os.environ.get(c.NO_EXTENSIONS_ENV)):
+def splicer_type(extensions: Extensions) -> type[Splicer] | None:
+    """The ``Splicer`` class when ``extensions`` chose the C splice (checked built by the
+    settings), else None for the pure-Python path."""
+    if not extensions.splice:
         return None
-    try:
-        from router.udp._splice import Splicer as built
-    except ImportError:
-        if wanted:
-            raise NativeUnavailable("the C splice router.udp._splice is not built (no C compiler at install)") from None
-        return None
+    from router.udp._splice import Splicer as built
+
     return built
 
 
-def open_splicer(splicer_type: type[Splicer], listener_fd: int, io_uring: bool | None) -> Splicer:
-    """The C splice on the listener. ``io_uring`` None: its sends to many pods go in one
-    ``io_uring_enter`` per batch unless ``NO_IO_URING_ENV`` is set; False: never; True: where the
-    kernel allows it. A kernel or seccomp profile that refuses io_uring leaves ``sendmmsg``."""
-    wanted = not os.environ.get(c.NO_IO_URING_ENV) if io_uring is None else io_uring
+def open_splicer(splicer_type: type[Splicer], listener_fd: int, io_uring: bool) -> Splicer:
+    """The C splice on the listener; with ``io_uring`` its sends to many pods go in one
+    ``io_uring_enter`` per batch where the kernel allows it. A kernel or seccomp profile that
+    refuses io_uring leaves ``sendmmsg``, and says so."""
     splicer = splicer_type(
-        listener_fd, c.QUIC_SPLICE_BATCHES_PER_CALLBACK, c.QUIC_POD_READS_PER_CALLBACK, io_uring=wanted
+        listener_fd, c.QUIC_SPLICE_BATCHES_PER_CALLBACK, c.QUIC_POD_READS_PER_CALLBACK, io_uring=io_uring
     )
     if splicer.io_uring_errno:  # containerd 2's and Docker 25's default seccomp profiles refuse it
         name = errno.errorcode.get(splicer.io_uring_errno, str(splicer.io_uring_errno))
@@ -67,9 +57,3 @@ def datapath(splicer: Splicer | None) -> str:
     if splicer is None:
         return "python"
     return "c_splice+io_uring" if splicer.io_uring else "c_splice"
-
-
-def initial_protection() -> str:
-    """Open new flows' client Initials in C when ``quic._initial_protection`` is built and
-    ``NO_EXTENSIONS_ENV`` is not set (process-wide); ``c`` or ``python``, for the start line."""
-    return "c" if quic_native.use(not os.environ.get(c.NO_EXTENSIONS_ENV)) else "python"

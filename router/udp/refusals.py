@@ -16,6 +16,7 @@ from typing import Any
 
 from discovery.targets import host_port
 from quic.initial_sniffer import InitialSniffer
+from quic.native import InitialProtection
 from quic.packet import QuicErrorCode, QuicPacketError
 from quic.server_packets import build_initial_close, build_version_negotiation
 from router.log_limiter import RateLimitedLog
@@ -76,8 +77,11 @@ class QuicRefusals:
         metrics: RouterMetrics,
         budget_bytes_per_s: float,
         send: Callable[[bytes, Address], bool],
+        native: InitialProtection | None = None,
     ) -> None:
         self._table = table
+        self._native = native
+        """The C key schedule for the answers' server Initials, when the router uses it."""
         self._metrics = metrics
         self._budget = ByteBudget(budget_bytes_per_s, budget_bytes_per_s)
         self._send = send
@@ -93,7 +97,9 @@ class QuicRefusals:
         self._metrics.quic_outcome(outcome)
         self.log.info("quic flow refused: hostname=%r peer=%s outcome=%s", hostname, peer(addr), outcome)
         try:
-            answer = build_initial_close(version, dcid, scid, reason, QuicErrorCode.CONNECTION_REFUSED)
+            answer = build_initial_close(
+                version, dcid, scid, reason, QuicErrorCode.CONNECTION_REFUSED, native=self._native
+            )
         except QuicPacketError:  # CIDs no close can be built for: nothing to answer
             self._metrics.quic_drop(QuicDropReason.MALFORMED)
             return 0

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from quic.frames import QUIC_MAX_CRYPTO_BYTES
 from router import constants as c
+from router.extensions import Extensions, choose
 from router.udp.flow_table import FlowLimits
 
 
@@ -24,14 +25,12 @@ class UdpRouterSettings:
     sweep_interval_s: float = c.QUIC_FLOW_SWEEP_INTERVAL_MS / 1000
     max_flows_per_client: int = c.DEFAULT_MAX_QUIC_FLOWS_PER_CLIENT
     """Routed plus pending flows one client IP (IPv6: /64) may hold; 0 = no limit."""
-    native: bool | None = None
-    """Established flows through the C splice: None when it is built and not switched off by
-    ``NO_EXTENSIONS_ENV``, False never (the pure-Python path), True always (an error if not built)."""
-    io_uring: bool | None = None
-    """The C splice's sends to many pods in one ``io_uring_enter`` per batch, where the kernel
-    allows it: None unless ``NO_IO_URING_ENV`` is set, False never, True where allowed."""
+    extensions: Extensions = field(default_factory=choose)
+    """Which C extensions the edge uses: the splice of established flows (and its io_uring sends)
+    and the reading of new flows' Initials (``router.extensions``; the process chooses once)."""
 
     def __post_init__(self) -> None:
+        self.extensions.require()
         if self.cid_length is not None and not 1 <= self.cid_length <= 20:
             raise ValueError(f"cid_length must be None or 1..20, got {self.cid_length!r}")
         for name in ("max_crypto_bytes", "reject_budget_bytes_per_s", "sweep_interval_s"):

@@ -13,6 +13,7 @@ from __future__ import annotations
 from enum import Enum
 from typing import Any, Generic, NamedTuple, TypeVar
 
+from quic.native import InitialProtection
 from quic.packet import (
     QUIC_MIN_INITIAL_DATAGRAM_BYTES,
     QUIC_VERSION_NEGOTIATION,
@@ -60,7 +61,8 @@ class Unrouted(NamedTuple, Generic[H]):
 
 
 def classify_unrouted(
-    table: UdpFlowTable[S, H], datagram: bytes, address: Address, now: float, cid_length: int | None
+    table: UdpFlowTable[S, H], datagram: bytes, address: Address, now: float, cid_length: int | None,
+    native: InitialProtection | None = None,
 ) -> Unrouted[H]:
     """Judge a datagram from an address with neither a flow nor a pending flow.
 
@@ -73,7 +75,7 @@ def classify_unrouted(
         flow = table.flow_for_short_header(datagram, cid_length)
         return Unrouted(Verdict.JOIN, flow=flow) if flow else Unrouted(Verdict.DROP, QuicDropReason.NOT_INITIAL)
     try:
-        header = parse_long_header(datagram)
+        header = parse_long_header(datagram, 0, native)
     except QuicPacketError:
         return Unrouted(Verdict.DROP, QuicDropReason.MALFORMED)
     flow = table.flow_for_cid(header.dcid) if header.dcid else None
@@ -96,7 +98,7 @@ def classify_unrouted(
 
 
 def classify_on_flow(
-    table: UdpFlowTable[S, H], flow: Flow[H], datagram: bytes, now: float
+    table: UdpFlowTable[S, H], flow: Flow[H], datagram: bytes, now: float, native: InitialProtection | None = None
 ) -> Unrouted[H]:
     """Judge a long-header datagram from the address of an established flow.
 
@@ -111,7 +113,7 @@ def classify_on_flow(
     ):  # cannot open a connection: forwarded without a parse (most handshake datagrams)
         return _FORWARD
     try:
-        header = parse_long_header(datagram)
+        header = parse_long_header(datagram, 0, native)
     except QuicPacketError:
         return _FORWARD
     if contender is not None and contender.dcid == header.dcid:

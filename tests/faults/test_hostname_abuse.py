@@ -22,10 +22,8 @@ import h2.events
 import h2.exceptions
 import pytest
 
-from router import constants as c
 from router.demo.grpc_pods import WHOAMI
-from router.tcp.grpc_rejection import GrpcStatus
-from router.tcp.tls_peek import TlsAlert, tls_alert
+from router.tcp.first_bytes import PEEK_READ_BYTES
 from tests.faults.router_probes import moved, outcome_counts
 from tests.faults.tcp_peers import CountingPod, read_to_eof
 from tests.support.router_process import RouterProcess, router_args, write_endpoints
@@ -37,6 +35,8 @@ from tests.support.tls import (
     sni_extension,
     ssl_client_hello_records,
 )
+from wire.grpc import GrpcStatus
+from wire.tls import TlsAlert, tls_alert
 
 NAMESPACE = "demo"
 TEMPLATE = "{pod_name}.{namespace}.svc"
@@ -204,7 +204,7 @@ H2C_HEADER_CASES: list[tuple[str, list[tuple[bytes, bytes]], str]] = [
     ("duplicate-authority", request_headers(LEGIT.encode(), (b":authority", b"evil.example")), MALFORMED),
     ("duplicate-authority-evil-first", request_headers(b"evil.example", (b":authority", LEGIT.encode())), MALFORMED),
     ("duplicate-host", request_headers(None, (b"host", LEGIT.encode()), (b"host", b"evil.example")), MALFORMED),
-    ("authority-beyond-peek-limit", request_headers(b"a" * (c.MAX_PEEK_BYTES + 1024) + b".demo.svc"), MALFORMED),
+    ("authority-beyond-peek-limit", request_headers(b"a" * (PEEK_READ_BYTES + 1024) + b".demo.svc"), MALFORMED),
 ]
 
 
@@ -258,7 +258,7 @@ SNI_CASES: list[tuple[str, list[bytes], str]] = [
     ("duplicate-sni-evil-first", [sni_extension(b"evil.example"), sni_extension(LEGIT.encode())], MALFORMED),
     ("duplicate-sni-same-name", [sni_extension(LEGIT.encode()), sni_extension(LEGIT.encode())], MALFORMED),
     ("two-host-names-in-one", [sni_extension(LEGIT.encode(), b"evil.example")], MALFORMED),
-    ("sni-beyond-peek-limit", [sni_extension(b"a" * (c.MAX_PEEK_BYTES + 1024))], MALFORMED),
+    ("sni-beyond-peek-limit", [sni_extension(b"a" * (PEEK_READ_BYTES + 1024))], MALFORMED),
     ("sni-length-overruns", [extension(0, b"\x00\x10\x00\x00\x0d" + LEGIT.encode())], MALFORMED),
 ]
 

@@ -33,7 +33,6 @@ import pytest
 from aioquic.asyncio import connect
 
 from discovery.targets import TargetSnapshot
-from quic.clienthello import MAX_TLS_CLIENT_HELLO_BYTES
 from quic.initial_keys import client_initial_keys, encrypt_initial
 from quic.initial_sniffer import InitialSniffer
 from quic.packet import QUIC_V1, QuicPacketError
@@ -70,6 +69,7 @@ from tests.support.polling import eventually
 from tests.support.quic_frames import crypto_frame
 from tests.support.router_process import RouterProcess, router_args, write_endpoints
 from tests.support.udp_router import running_udp_router
+from wire.client_hello import MAX_TLS_CLIENT_HELLO_BYTES
 
 pytestmark = pytest.mark.usefixtures("both_udp_paths")
 """Every test here runs on the pure-Python path and on the C splice."""

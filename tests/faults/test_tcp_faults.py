@@ -26,8 +26,6 @@ import pytest
 
 from router import constants as c
 from router.demo.grpc_pods import RunningPod, start_pod
-from router.tcp.grpc_rejection import GrpcStatus
-from router.tcp.tls_peek import TlsAlert, tls_alert
 from tests.faults.router_probes import (
     WhoAmIProbe,
     cpu_seconds,
@@ -55,6 +53,9 @@ from tests.faults.tcp_peers import (
 from tests.support.h2 import grpc_status_of, h2c_grpc_request
 from tests.support.router_process import RouterProcess, router_args, write_endpoints
 from tests.support.tls import alpn_extension, client_hello, sni_extension
+from wire.grpc import GrpcStatus
+from wire.h2_frames import H2_PREFACE
+from wire.tls import TlsAlert, tls_alert
 
 T = TypeVar("T")
 
@@ -102,7 +103,7 @@ def whoami(router: RouterProcess, pod: str, timeout_s: float = 10.0) -> tuple[st
 # Slowloris
 # ---------------------------------------------------------------------------
 SILENT, H2C_DRIP, TLS_DRIP = "silent", "h2c-drip", "tls-drip"
-DRIP_BYTES = {H2C_DRIP: c.H2_PREFACE, TLS_DRIP: b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03"}
+DRIP_BYTES = {H2C_DRIP: H2_PREFACE, TLS_DRIP: b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03"}
 """What a drip connection sends, one byte a second: a valid start that never completes in time."""
 
 

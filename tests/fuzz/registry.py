@@ -12,7 +12,7 @@ the frame parser), and EndpointSlice documents from ``router/demo/``. The target
 ====================  ===========================================================  =================
 target                what runs (and the invariant checked besides "no other error")  allowed error
 ====================  ===========================================================  =================
-clienthello           ``quic.clienthello.parse_client_hello``, then the hostname match  ClientHelloError
+clienthello           ``wire.client_hello.parse_client_hello``, then the hostname match  ClientHelloError
 tls_peek              ``ClientHelloReader.feed``, whole and chunked must agree          TlsPeekError
 h2_request            ``H2RequestReader.feed``, whole and chunked must agree            H2PeekError
 settings_ack          ``SettingsAckStripper.feed``: input minus exactly one ACK out     H2PeekError

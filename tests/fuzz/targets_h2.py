@@ -1,4 +1,4 @@
-"""Fuzz targets of the h2c peek (``router.tcp.h2c_peek``): the request reader and the SETTINGS
+"""Fuzz targets of the h2c peek (``wire.h2c``): the request reader and the SETTINGS
 ACK stripper, seeded with real ``h2`` client streams and hand-built frame sequences."""
 
 from __future__ import annotations
@@ -10,12 +10,11 @@ from typing import Any
 
 import hpack
 
-from router import constants as c
-from router.tcp.h2_frames import H2PeekError
-from router.tcp.h2c_peek import H2RequestReader
-from router.tcp.settings_ack import SettingsAckStripper
 from tests.fuzz.target import TEMPLATE, FuzzTarget, check, feed_all, pieces, tweak
 from tests.support.h2 import frame, split_frames
+from wire.h2_frames import H2_PREFACE, H2PeekError
+from wire.h2c import H2RequestReader
+from wire.settings_ack import SettingsAckStripper
 
 
 def run_h2_request(data: bytes) -> str:
@@ -93,7 +92,7 @@ def _h2_streams() -> tuple[bytes, ...]:
         conn.send_data(1, b"\x00\x00\x00\x00\x02hi", end_stream=True)
         return conn.data_to_send()
 
-    preface = c.H2_PREFACE
+    preface = H2_PREFACE
     settings = frame(4, 0, 0, b"\x00\x02\x00\x00\x00\x00\x00\x04\x00\x40\x00\x00")
     ack = frame(4, 1, 0)
     plain = hpack.Encoder().encode(GRPC_HEADERS, huffman=False)
@@ -124,7 +123,7 @@ def h2_seeds() -> list[bytes]:
 
 
 H2_DICTIONARY = (
-    c.H2_PREFACE, b"\x00\x00\x00\x04\x01\x00\x00\x00\x00", b"\x00\x00\x00\x04\x00\x00\x00\x00\x00",
+    H2_PREFACE, b"\x00\x00\x00\x04\x01\x00\x00\x00\x00", b"\x00\x00\x00\x04\x00\x00\x00\x00\x00",
     b"\x00\x40\x00", b"\x7f\xff\xff\xff", b"\x80\x00\x00\x01", b"\x01\x04", b"\x09\x04", b"\x3f\xe1\x1f",
     b"\x41", b"\x01", b"\x00\x0a:authority", b"\x04host", b"\xff\xff\xff\xff\x0f",
 )
@@ -140,7 +139,7 @@ _HEADER_POOL = (
 
 def mutate_h2(data: bytes, rng: random.Random) -> bytes | None:
     """Rewrite a header block (hpack), a frame's fields or the frame list, and fix frame lengths."""
-    frames = split_frames(data, c.H2_PREFACE)
+    frames = split_frames(data, H2_PREFACE)
     if frames is None:
         return None
     for _ in range(rng.randint(1, 3)):
@@ -181,7 +180,7 @@ def mutate_h2(data: bytes, rng: random.Random) -> bytes | None:
                 frames.insert(i, frames[i])
             else:
                 frames.pop(i)
-    return c.H2_PREFACE + b"".join(frame(*f) for f in frames)
+    return H2_PREFACE + b"".join(frame(*f) for f in frames)
 
 
 H2_TARGETS = (

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import ipaddress
 
-from router.tcp.proxy_protocol import (
+from tests.fuzz.target import FuzzTarget, check, pieces
+from tests.support import proxy_headers as ph
+from wire.proxy_protocol import (
     DEFAULT_MAX_V2_BLOCK_BYTES,
     V1_MAX_BYTES,
     V2_FIXED_BYTES,
@@ -17,8 +19,6 @@ from router.tcp.proxy_protocol import (
     ProxyHeader,
     ProxyHeaderError,
 )
-from tests.fuzz.target import FuzzTarget, check, pieces
-from tests.support import proxy_headers as ph
 
 ALLOWED: tuple[type[BaseException], ...] = (ProxyHeaderError,)
 MAX_LEN = 4096

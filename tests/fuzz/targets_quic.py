@@ -11,11 +11,10 @@ from typing import Any
 
 from discovery.targets import Target, TargetSnapshot
 from quic import native
-from quic.clienthello import ClientHelloInfo
 from quic.frames import QUIC_MAX_CRYPTO_BYTES, CryptoReassembler, walk_initial_frames
 from quic.initial_keys import client_initial_keys, encrypt_initial
 from quic.initial_sniffer import InitialSniffer, sniff_first_payload
-from quic.packet import QUIC_V1, QUIC_V2, LongHeader, PacketType, QuicPacketError, encode_varint, parse_long_header
+from quic.packet import QUIC_V1, QUIC_V2, PacketType, QuicPacketError, encode_varint, parse_long_header
 from router.metrics import RouterMetrics
 from router.udp.edge import UdpRouter
 from router.udp.flow_table import FlowLimits
@@ -26,6 +25,7 @@ from tests.fuzz.targets_tls import hellos, mutate_hello
 from tests.support.initial_reference import first_header, reference_hello, sniffer_reading
 from tests.support.quic_frames import crypto_frame
 from tests.support.quic_initial_rewriter import CASES, rewrite_flight
+from wire.client_hello import ClientHelloInfo
 
 FUZZ_DCID = bytes.fromhex("8394c8f03e515708")
 """The client DCID of RFC 9001 appendix A: any fixed value works, the keys follow from it."""
@@ -47,7 +47,7 @@ def run_initial_frames(data: bytes) -> str:
 
 def run_initial_native(data: bytes) -> str:
     """The C reading of a first Initial payload (when built) is the reference reading, or declines."""
-    found = sniff_first_payload(data, QUIC_MAX_CRYPTO_BYTES)
+    found = sniff_first_payload(data, QUIC_MAX_CRYPTO_BYTES, native.EXTENSION)
     if found is None:
         return "declined"
     check(reference_hello(data) == ClientHelloInfo(*found), "the C reading differs from the reference")
@@ -57,39 +57,31 @@ def run_initial_native(data: bytes) -> str:
 def run_long_header_native(data: bytes) -> str:
     """The C parse of a long header (when built) is the reference parse, or declines: at the start
     of each cut of the input and at every offset the reference says a coalesced packet starts."""
-    extension = native.active()
+    extension = native.EXTENSION
     read = 0
     for datagram in data.split(SEPARATOR)[:MAX_DATAGRAMS]:
         offset = 0
         while extension is not None and offset < len(datagram):
             fields = extension.long_header(datagram, offset)
             try:
-                header = _reference_long_header(datagram, offset)
+                header = parse_long_header(datagram, offset)
             except QuicPacketError:
                 check(fields is None, "the C parse read a header the reference refuses")
                 break
             if fields is not None:
                 read += 1
-                check(parse_long_header(datagram, offset) == header, "the C parse differs from the reference")
+                in_c = parse_long_header(datagram, offset, extension)
+                check(in_c == header, "the C parse differs from the reference")
             if header.packet_type in (None, PacketType.RETRY) or header.end <= offset:
                 break
             offset = header.end
     return "read" if read else "declined"
 
 
-def _reference_long_header(datagram: bytes, offset: int) -> LongHeader:
-    previous = native.active() is not None
-    native.use(False)
-    try:
-        return parse_long_header(datagram, offset)
-    finally:
-        native.use(previous)
-
-
 def _sniff(datagrams: Sequence[bytes]) -> str:
-    sniffer = InitialSniffer()
+    sniffer = InitialSniffer(native=native.EXTENSION)  # the router's reading where C is built
     for i, datagram in enumerate(datagrams[:MAX_DATAGRAMS]):
-        info = sniffer.feed(datagram, None if i else first_header(datagram))
+        info = sniffer.feed(datagram, None if i else first_header(datagram, native.EXTENSION))
         if info is not None:
             check(sniffer.feed(datagram) is info, "a complete sniffer changed its answer")
             if info.server_name:
@@ -129,14 +121,8 @@ def run_sniffer_payloads(data: bytes) -> str:
 def run_first_initial_native(data: bytes) -> str:
     """A flow's first Initial read in one C call (when built) leaves the sniffer as the reference does."""
     datagrams = protect_payloads(data)
-    previous = native.active() is not None
-    try:
-        native.use(True)
-        in_c = sniffer_reading(datagrams)
-        native.use(False)
-        check(in_c == sniffer_reading(datagrams), "the one-call first Initial differs from the reference")
-    finally:
-        native.use(previous)
+    in_c = sniffer_reading(datagrams, native.EXTENSION)
+    check(in_c == sniffer_reading(datagrams, None), "the one-call first Initial differs from the reference")
     return "-".join(_kind(answer) for answer in in_c[0][:3]) or "empty"
 
 

@@ -1,5 +1,5 @@
-"""Fuzz targets of the TLS ClientHello: the walker (``quic.clienthello``) and the record-layer
-reader of the TCP edge (``router.tcp.tls_peek``), seeded with real ``ssl`` and aioquic hellos."""
+"""Fuzz targets of the TLS ClientHello: the walker (``wire.client_hello``) and the record-layer
+reader of the TCP edge (``wire.tls``), seeded with real ``ssl`` and aioquic hellos."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ import functools
 import random
 import ssl
 
-from quic.clienthello import ClientHelloError, parse_client_hello
-from router.tcp.tls_peek import ClientHelloReader, TlsPeekError
 from tests.fuzz.seed_flights import quic_hellos
 from tests.fuzz.target import TEMPLATE, FuzzTarget, check, feed_all, pieces, tweak
 from tests.support.tls import hello_from_parts, hello_parts, record_payloads, ssl_client_hello_records, tls_records, u16
+from wire.client_hello import ClientHelloError, parse_client_hello
+from wire.tls import ClientHelloReader, TlsPeekError
 
 
 def run_client_hello(data: bytes) -> str:

@@ -2,7 +2,7 @@
 real ``h2`` client (with its gRPC request) that the peek, stripper and rejection tests share.
 
 Real clients (the ``h2`` library, grpcio) never send a malformed frame; these builders do,
-so the tests can reach every refusal of ``router.tcp.h2c_peek``.
+so the tests can reach every refusal of ``wire.h2c``.
 """
 
 from __future__ import annotations

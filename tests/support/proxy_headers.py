@@ -7,7 +7,7 @@ import ipaddress
 import struct
 from collections.abc import Iterable, Sequence
 
-from router.tcp.proxy_protocol import V2_SIGNATURE, ProxyHeader, ProxyHeaderReader
+from wire.proxy_protocol import V2_SIGNATURE, ProxyHeader, ProxyHeaderReader
 
 
 def v1(source: tuple[str, int], destination: tuple[str, int]) -> bytes:

@@ -1,14 +1,13 @@
 """The SETTINGS-ACK stripper: hides from the pod the client's ACK of the router's own SETTINGS.
 
 Sans-IO. The router answers the client's preface with ``EMPTY_SETTINGS_FRAME`` (see
-``h2c_peek``); the client acks it, but the pod never sent those settings, so exactly that
+``wire.h2c``); the client acks it, but the pod never sent those settings, so exactly that
 one ACK frame is removed from the client->pod stream, wherever it falls in the chunks.
 """
 
 from __future__ import annotations
 
-from router.constants import H2_PREFACE
-from router.tcp.h2_frames import FRAME_HEADER_BYTES, Flag, FrameType, H2PeekError, parse_frame_header
+from wire.h2_frames import FRAME_HEADER_BYTES, H2_PREFACE, Flag, FrameType, H2PeekError, parse_frame_header
 
 
 class SettingsAckStripper:

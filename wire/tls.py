@@ -8,10 +8,13 @@ keeps state between ``feed`` calls and never holds more than ``max_bytes``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from enum import IntEnum
 
-from quic.clienthello import ClientHelloError, ClientHelloInfo, client_hello_length, parse_client_hello
-from router.constants import MAX_PEEK_BYTES
+from wire.client_hello import ClientHelloError, ClientHelloInfo, client_hello_length, parse_client_hello
+
+MAX_PEEK_BYTES = 16 * 1024
+"""Stream bytes the reader looks at for the ClientHello's records; real hellos are < 4 KiB."""
 
 RECORD_HEADER_BYTES = 5
 """content_type(1) + legacy_record_version(2) + uint16 length (RFC 8446 section 5.1)."""
@@ -65,10 +68,14 @@ def tls_alert(description: int) -> bytes:
 
 
 class ClientHelloReader:
-    """Feed raw TCP bytes; get the ClientHello's facts once its last record arrived."""
+    """Feed raw TCP bytes; get the ClientHello's facts once its last record arrived. ``parse`` reads
+    the whole hello (``parse_client_hello``, or a faster reading that agrees with it)."""
 
-    def __init__(self, max_bytes: int = MAX_PEEK_BYTES) -> None:
+    def __init__(
+        self, max_bytes: int = MAX_PEEK_BYTES, parse: Callable[[bytes], ClientHelloInfo] = parse_client_hello
+    ) -> None:
         self._max_bytes = max_bytes
+        self._parse = parse
         self._fed = 0
         self._records = bytearray()
         """Record-layer bytes not yet consumed (at most one partial record)."""
@@ -82,7 +89,7 @@ class ClientHelloReader:
             return self._info
         if not self._fed and len(data) <= self._max_bytes:
             try:
-                self._info = _hello_in_one_record(data)
+                self._info = _hello_in_one_record(data, self._parse)
             except ClientHelloError as exc:
                 raise TlsPeekError(f"bad ClientHello: {exc}") from exc
             if self._info is not None:
@@ -112,10 +119,10 @@ class ClientHelloReader:
             if total is not None and len(self._handshake) >= total:
                 # Bytes of a following handshake message (none in practice) are ignored:
                 # the pod receives them untouched anyway.
-                return parse_client_hello(bytes(self._handshake[:total]))
+                return self._parse(bytes(self._handshake[:total]))
 
 
-def _hello_in_one_record(data: bytes) -> ClientHelloInfo | None:
+def _hello_in_one_record(data: bytes, parse: Callable[[bytes], ClientHelloInfo]) -> ClientHelloInfo | None:
     """The usual start: the whole hello in the first record of the first read. Parsed in place
     (no staging copies) with the same checks as the record loop; None to take that loop."""
     length = _check_record_header(data)
@@ -124,7 +131,7 @@ def _hello_in_one_record(data: bytes) -> ClientHelloInfo | None:
     total = client_hello_length(data[RECORD_HEADER_BYTES : RECORD_HEADER_BYTES + min(length, 4)])
     if total is None or total > length:
         return None
-    return parse_client_hello(data[RECORD_HEADER_BYTES : RECORD_HEADER_BYTES + total])
+    return parse(data[RECORD_HEADER_BYTES : RECORD_HEADER_BYTES + total])
 
 
 def _check_record_header(buf: bytes | bytearray) -> int | None:

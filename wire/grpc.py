@@ -10,7 +10,7 @@ from enum import IntEnum
 
 import hpack
 
-from router.tcp.h2_frames import (
+from wire.h2_frames import (
     DEFAULT_MAX_FRAME_SIZE,
     MAX_STREAM_ID,
     SETTINGS_ACK_FRAME,

@@ -9,6 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import IntEnum, IntFlag
 
+H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+"""The 24-byte HTTP/2 client connection preface (RFC 9113 section 3.4)."""
+
 FRAME_HEADER_BYTES = 9
 """length(3) + type(1) + flags(1) + reserved bit and stream id(4) (RFC 9113 section 4.1)."""
 

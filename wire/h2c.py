@@ -13,16 +13,22 @@ from dataclasses import dataclass
 
 import hpack
 
-from router.constants import H2_MAX_HEADER_LIST_SIZE, H2_PREFACE, MAX_PEEK_BYTES
-from router.tcp.h2_frames import (
+from wire.h2_frames import (
     DEFAULT_MAX_FRAME_SIZE,
     FRAME_HEADER_BYTES,
+    H2_PREFACE,
     Flag,
     FrameHeader,
     FrameType,
     H2PeekError,
     parse_frame_header,
 )
+
+MAX_PEEK_BYTES = 16 * 1024
+"""Stream bytes the reader looks at for the first request's header block; real ones are < 4 KiB."""
+
+MAX_HEADER_LIST_BYTES = 16 * 1024
+"""Decoded header list cap for the first HEADERS block (hpack bomb guard)."""
 
 _SKIPPED_LENGTHS: dict[int, int | None] = {
     FrameType.SETTINGS: None,  # multiple of 6, checked below
@@ -164,7 +170,7 @@ def _check_skipped(header: FrameHeader) -> None:
 
 def _decode_request(stream_id: int, block: bytes) -> H2Request:
     decoder = hpack.Decoder()
-    decoder.max_header_list_size = H2_MAX_HEADER_LIST_SIZE
+    decoder.max_header_list_size = MAX_HEADER_LIST_BYTES
     try:
         headers = decoder.decode(block, raw=True)
     except (hpack.HPACKError, ValueError, IndexError) as exc:

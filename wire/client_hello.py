@@ -11,8 +11,6 @@ from __future__ import annotations
 from enum import IntEnum
 from typing import NamedTuple
 
-from quic import native
-
 HANDSHAKE_HEADER_BYTES = 4
 """msg_type(1) + uint24 length (RFC 8446 section 4)."""
 
@@ -118,18 +116,9 @@ def client_hello_length(prefix: bytes) -> int | None:
 
 
 def parse_client_hello(handshake: bytes) -> ClientHelloInfo:
-    """Walk one complete handshake message (type 1, uint24 length, body) to its facts: in C when
-    ``quic.native`` is active and the hello is well formed, else (and to name what is wrong) here."""
-    extension = native.active()
-    if extension is not None:
-        found = extension.client_hello_facts(handshake, MAX_TLS_CLIENT_HELLO_BYTES)
-        if found is not None:
-            return ClientHelloInfo(*found)
-    return walk_client_hello(handshake)
-
-
-def walk_client_hello(handshake: bytes) -> ClientHelloInfo:
-    """``parse_client_hello``'s reference walk, in Python (what the C walk must agree with)."""
+    """Walk one complete handshake message (type 1, uint24 length, body) to its facts. The
+    reference reading: ``quic.native.client_hello_parser`` reads in C first where it is built and
+    chosen, and must agree with this walk."""
     total = client_hello_length(handshake)
     if total is None:
         raise ClientHelloError("truncated handshake header")
