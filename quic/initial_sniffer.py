@@ -64,6 +64,11 @@ def sniff_first_payload(
     return native.sniff_initial(payload, max_crypto, MAX_TLS_CLIENT_HELLO_BYTES)
 
 
+def parse_client_hello(handshake: bytes, native: InitialProtection | None) -> ClientHelloInfo:
+    """A reassembled hello's facts, read in C first with ``native`` (``quic.native.client_hello_parser``)."""
+    return client_hello_parser(native)(handshake)
+
+
 class NotInitial(QuicPacketError):
     """The datagram carries no Initial packet (short header, 0-RTT or Handshake only)."""
 
@@ -212,7 +217,7 @@ class InitialSniffer:
             total = client_hello_length(crypto.contiguous(HANDSHAKE_HEADER_BYTES))
             if total is None or available < total:
                 return None
-            info = client_hello_parser(self._native)(crypto.contiguous(total))
+            info = parse_client_hello(crypto.contiguous(total), self._native)
         except ClientHelloError as exc:
             raise InvalidClientHello(str(exc)) from exc
         self.client_hello = info

@@ -14,6 +14,7 @@ targets compare the two).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Protocol
 
@@ -22,6 +23,8 @@ from wire.client_hello import MAX_TLS_CLIENT_HELLO_BYTES, ClientHelloInfo, parse
 
 class InitialProtection(Protocol):
     """What ``quic._initial_protection`` offers (``_initial_protection.pyi`` has the details)."""
+
+    def __hash__(self) -> int: ...
 
     def initial_keys(self, salt: bytes, dcid: bytes, secret_info: bytes, key_info: bytes, iv_info: bytes,
                      hp_info: bytes) -> tuple[bytes, bytes, bytes]: ...
@@ -52,9 +55,11 @@ def built() -> bool:
     return EXTENSION is not None
 
 
+@functools.cache
 def client_hello_parser(native: InitialProtection | None) -> Callable[[bytes], ClientHelloInfo]:
     """``wire.client_hello.parse_client_hello``, read in C first when ``native`` is given: a
-    well-formed hello's facts come from C, anything C declines is walked (and named) in Python."""
+    well-formed hello's facts come from C, anything C declines is walked (and named) in Python.
+    One function per reading, made once."""
     if native is None:
         return parse_client_hello
     facts = native.client_hello_facts
