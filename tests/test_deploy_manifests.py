@@ -174,9 +174,8 @@ def test_kustomization_lists_every_manifest_and_each_exists() -> None:
 
 
 def test_the_base_lists_its_settings_which_never_render() -> None:
-    [settings] = [
-        d for p in listed_resources() if p.exists() for d in yaml.safe_load_all(p.read_text()) if d and is_local_config(d)
-    ]
+    docs = [d for p in listed_resources() if p.exists() for d in yaml.safe_load_all(p.read_text()) if d]
+    [settings] = [d for d in docs if is_local_config(d)]
     assert (settings["kind"], settings["metadata"]["name"]) == ("ConfigMap", "stargate-router-settings")
     assert "namespace" not in settings["metadata"], "a kustomize input, never applied to a namespace"
 

@@ -75,7 +75,7 @@ def test_checker_refuses_unknown_fields_of_core_kinds() -> None:
 
 
 def test_checker_leaves_open_what_the_schema_preserves_and_combinator_branches() -> None:
-    preserved = {"type": "object", "properties": {"a": {"type": "string"}}, "x-kubernetes-preserve-unknown-fields": True}
+    preserved = {"type": "object", "properties": {"a": {"type": "string"}}, schemas.PRESERVE_UNKNOWN: True}
     assert "additionalProperties" not in schemas.strict(preserved)
     branchy = {"type": "object", "properties": {"t": {"type": "string"}, "v": {"type": "string"}},
                "oneOf": [{"properties": {"t": {"enum": ["x"]}}}, {"properties": {"t": {"not": {"enum": ["x"]}}}}]}
