@@ -50,7 +50,8 @@ def _kubectl_problem() -> tuple[str | None, str]:
                             timeout=RENDER_TIMEOUT_S, check=False)
     found = _KUSTOMIZE_VERSION.search(result.stdout)
     if found is None or int(found.group(1)) < KUSTOMIZE_MAJOR:
-        return None, f"{path} has no kustomize v{KUSTOMIZE_MAJOR}+ ({result.stdout.strip()!r})"
+        first_line = (result.stdout.strip().splitlines() or [""])[0]
+        return None, f"{path} has no kustomize v{KUSTOMIZE_MAJOR}+ (it says {first_line!r})"
     return path, ""
 
 
