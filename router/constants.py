@@ -94,6 +94,33 @@ DEFAULT_MAX_QUIC_FLOWS_PER_CLIENT: Final = 0
 MAX_PER_CLIENT_LIMIT: Final = 1_000_000
 """Largest per-client limit accepted: more than any fd limit, so a larger value is a typo."""
 
+# -- The Rust router's flags for its tunnels and certificates (router/inert_flags.py) --
+TUNNEL_PROTOCOLS: Final = ("raw-quic", "webtransport")
+"""``--tunnel-protocol`` values, the Rust router's: both arrive as QUIC and route by the Initial's SNI."""
+
+DEFAULT_TUNNEL_PROTOCOL: Final = "raw-quic"
+"""The Rust router's default: the QUIC listener's flows count in ``quic_connections_total``."""
+
+WEBTRANSPORT: Final = "webtransport"
+"""The ``--tunnel-protocol`` under which they count in ``webtransport_sessions_total`` instead."""
+
+DEFAULT_RELAY_KEEP_ALIVE_MS: Final = 10_000
+"""The Rust router's default (0 disables); no effect here: PINGs travel inside encrypted QUIC,
+so the tunnel's endpoints keep it alive (README, "Switching from the Rust router's chart")."""
+
+TLS_CERT_PATH_ENV: Final = "STARGATE_TLS_CERT_PATH"
+"""Env of ``--tls-cert-path`` (the Rust router's); accepted, unused: TLS and QUIC end at the pod."""
+
+TLS_KEY_PATH_ENV: Final = "STARGATE_TLS_KEY_PATH"
+"""Env of ``--tls-key-path`` (the Rust router's); accepted, unused: the router holds no key."""
+
+QUIC_INSECURE_ENV: Final = "STARGATE_QUIC_INSECURE"
+"""Env of ``--quic-insecure`` (the Rust router's); accepted, unused: the router verifies no peer."""
+
+UPSTREAM_TLS_CERT_PATH_ENV: Final = "STARGATE_UPSTREAM_TLS_CERT_PATH"
+"""Env of ``--upstream-tls-cert-path`` (the Rust router's, webtransport only); accepted, unused:
+the router opens no TLS to the pod, the worker's session reaches it."""
+
 # -- Peek limits (TCP) --------------------------------------------------------
 MAX_PEEK_BYTES: Final = 16 * 1024
 """A ClientHello or first HEADERS block larger than this is refused; real ones are < 4 KiB."""
