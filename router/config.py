@@ -94,7 +94,7 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         "--reverse-tunnel-listen-addr", default=c.DEFAULT_REVERSE_TUNNEL_LISTEN_ADDR,
         help="UDP listener for QUIC reverse tunnels",
     )
-    add("--health-listen-addr", default=c.DEFAULT_HEALTH_LISTEN_ADDR, help="HTTP /healthz /readyz /metrics")
+    add("--health-listen-addr", default=c.DEFAULT_HEALTH_LISTEN_ADDR, help="HTTP /healthz /livez /readyz /metrics")
     add("--target-namespace", default=None, help=f"namespace of the Stargate pods (env {c.TARGET_NAMESPACE_ENV})")
     add(
         "--target-service-name", default=c.DEFAULT_TARGET_SERVICE_NAME,
