@@ -37,9 +37,9 @@ from router.live_view import LiveConnections
 from router.log_limiter import RateLimitedLog
 from router.logging_setup import EVENT_FIELDS, direct_handler, json_string, needs_quotes, text_value, timestamp_now
 from router.metrics import RouterMetrics
-from router.outcomes import GrpcOutcome, ProtocolLabel, QuicOutcome, Termination
+from router.outcomes import GrpcOutcome, ProtocolLabel, QuicFlowOutcome, Termination
 
-Outcome = GrpcOutcome | QuicOutcome | None
+Outcome = GrpcOutcome | QuicFlowOutcome | None
 """The counter's outcome label of a connection or flow; None for a flow that never got one (a QUIC
 flow whose ClientHello never completed, a TCP connection cut by the drain before its decision)."""
 

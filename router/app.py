@@ -88,7 +88,7 @@ class RouterApp:
 
     def __init__(self, config: RouterConfig, metrics: RouterMetrics | None = None) -> None:
         self.config = config
-        self.metrics = metrics if metrics is not None else RouterMetrics(version())
+        self.metrics = metrics if metrics is not None else RouterMetrics(version(), webtransport=config.webtransport)
         try:
             self.template = HostnameTemplate.parse(
                 config.advertised_hostname_template, config.target_namespace

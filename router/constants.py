@@ -261,7 +261,11 @@ GRPC_CONNECTIONS_TOTAL: Final = f"{METRIC_PREFIX}_grpc_connections"
 """Counter (``_total`` added by prometheus-client) of TCP connections by protocol and outcome."""
 
 QUIC_CONNECTIONS_TOTAL: Final = f"{METRIC_PREFIX}_quic_connections"
-"""Counter of QUIC flows by outcome."""
+"""Counter of QUIC flows by outcome (``--tunnel-protocol raw-quic``; all at 0 under webtransport)."""
+
+WEBTRANSPORT_SESSIONS_TOTAL: Final = f"{METRIC_PREFIX}_webtransport_sessions"
+"""Counter of the QUIC listener's flows by outcome under ``--tunnel-protocol webtransport`` (all at 0
+under raw-quic): the Rust router's family, which dashboards built on it read."""
 
 RELAYED_BYTES_TOTAL: Final = f"{METRIC_PREFIX}_relayed_bytes"
 """Counter of bytes spliced, by protocol (h2c, tls, quic) and direction."""

@@ -19,6 +19,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from router import constants as c
 from router.metric_families import CounterFamily, GaugeFamily, HistogramFamily
 from router.metrics import RouterMetrics
+from router.outcomes import QuicOutcome, WebTransportOutcome
 
 _CREATED = re.compile(r"^(\S+_created(?:\{[^}]*\})?) \S+$", re.M)
 
@@ -94,6 +95,37 @@ def test_router_metrics_expose_the_families_prometheus_client_did() -> None:
     process = ("process_", "# HELP process_", "# TYPE process_")
     ours_text = "\n".join(line for line in _text(ours.registry).splitlines() if not line.startswith(process))
     assert ours_text.strip() == _text(ref_reg).strip()
+
+
+@pytest.mark.parametrize("webtransport", [False, True], ids=["raw-quic", "webtransport"])
+def test_both_quic_families_are_exported_with_every_outcome_at_zero_in_either_tunnel_mode(webtransport: bool) -> None:
+    text = generate_latest(RouterMetrics(webtransport=webtransport).registry).decode()
+    for outcome in QuicOutcome:
+        assert f'{c.QUIC_CONNECTIONS_TOTAL}_total{{outcome="{outcome}"}} 0.0' in text, outcome
+    for session_outcome in WebTransportOutcome:
+        assert f'{c.WEBTRANSPORT_SESSIONS_TOTAL}_total{{outcome="{session_outcome}"}} 0.0' in text, session_outcome
+
+
+def test_every_quic_outcome_is_a_webtransport_outcome_of_the_same_name() -> None:
+    """So a flow counts alike in either family; the session family adds what only it has."""
+    assert {o.value for o in QuicOutcome} <= {o.value for o in WebTransportOutcome}
+
+
+@pytest.mark.parametrize("webtransport", [False, True], ids=["raw-quic", "webtransport"])
+def test_a_quic_flow_counts_in_the_family_its_tunnel_protocol_picks(webtransport: bool) -> None:
+    metrics = RouterMetrics(webtransport=webtransport)
+    metrics.quic_flow_series(QuicOutcome.ACCEPTED).inc()
+    metrics.quic_outcome(QuicOutcome.COMPLETED)
+    counted, idle = (
+        (metrics.webtransport_sessions, metrics.quic_connections) if webtransport
+        else (metrics.quic_connections, metrics.webtransport_sessions)
+    )
+    counts = {values[0]: counted.labels(*values).value for values in counted.label_values()}
+    assert {outcome: n for outcome, n in counts.items() if n} == {"accepted": 1.0, "completed": 1.0}
+    assert all(idle.labels(*values).value == 0 for values in idle.label_values())
+    if webtransport:
+        metrics.quic_outcome(WebTransportOutcome.UPSTREAM_CONNECT_ERROR)
+        assert metrics.webtransport_sessions.labels(outcome="upstream_connect_error").value == 1
 
 
 def test_labels_by_name_must_name_every_label() -> None:
