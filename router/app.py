@@ -28,6 +28,7 @@ from router.constants import GC_YOUNG_THRESHOLD
 from router.debug_endpoints import router_routes
 from router.health import HealthServer
 from router.hostname import HostnameTemplate, TemplateError
+from router.memory_bounds import MemoryBounds, bounds_at_start
 from router.metrics import RouterMetrics
 from router.tcp.edge import TcpRouter, TcpRouterSettings
 from router.udp import native
@@ -86,8 +87,14 @@ def raise_fd_limit() -> None:
 class RouterApp:
     """One router process (one worker)."""
 
-    def __init__(self, config: RouterConfig, metrics: RouterMetrics | None = None) -> None:
+    def __init__(
+        self, config: RouterConfig, metrics: RouterMetrics | None = None, memory: MemoryBounds | None = None
+    ) -> None:
         self.config = config
+        # The QUIC tables' bounds: given, or sized to the cgroup's memory limit (router.memory_bounds).
+        self.memory, self._memory_line = (
+            (memory, memory.describe("given")) if memory is not None else bounds_at_start()
+        )
         self.metrics = metrics if metrics is not None else RouterMetrics(version(), webtransport=config.webtransport)
         try:
             self.template = HostnameTemplate.parse(
@@ -115,7 +122,10 @@ class RouterApp:
         )
         self.udp = UdpRouter(
             UdpRouterSettings(
-                limits=FlowLimits(idle_timeout_s=config.relay_idle_timeout_s),
+                limits=FlowLimits(
+                    idle_timeout_s=config.relay_idle_timeout_s, max_pending_flows=self.memory.max_pending_flows,
+                    max_flows=self.memory.max_flows,
+                ),
                 cid_length=config.quic_cid_length,
                 max_flows_per_client=config.max_quic_flows_per_client,
             ),
@@ -183,6 +193,7 @@ class RouterApp:
             cfg.reverse_tunnel_listen_addr.host, cfg.reverse_tunnel_listen_addr.port, reuse_port=True
         )
         self._source_task = asyncio.create_task(self.source.run(), name="discovery")
+        log.info("%s", self._memory_line)
         log.info(
             "listening grpc=%s:%d quic=%s:%d health=%s:%d quic_datapath=%s quic_initials=%s tcp_pump=%s",
             *self.tcp_addr[:2], *self.udp_addr[:2], *self.health_addr[:2], self.udp.datapath, initials,

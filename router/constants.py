@@ -195,6 +195,39 @@ QUIC_FLOW_TAKEOVER_QUIET_MS: Final = 2_000
 """A new connection naming another pod takes a flow's address only if its client sent nothing this
 long: live ones ACK far more often, so a spoofed Initial cannot cut a busy flow (a reused port waits)."""
 
+# -- Memory: the QUIC tables' bounds sized to the container's limit (router/memory_bounds.py)
+CGROUP_MEMORY_MAX_PATH: Final = "/sys/fs/cgroup/memory.max"
+"""cgroup v2's memory limit of the container (its own cgroup under a cgroup namespace, as in Kubernetes)."""
+
+CGROUP_MEMORY_MAX_PATH_ENV: Final = "STARGATE_ROUTER_CGROUP_MEMORY_MAX"
+"""A ``memory.max`` file to read instead of ``CGROUP_MEMORY_MAX_PATH`` (tests; a cgroup mounted elsewhere)."""
+
+MEMORY_BASELINE_BYTES: Final = 64 * 1024 * 1024
+"""The router's RSS before any flow (52-55 MiB measured: interpreter, modules, C extensions,
+metric families), rounded up: no flow may count on it."""
+
+MEMORY_USABLE_FRACTION: Final = 0.75
+"""Share of the limit the QUIC tables' worst case plus the baseline may take; the rest is for TCP
+connections and the kernel's socket buffers, which the same cgroup is charged for."""
+
+MEMORY_PENDING_SHARE: Final = 1 / 3
+"""Of what is usable above the baseline, the part for pending flows (a flood fills them; a real
+client holds one for a round trip); the rest for established flows (workers' tunnels)."""
+
+QUIC_PENDING_FLOW_OVERHEAD_BYTES: Final = 4 * 1024
+"""A pending flow's objects beyond its held datagrams and CRYPTO reassembly (the sniffer, its
+lists, the table's entries); with them a full pending flow costs ~52 KiB."""
+
+QUIC_FLOW_WORST_BYTES: Final = 8 * 1024
+"""An established flow: 3.1 KiB of router memory measured (bench/README, access record and live
+view included) plus the kernel's socket, file and epoll entry, doubled for slack."""
+
+MIN_QUIC_PENDING_FLOWS: Final = 64
+"""However small the limit, this many handshakes may be in flight (a real one takes a round trip)."""
+
+MIN_QUIC_FLOWS: Final = 256
+"""However small the limit, this many tunnels may be established."""
+
 # -- QUIC / UDP: refusals (answer budget, refused attempts remembered) --------
 QUIC_REJECT_BUDGET_BYTES_PER_S: Final = 1_000_000
 """Global byte rate of CONNECTION_CLOSE answers; with the <= received-bytes rule, no amplifier."""
@@ -324,6 +357,9 @@ REASON_TOO_MANY_CONNECTIONS: Final = "too many connections from client"
 # -- Worker processes (--workers N) and the merge of their metrics ------------
 WORKER_ENV: Final = "STARGATE_ROUTER_WORKER"
 """Set to the worker index in each child of the supervisor; its presence means 'share the listeners'."""
+
+WORKER_COUNT_ENV: Final = "STARGATE_ROUTER_WORKERS"
+"""Set by the supervisor in each worker to N of ``--workers N``: the workers share one memory limit."""
 
 WORKER_HEALTH_HOST: Final = "127.0.0.1"
 """Children serve /readyz and /metrics on a private loopback port only the supervisor reads."""

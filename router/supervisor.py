@@ -273,7 +273,7 @@ class Supervisor:
 
     async def _run_once(self, slot: WorkerSlot, argv: list[str]) -> int | None:
         """Start one worker process, pass its stderr on until it exits; its exit status."""
-        env = {**os.environ, c.WORKER_ENV: str(slot.index)}
+        env = {**os.environ, c.WORKER_ENV: str(slot.index), c.WORKER_COUNT_ENV: str(len(self.slots))}
         try:
             proc = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "router", *argv,
