@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from router import constants as c
-from router.config import ConfigError, config_from_args, parse_socket_address
+from router.config import ConfigError, build_parser, config_from_args, parse_socket_address
 from router.inert_flags import InertFlags
 from tests.support.upstream_chart import chart_container
 
@@ -296,3 +296,11 @@ def test_the_warning_names_every_flag_without_effect_and_why() -> None:
     assert "TLS and QUIC end at the pod" in warning and "cannot send PINGs inside encrypted QUIC" in warning
     # The default keep-alive, given explicitly, is what the Rust router does anyway: not named.
     assert config_from_args(["--relay-keep-alive-ms=10000"], environ=X).inert.warning() is None
+
+
+def test_the_readme_flags_table_lists_every_flag() -> None:
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    table = readme.partition("\n## Flags\n")[2].partition("\n## ")[0]
+    listed = {line.split("`")[1] for line in table.splitlines() if line.startswith("| `--")}
+    flags = {o for action in build_parser()._actions for o in action.option_strings if o.startswith("--")}
+    assert flags - {"--help"} <= listed, sorted(flags - listed)

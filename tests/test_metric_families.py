@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import re
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -135,3 +136,13 @@ def test_labels_by_name_must_name_every_label() -> None:
     with pytest.raises(ValueError, match="demo"):
         family.labels("a")
     assert family.labels(side="y", kind="a") is family.labels("a", "y")
+
+
+def test_the_readme_metrics_table_lists_every_family() -> None:
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    table = readme.partition("\n## Metrics\n")[2].partition("\n## ")[0]
+    metrics = RouterMetrics()
+    for family in vars(metrics).values():
+        if isinstance(family, (CounterFamily, GaugeFamily, HistogramFamily)):
+            name = family.name + ("_total" if isinstance(family, CounterFamily) else "")
+            assert f"| `{name}` |" in table, name
