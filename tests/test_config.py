@@ -151,7 +151,8 @@ def test_process_exits_2_with_one_line(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("flag", "value"),
     [("--proxy-protocol-trusted-cidrs", "10.0.0.0/99"), ("--max-quic-flows-per-client", "-3"),
-     ("--accept-proxy-protocol", "perhaps")],
+     ("--accept-proxy-protocol", "perhaps"), ("--tunnel-protocol", "quic"), ("--relay-keep-alive-ms", "soon"),
+     ("--quic-insecure", "perhaps"), ("--upstream-tls-cert-path", "/etc/ca.pem")],
 )
 def test_bad_trust_flag_exits_2_with_one_line_naming_it(flag: str, value: str) -> None:
     proc = subprocess.run(
