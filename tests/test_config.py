@@ -154,7 +154,7 @@ def test_process_exits_2_with_one_line(tmp_path: Path) -> None:
      ("--accept-proxy-protocol", "perhaps"), ("--tunnel-protocol", "quic"), ("--relay-keep-alive-ms", "soon"),
      ("--quic-insecure", "perhaps"), ("--upstream-tls-cert-path", "/etc/ca.pem")],
 )
-def test_bad_trust_flag_exits_2_with_one_line_naming_it(flag: str, value: str) -> None:
+def test_a_bad_trust_or_rust_router_flag_exits_2_with_one_line_naming_it(flag: str, value: str) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "router", f"{flag}={value}"],
         capture_output=True, text=True, timeout=30, env={"POD_NAMESPACE": "x", "PATH": "/usr/bin:/bin"},
