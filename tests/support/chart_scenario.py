@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -58,10 +59,11 @@ def memory_bytes(quantity: str) -> int:
 def installed_command(chart: ChartContainer) -> str:
     """The chart's command resolved to our installed console script of the same name."""
     name = Path(chart.command[0]).name
-    script = Path(sys.executable).parent / name
-    if not script.exists():
-        raise SystemExit(f"chart_scenario: no {name} installed beside {sys.executable}")
-    return str(script)
+    beside = Path(sys.executable).parent / name  # a venv's, else the one on PATH (pip's scripts dir)
+    script = str(beside) if beside.exists() else shutil.which(name)
+    if script is None:
+        raise SystemExit(f"chart_scenario: no {name} installed (pip install -e . installs it)")
+    return script
 
 
 def probe(port: int, path: str) -> int:
