@@ -22,7 +22,7 @@ prefix="$("$venv/bin/python" -c 'import os, sys; print(os.path.realpath(sys.base
 blocked=""
 dir="$prefix"
 while [[ "$dir" != "/" ]]; do  # the topmost ancestor others cannot enter
-  if [[ "$(stat -c %A "$dir" | cut -c10)" != "x" ]]; then blocked="$dir"; fi
+  if [[ "$(stat -c %A "$dir" | cut -c10)" != [xt] ]]; then blocked="$dir"; fi  # others' x (t: x + sticky)
   dir="$(dirname "$dir")"
 done
 if [[ -n "$blocked" ]]; then
