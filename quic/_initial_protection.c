@@ -1,6 +1,14 @@
 /* quic._initial_protection: a client Initial's keys and its opening, over OpenSSL's libcrypto;
  * and the ClientHello facts of a usual first Initial payload or of a whole handshake message.
  *
+ * What it owns: libcrypto's SHA-256, AES-128-ECB and AES-128-GCM contexts, fetched once and
+ * re-keyed per call; nothing else outlives a call (no Python object is kept but the error type).
+ * What it must never do: block (no I/O; every call is bounded by its input's length), keep a
+ * borrowed reference past a call that may run Python code, or trust a caller's offsets, lengths
+ * or limits. Every entry point checks its own arguments: a position outside the datagram, a key
+ * of the wrong size or a negative limit raises quic.packet.QuicPacketError (quic/'s one error
+ * type, looked up by name: ATTRIBUTES), whatever the Python caller checked first.
+ *
  * Why C: the router opens one client Initial per new QUIC connection, in a process whose caches
  * the peers have just evicted. Through `cryptography` and `hashlib` that is a dozen OpenSSL
  * objects made and fetched from the provider per connection (a fresh cipher context per AESGCM
@@ -8,12 +16,12 @@
  * (bench/README, "Where the router's CPU per QUIC connection goes"). Here SHA-256,
  * AES-128-ECB and AES-128-GCM are fetched once and their contexts re-keyed per connection.
  * No primitive is written here: HMAC is RFC 2104's two hashes, HKDF RFC 5869's two HMAC
- * steps, the rest is RFC 9001
- * section 5.4 (header protection) and 5.3 (AEAD nonce), the same steps as quic/initial_keys.py,
- * which stays the reference and the fallback (a property test keeps the two equal).
+ * steps, the rest is RFC 9001 section 5.4 (header protection) and 5.3 (AEAD nonce), the same
+ * steps as quic/initial_keys.py, which stays the reference and the fallback (differential tests
+ * and the fuzzer compare the two, never C with C).
  *
  * The GIL is held throughout, so the shared contexts need no lock; `--workers` are processes.
- * Every input is bounds-checked; a datagram that does not authenticate returns None.
+ * A datagram that does not authenticate returns None.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -35,6 +43,14 @@
 #define QUIC_V1         0x00000001u        /* RFC 9000 */
 #define QUIC_V2         0x6b3343cfu        /* RFC 9369 */
 #define MAX_CID_BYTES   20                 /* RFC 9000 section 17.2: a v1/v2 connection ID is at most 20 bytes */
+#define HMAC_KEY_BYTES  64                 /* SHA-256's block: the longest HMAC key taken as it is */
+
+/* The attributes of Python objects this file reads by name (owner, name): the one list of them,
+ * exported as ATTRIBUTES and checked against the Python side by tests/test_c_attributes.py. */
+enum { QUIC_PACKET_ERROR, ATTRIBUTE_COUNT };
+static const char *const attribute_table[ATTRIBUTE_COUNT][2] = {
+    [QUIC_PACKET_ERROR] = { "quic.packet", "QuicPacketError" },
+};
 
 static const EVP_MD *sha256;    /* fetched once */
 static EVP_MD_CTX *digest;      /* re-initialised by each hash of an HMAC */
@@ -98,6 +114,51 @@ crypto_failure(const char *what)
     return NULL;
 }
 
+/* quic.packet.QuicPacketError with `message` (ValueError if that module cannot be imported);
+ * looked up on the first refusal, not at import: quic.packet imports this module. */
+static PyObject *
+refuse(const char *message)
+{
+    static PyObject *error_type;
+    if (error_type == NULL) {
+        PyObject *owner = PyImport_ImportModule(attribute_table[QUIC_PACKET_ERROR][0]);
+        if (owner != NULL) {
+            error_type = PyObject_GetAttrString(owner, attribute_table[QUIC_PACKET_ERROR][1]);
+            Py_DECREF(owner);
+        }
+        if (error_type == NULL) {
+            PyErr_Clear();
+            PyErr_SetString(PyExc_ValueError, message);
+            return NULL;
+        }
+    }
+    PyErr_SetString(error_type, message);
+    return NULL;
+}
+
+/* A ClientHello or CRYPTO limit as Python passed it: 1 with *out set, 0 with QuicPacketError set. */
+static int
+limit(long long value, uint64_t *out)
+{
+    if (value < 0) {
+        refuse("a ClientHello or CRYPTO limit is not negative");
+        return 0;
+    }
+    *out = (uint64_t)value;
+    return 1;
+}
+
+/* Whether [offset, end) of a datagram of `size` bytes holds an Initial whose packet number is at
+ * pn_offset, with room for the longest packet number and the header protection sample (RFC 9001
+ * section 5.4.2) and no more than libcrypto takes in one call; no comparison can overflow,
+ * whatever the caller passed. */
+static int
+positions_fit(Py_ssize_t size, Py_ssize_t offset, Py_ssize_t pn_offset, Py_ssize_t end)
+{
+    return offset >= 0 && pn_offset > offset && end >= 0 && end <= size &&
+           end - MAX_PN_BYTES - SAMPLE_BYTES >= pn_offset && end - offset <= INT_MAX;
+}
+
 PyDoc_STRVAR(initial_keys_doc,
              "initial_keys(salt, dcid, secret_info, key_info, iv_info, hp_info) -> (key, iv, hp)\n\n"
              "HKDF-Extract(salt, dcid), HKDF-Expand of the direction's secret with ``secret_info``, then of\n"
@@ -126,13 +187,17 @@ initial_keys(PyObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "y*y*y*y*y*y*:initial_keys", &salt, &dcid, &secret_info, &key_info, &iv_info, &hp_info))
         return NULL;
     unsigned char key[SHA256_BYTES], iv[SHA256_BYTES], hp[SHA256_BYTES];
-    int ok = derive_keys(&salt, dcid.buf, (size_t)dcid.len, &secret_info, &key_info, &iv_info, &hp_info, key, iv, hp);
+    int salt_fits = salt.len <= HMAC_KEY_BYTES;
+    int ok = salt_fits &&
+             derive_keys(&salt, dcid.buf, (size_t)dcid.len, &secret_info, &key_info, &iv_info, &hp_info, key, iv, hp);
     PyBuffer_Release(&salt);
     PyBuffer_Release(&dcid);
     PyBuffer_Release(&secret_info);
     PyBuffer_Release(&key_info);
     PyBuffer_Release(&iv_info);
     PyBuffer_Release(&hp_info);
+    if (!salt_fits)
+        return refuse("an Initial salt is at most 64 bytes");
     if (!ok)
         return crypto_failure("initial_keys");
     return Py_BuildValue("(y#y#y#)", key, (Py_ssize_t)KEY_BYTES, iv, (Py_ssize_t)IV_BYTES, hp, (Py_ssize_t)HP_BYTES);
@@ -158,10 +223,10 @@ PyDoc_STRVAR(
     "open_initial(datagram, key, iv, hp, offset, pn_offset, end, largest_pn) -> (packet_number, payload) | None\n\n"
     "Remove header protection from the Initial whose first byte is at ``offset``, whose packet number\n"
     "is at ``pn_offset`` and which ends at ``end``, then open its payload; None if it does not\n"
-    "authenticate. ValueError for positions or key sizes the caller should not have passed.");
+    "authenticate. QuicPacketError for positions or key sizes the caller should not have passed.");
 
 /* Header protection off the Initial at `offset` of `d` (its packet number at `pn_offset`, its end at
- * `end`, positions the caller checked: pn_offset + 4 + 16 <= end), then its payload opened into a new
+ * `end`, positions its entry point checked with positions_fit), then its payload opened into a new
  * bytes object: 1 with *packet_number and *payload set, 0 if it does not authenticate, -1 with a
  * Python error set. */
 static int
@@ -244,10 +309,11 @@ open_initial(PyObject *self, PyObject *args)
     PyObject *result = NULL, *payload = NULL;
     int64_t packet_number = 0;
     if (key.len != KEY_BYTES || iv.len != IV_BYTES || hp.len != HP_BYTES) {
-        PyErr_SetString(PyExc_ValueError, "Initial keys are a 16-byte key, a 12-byte IV and a 16-byte hp key");
-    } else if (offset < 0 || pn_offset <= offset || end > datagram.len ||
-               pn_offset > end - MAX_PN_BYTES - SAMPLE_BYTES || largest_pn < -1 || largest_pn >= PN_LIMIT) {
-        PyErr_SetString(PyExc_ValueError, "Initial positions out of the datagram");
+        refuse("Initial keys are a 16-byte key, a 12-byte IV and a 16-byte hp key");
+    } else if (!positions_fit(datagram.len, offset, pn_offset, end)) {
+        refuse("Initial positions out of the datagram");
+    } else if (largest_pn < -1 || largest_pn >= PN_LIMIT) {
+        refuse("the largest packet number is -1 (none) or below 2^62");
     } else {
         int opened = open_packet(datagram.buf, offset, pn_offset, end, (int64_t)largest_pn, key.buf, iv.buf, hp.buf,
                                  &packet_number, &payload);
@@ -393,7 +459,7 @@ client_hello(span hello, PyObject **server_name, PyObject **alpn)
         return 1; /* no extensions (TLS 1.2) */
     if (!vector(hello, &pos, 2, &extensions) || pos != hello.n)
         return 0;
-    static unsigned char seen[65536 / 8];
+    unsigned char seen[65536 / 8]; /* extension types met: on the stack, so a nested call cannot share it */
     memset(seen, 0, sizeof seen);
     size_t at = 0;
     while (at < extensions.n) {
@@ -516,9 +582,14 @@ static PyObject *
 sniff_initial(PyObject *self, PyObject *args)
 {
     Py_buffer payload;
-    unsigned long long max_crypto, max_hello;
-    if (!PyArg_ParseTuple(args, "y*KK:sniff_initial", &payload, &max_crypto, &max_hello))
+    long long max_crypto_arg, max_hello_arg;
+    uint64_t max_crypto, max_hello;
+    if (!PyArg_ParseTuple(args, "y*LL:sniff_initial", &payload, &max_crypto_arg, &max_hello_arg))
         return NULL;
+    if (!limit(max_crypto_arg, &max_crypto) || !limit(max_hello_arg, &max_hello)) {
+        PyBuffer_Release(&payload);
+        return NULL;
+    }
     PyObject *server_name, *alpn, *result = NULL;
     int found = payload_facts((span){ payload.buf, (size_t)payload.len }, max_crypto, max_hello, &server_name, &alpn);
     PyBuffer_Release(&payload);
@@ -537,7 +608,7 @@ PyDoc_STRVAR(sniff_first_doc,
              "inputs as ``initial_keys`` takes them), its opening, then what ``sniff_initial`` reads of its payload.\n"
              "``facts`` is (server_name, alpn) and ``opened`` None when the payload held the whole ClientHello the\n"
              "usual way; else ``facts`` is None and ``opened`` (key, iv, hp, payload) for the reference walk and\n"
-             "the flow's next datagrams. None if the packet does not authenticate; ValueError for positions the\n"
+             "the flow's next datagrams. None if the packet does not authenticate; QuicPacketError for positions the\n"
              "caller should not have passed.");
 
 static PyObject *
@@ -545,17 +616,24 @@ sniff_first(PyObject *self, PyObject *args)
 {
     Py_buffer datagram, salt, secret_info, key_info, iv_info, hp_info, dcid;
     Py_ssize_t pn_offset, end;
-    unsigned long long max_crypto, max_hello;
-    if (!PyArg_ParseTuple(args, "y*y*y*y*y*y*y*nnKK:sniff_first", &datagram, &salt, &secret_info, &key_info, &iv_info,
-                          &hp_info, &dcid, &pn_offset, &end, &max_crypto, &max_hello))
+    long long max_crypto_arg, max_hello_arg;
+    uint64_t max_crypto, max_hello;
+    if (!PyArg_ParseTuple(args, "y*y*y*y*y*y*y*nnLL:sniff_first", &datagram, &salt, &secret_info, &key_info, &iv_info,
+                          &hp_info, &dcid, &pn_offset, &end, &max_crypto_arg, &max_hello_arg))
         return NULL;
     PyObject *result = NULL, *payload = NULL, *server_name, *alpn;
     unsigned char key[SHA256_BYTES], iv[SHA256_BYTES], hp[SHA256_BYTES];
     int64_t packet_number = 0;
-    if (pn_offset <= 0 || end > datagram.len || pn_offset > end - MAX_PN_BYTES - SAMPLE_BYTES) {
-        PyErr_SetString(PyExc_ValueError, "Initial positions out of the datagram");
+    if (!positions_fit(datagram.len, 0, pn_offset, end)) {
+        refuse("Initial positions out of the datagram");
         goto done;
     }
+    if (salt.len > HMAC_KEY_BYTES) {
+        refuse("an Initial salt is at most 64 bytes");
+        goto done;
+    }
+    if (!limit(max_crypto_arg, &max_crypto) || !limit(max_hello_arg, &max_hello))
+        goto done;
     if (!derive_keys(&salt, dcid.buf, (size_t)dcid.len, &secret_info, &key_info, &iv_info, &hp_info, key, iv, hp)) {
         crypto_failure("initial_keys");
         goto done;
@@ -593,11 +671,14 @@ static PyObject *
 client_hello_facts(PyObject *self, PyObject *args)
 {
     Py_buffer handshake;
-    unsigned long long max_hello;
-    if (!PyArg_ParseTuple(args, "y*K:client_hello_facts", &handshake, &max_hello))
+    long long max_hello_arg;
+    uint64_t max_hello;
+    if (!PyArg_ParseTuple(args, "y*L:client_hello_facts", &handshake, &max_hello_arg))
         return NULL;
     PyObject *result = NULL, *server_name = NULL, *alpn = NULL;
     span hello = { handshake.buf, (size_t)handshake.len };
+    if (!limit(max_hello_arg, &max_hello))
+        goto done;
     if (hello.n < 4 || hello.p[0] != 1 ||
         4 + (((size_t)hello.p[1] << 16) | ((size_t)hello.p[2] << 8) | hello.p[3]) != hello.n || hello.n > max_hello) {
         result = Py_NewRef(Py_None);
@@ -689,5 +770,22 @@ PyInit__initial_protection(void)
         PyErr_SetString(PyExc_ImportError, "libcrypto has no SHA-256, AES-128-ECB or AES-128-GCM here");
         return NULL;
     }
-    return PyModule_Create(&module);
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL)
+        return NULL;
+    PyObject *attributes = PyTuple_New(ATTRIBUTE_COUNT);
+    for (Py_ssize_t i = 0; attributes != NULL && i < ATTRIBUTE_COUNT; i++) {
+        PyObject *pair = Py_BuildValue("(ss)", attribute_table[i][0], attribute_table[i][1]);
+        if (pair == NULL)
+            Py_CLEAR(attributes);
+        else
+            PyTuple_SET_ITEM(attributes, i, pair);
+    }
+    if (attributes == NULL || PyModule_AddObjectRef(m, "ATTRIBUTES", attributes) < 0) {
+        Py_XDECREF(attributes);
+        Py_DECREF(m);
+        return NULL;
+    }
+    Py_DECREF(attributes);
+    return m;
 }
