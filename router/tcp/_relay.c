@@ -1,5 +1,16 @@
 /* router.tcp._relay: the TCP relay's byte pump in C (the same pump as router/tcp/pump.py).
  *
+ * What it owns: each engine's epoll set, scratch buffer and event array; each relay's pipes,
+ * held bytes and counts while it runs, and the engine's reference to it (epoll names the relay).
+ * The two fds of a relay stay Python's: they are closed here only when Python says so
+ * (close_fds), after leaving the epoll set. Python is reached only through the callbacks handed
+ * to start (no attribute is read or written by name: ATTRIBUTES is empty).
+ * What it must never do: block (every socket call is non-blocking, epoll_wait does not wait),
+ * keep a borrowed reference past a call into Python (a callback is held while it runs), touch a
+ * relay's fds after a callback ended it (they may be another connection's by then: after each
+ * callback the pump looks at `over`), leave a freed relay in the epoll set, or trust a caller's
+ * fds, sizes or callbacks: every entry point checks its own arguments.
+ *
  * Optional: built at install when a C compiler is there; without it (or with the
  * NO_EXTENSIONS_ENV variable set) router/tcp/relay.py runs its pure-Python pump, which the test
  * suite runs too. Why: a short connection's relay costs the Python pump ~20 us of interpreter
@@ -8,9 +19,8 @@
  *
  * Only the pumping is here. The policy stays in Python (router/tcp/native_relay.py): the idle
  * timer, when a quiet pipe is given back, who ended the connection (termination causes from the
- * errno, the failing direction and the TCP states), when to close the sockets (the fds are
- * Python's: this module closes them only when told to, by close_fds), the metrics. Python is
- * called back only when a relay ends
+ * errno, the failing direction and the TCP states), when to close the sockets, the metrics.
+ * Python is called back only when a relay ends
  * (on_end(relay, errno or 0, failing direction, first end of stream, client->pod done, pod->client done)),
  * has carried report_bytes more (on_bytes) or takes a pipe (on_acquired). A dispatch tells the ends
  * it found only once it has pumped every ready relay (see end()).
@@ -173,15 +183,31 @@ call_or_report(PyObject *callable, PyObject *result)
         Py_DECREF(result);
 }
 
+/* callback(a, b), or callback() without `counts`, if there is one. Held for the call: the callback
+ * may end the relay, which drops the relay's own reference to it. After it, the caller looks at
+ * r->over before it touches the relay's fds again: an ended relay's fds may be another
+ * connection's by then. */
+static void
+call_back(PyObject *callback, const unsigned long long *counts)
+{
+    if (callback == NULL || callback == Py_None)
+        return;
+    Py_INCREF(callback);
+    PyObject *result =
+        counts ? PyObject_CallFunction(callback, "KK", counts[0], counts[1]) : PyObject_CallNoArgs(callback);
+    call_or_report(callback, result);
+    Py_DECREF(callback);
+}
+
 static void
 report(RelayObject *r)
 {
     Way *up = &r->w[CLIENT_TO_POD], *down = &r->w[POD_TO_CLIENT];
-    unsigned long long a = up->sent - up->reported, b = down->sent - down->reported;
+    unsigned long long counts[2] = { up->sent - up->reported, down->sent - down->reported };
     up->reported = up->sent;
     down->reported = down->sent;
-    if ((a || b) && r->on_bytes != NULL && r->on_bytes != Py_None)
-        call_or_report(r->on_bytes, PyObject_CallFunction(r->on_bytes, "KK", a, b));
+    if (counts[0] || counts[1])
+        call_back(r->on_bytes, counts);
 }
 
 static void
@@ -189,7 +215,7 @@ count(RelayObject *r, Way *w, Py_ssize_t n)
 {
     w->sent += (unsigned long long)n;
     if (w->sent - w->reported >= r->engine->report_bytes)
-        report(r);
+        report(r); /* on_bytes may end the relay: the caller looks at r->over next */
 }
 
 /* -- pipes and buffers ---------------------------------------------------------------------- */
@@ -224,8 +250,7 @@ open_pipe(RelayObject *r, Way *w)
     fcntl(w->pipe_w, F_SETPIPE_SZ, (int)r->engine->pipe_bytes); /* EPERM: over the soft limit, default size */
     int cap = fcntl(w->pipe_w, F_GETPIPE_SZ);
     w->pipe_cap = cap > 0 ? cap : 65536;
-    if (r->on_acquired != NULL && r->on_acquired != Py_None)
-        call_or_report(r->on_acquired, PyObject_CallNoArgs(r->on_acquired));
+    call_back(r->on_acquired, NULL); /* may end the relay: the caller looks at r->over next */
     return 1;
 }
 
@@ -248,6 +273,8 @@ flush(RelayObject *r, Way *w)
     }
     w->pending -= n;
     count(r, w, n);
+    if (r->over)
+        return 0; /* on_bytes ended the relay: its fds may be another connection's already */
     if (w->pending) {
         if (!w->splice)
             w->out_off += n;
@@ -313,6 +340,8 @@ pump_splice(RelayObject *r, Way *w)
                 return p;
             if (p == 0)
                 return pump_buffered(r, w);
+            if (r->over)
+                return 0; /* on_acquired ended the relay */
         }
         ssize_t n = splice(w->src, NULL, w->pipe_w, NULL, (size_t)w->pipe_cap, SPLICE_F_MOVE | SPLICE_F_NONBLOCK);
         int got = after_read(r, w, n);
@@ -353,6 +382,8 @@ pump_buffered(RelayObject *r, Way *w)
             s = 0;
         }
         count(r, w, s);
+        if (r->over)
+            return 0; /* on_bytes ended the relay */
         if (s < n) {
             w->out = PyMem_Malloc((size_t)(n - s));
             if (w->out == NULL)
@@ -457,8 +488,8 @@ end(RelayObject *r, int error, int way)
         return;
     stop(r);
     /* A failure's on_end may close one fd itself (a dial's failure keeps the client's to answer):
-     * out of the set first. A clean end's on_end closes both through close_fds, whose close takes
-     * them out of the set: nothing is left to unwatch after it then. */
+     * out of the set first. A clean end's on_end closes both through close_fds, which takes them
+     * out of the set itself: nothing is left to unwatch after it then. */
     if (error)
         unwatch(r);
     EngineObject *e = r->engine;
@@ -495,8 +526,7 @@ connected(RelayObject *r, double now)
     }
     r->connecting = 0;
     r->w[0].last = r->w[1].last = now;
-    if (r->on_connected != NULL && r->on_connected != Py_None)
-        call_or_report(r->on_connected, PyObject_CallNoArgs(r->on_connected));
+    call_back(r->on_connected, NULL);
     if (r->over)
         return; /* on_connected aborted it */
     r->w[POD_TO_CLIENT].want = READ;
@@ -574,6 +604,12 @@ init_way(Way *w, int src, int dst, int to_splice, int splice_now, double now)
     w->last = now;
 }
 
+static int
+callable_or_none(PyObject *callback)
+{
+    return callback == Py_None || PyCallable_Check(callback);
+}
+
 static PyObject *
 engine_start(EngineObject *e, PyObject *args)
 {
@@ -583,9 +619,17 @@ engine_start(EngineObject *e, PyObject *args)
     if (!PyArg_ParseTuple(args, "iiy*ppOOOO", &cfd, &pfd, &initial, &to_splice, &connecting, &on_end, &on_bytes,
                           &on_acquired, &on_connected))
         return NULL;
-    if (e->epfd < 0) {
+    const char *refused = NULL;
+    if (e->epfd < 0)
+        refused = "the relay engine is closed";
+    else if (cfd < 0 || pfd < 0 || cfd == pfd)
+        refused = "a relay's client and pod fds are two different fds, neither negative";
+    else if (!PyCallable_Check(on_end) || !callable_or_none(on_bytes) || !callable_or_none(on_acquired) ||
+             !callable_or_none(on_connected))
+        refused = "on_end is callable; on_bytes, on_acquired and on_connected callable or None";
+    if (refused != NULL) {
         PyBuffer_Release(&initial);
-        PyErr_SetString(PyExc_ValueError, "the relay engine is closed");
+        PyErr_SetString(PyExc_ValueError, refused);
         return NULL;
     }
     RelayObject *r = PyObject_GC_New(RelayObject, &RelayType);
@@ -636,6 +680,8 @@ engine_start(EngineObject *e, PyObject *args)
         up->want = READ;
     }
     PyBuffer_Release(&initial);
+    if (r->over)
+        return (PyObject *)r; /* on_bytes ended it during the first flush */
     if (status < 0) {
         end(r, -status, CLIENT_TO_POD);
     } else {
@@ -680,13 +726,16 @@ engine_init(EngineObject *e, PyObject *args, PyObject *kwds)
     static char *names[] = { "chunk_bytes", "splice_after_bytes",  "pipe_bytes", "report_bytes",
                              "rounds",      "events_per_dispatch", NULL };
     Py_ssize_t chunk, splice_after, pipe_bytes;
-    unsigned long long report_bytes;
+    long long report_bytes;
     int rounds, batch;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "$nnnKii", names, &chunk, &splice_after, &pipe_bytes, &report_bytes,
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "$nnnLii", names, &chunk, &splice_after, &pipe_bytes, &report_bytes,
                                      &rounds, &batch))
         return -1;
-    if (chunk <= 0 || splice_after < 0 || pipe_bytes <= 0 || report_bytes == 0 || rounds <= 0 || batch <= 0) {
-        PyErr_SetString(PyExc_ValueError, "relay engine sizes must be positive (splice_after_bytes: >= 0)");
+    /* a read or a pipe's size is an int to the kernel (F_SETPIPE_SZ) */
+    if (chunk <= 0 || chunk > INT_MAX || splice_after < 0 || pipe_bytes <= 0 || pipe_bytes > INT_MAX ||
+        report_bytes <= 0 || rounds <= 0 || batch <= 0) {
+        PyErr_SetString(PyExc_ValueError,
+                        "relay engine sizes must be positive (splice_after_bytes: >= 0; chunk and pipe bytes: an int)");
         return -1;
     }
     if (e->epfd >= 0 || e->scratch != NULL || e->events != NULL) {
@@ -707,7 +756,7 @@ engine_init(EngineObject *e, PyObject *args, PyObject *kwds)
     e->chunk = chunk;
     e->splice_after = splice_after;
     e->pipe_bytes = pipe_bytes;
-    e->report_bytes = report_bytes;
+    e->report_bytes = (unsigned long long)report_bytes;
     e->rounds = rounds;
     e->batch = batch;
     return 0;
@@ -847,6 +896,10 @@ module_accept(PyObject *Py_UNUSED(module), PyObject *args)
     int listener, most;
     if (!PyArg_ParseTuple(args, "ii", &listener, &most))
         return NULL;
+    if (most < 0) { /* the listener is the kernel's to judge: a bad one is the EBADF returned */
+        PyErr_SetString(PyExc_ValueError, "accept's batch is not negative");
+        return NULL;
+    }
     PyObject *accepted = PyList_New(0);
     if (accepted == NULL)
         return NULL;
@@ -904,9 +957,10 @@ relay_abort(RelayObject *r, PyObject *Py_UNUSED(ignored))
 }
 
 /* close_fds(reset): stop (as abort) and close both fds, which the caller gives up (a socket object
- * detached first). Why: closing an fd takes it out of the epoll set, so a relay that ends this way
- * needs no epoll_ctl at all (two system calls less per connection). reset: RST, not FIN. In on_end
- * too: end() then leaves the closed fds alone. */
+ * detached first). A watched fd leaves the epoll set first: close() drops a registration only with
+ * the last fd of its file, and a dup (or a forked child) keeps the file open, with the
+ * registration naming this relay after it is freed. reset: RST, not FIN. In on_end too: end()
+ * then leaves the closed fds alone. */
 static PyObject *
 relay_close_fds(RelayObject *r, PyObject *arg)
 {
@@ -923,8 +977,10 @@ relay_close_fds(RelayObject *r, PyObject *arg)
             continue;
         if (reset)
             setsockopt(fds[i], SOL_SOCKET, SO_LINGER, &now, sizeof now); /* failing: a FIN instead */
-        if ((i == 0 ? r->cmask : r->pmask) != 0)
+        if ((i == 0 ? r->cmask : r->pmask) != 0) {
+            epoll_ctl(r->engine->epfd, EPOLL_CTL_DEL, fds[i], NULL); /* EBADF: the engine is closed */
             r->engine->watched--;
+        }
         close(fds[i]);
     }
     r->cfd = r->pfd = -1;
@@ -1065,13 +1121,17 @@ PyInit__relay(void)
     PyObject *m = PyModule_Create(&relay_module);
     if (m == NULL)
         return NULL;
-    if (PyModule_AddObjectRef(m, "Engine", (PyObject *)&EngineType) < 0 ||
+    PyObject *attributes = PyTuple_New(0); /* none: Python is reached through the callbacks only */
+    if (attributes == NULL || PyModule_AddObjectRef(m, "ATTRIBUTES", attributes) < 0 ||
+        PyModule_AddObjectRef(m, "Engine", (PyObject *)&EngineType) < 0 ||
         PyModule_AddObjectRef(m, "Relay", (PyObject *)&RelayType) < 0 ||
         PyModule_AddIntConstant(m, "CLIENT_TO_POD", CLIENT_TO_POD) < 0 ||
         PyModule_AddIntConstant(m, "POD_TO_CLIENT", POD_TO_CLIENT) < 0 ||
         PyModule_AddIntConstant(m, "CONNECT", CONNECT) < 0) {
+        Py_XDECREF(attributes);
         Py_DECREF(m);
         return NULL;
     }
+    Py_DECREF(attributes);
     return m;
 }
