@@ -28,6 +28,13 @@
 
 #define RING_ENTRIES       128         /* submission slots: one batch's messages (at most BATCH) and room */
 #define RING_NOT_SUBMITTED (-1 - 4095) /* a result no errno has: the kernel never took this entry */
+#define RING_UNSEEN        (-2 - 4095) /* nor this: the kernel took it, its completion was not seen */
+
+/* io_uring_enter(2), through a macro so that tests/support/send_ring_faults.c can make it fail the
+ * way a kernel may (nothing else defines it). */
+#ifndef SEND_RING_ENTER
+#define SEND_RING_ENTER(fd, submit, wait, flags) syscall(__NR_io_uring_enter, fd, submit, wait, flags, NULL, 0)
+#endif
 
 #ifndef IORING_SETUP_SUBMIT_ALL
 #define IORING_SETUP_SUBMIT_ALL (1U << 7) /* 5.18: a failing entry does not stop the rest */
@@ -81,6 +88,14 @@ send_ring_close(SendRing *r)
         close(r->fd);
     memset(r, 0, sizeof *r);
     r->fd = -1;
+}
+
+/* Whether an entry's result says its message was never sent, so sending it now sends it once: the
+ * kernel did not take it, a failure earlier in its link cancelled it, or it was interrupted. */
+static inline int
+send_ring_untried(int result)
+{
+    return result == RING_NOT_SUBMITTED || result == -ECANCELED || result == -EINTR;
 }
 
 /* Whether the kernel's ring runs IORING_OP_SENDMSG (5.3+): an unknown opcode would complete with
@@ -188,8 +203,10 @@ send_ring_queue(SendRing *r, int fd, struct msghdr *msg, unsigned index, int lin
 }
 
 /* Submit what is queued and wait for all of it: results[i] is entry i's result (bytes sent, or
- * -errno), RING_NOT_SUBMITTED for one the kernel did not take. Returns 0, or -1 if the ring is
- * no longer fit to use (the caller closes it and sends the untaken entries itself). */
+ * -errno), RING_NOT_SUBMITTED for one the kernel did not take, RING_UNSEEN for one it took whose
+ * completion the wait failed to bring (it may have been sent: never send it again). Returns 0, or
+ * -1 if the ring is no longer fit to use (the caller closes it and sends the untaken entries
+ * itself). */
 static int
 send_ring_run(SendRing *r, int *results)
 {
@@ -202,10 +219,12 @@ send_ring_run(SendRing *r, int *results)
     r->queued = 0;
     long submitted;
     do
-        submitted = syscall(__NR_io_uring_enter, r->fd, n, n, IORING_ENTER_GETEVENTS, NULL, 0);
+        submitted = SEND_RING_ENTER(r->fd, n, n, IORING_ENTER_GETEVENTS);
     while (submitted < 0 && errno == EINTR);
     if (submitted < 0)
         return -1; /* nothing was taken; the entries stay queued: the ring is done */
+    for (unsigned i = 0; i < (unsigned)submitted && i < n; i++)
+        results[i] = RING_UNSEEN; /* the kernel takes entries in order: these ran, or will */
     unsigned reaped = 0;
     while (reaped < (unsigned)submitted) {
         unsigned head = *r->cq_head, tail = __atomic_load_n(r->cq_tail, __ATOMIC_ACQUIRE);
@@ -216,9 +235,8 @@ send_ring_run(SendRing *r, int *results)
         }
         __atomic_store_n(r->cq_head, head, __ATOMIC_RELEASE);
         if (reaped < (unsigned)submitted &&
-            syscall(__NR_io_uring_enter, r->fd, 0, (unsigned)submitted - reaped, IORING_ENTER_GETEVENTS, NULL, 0) < 0 &&
-            errno != EINTR)
-            return -1;
+            SEND_RING_ENTER(r->fd, 0, (unsigned)submitted - reaped, IORING_ENTER_GETEVENTS) < 0 && errno != EINTR)
+            return -1; /* a taken entry not reaped stays RING_UNSEEN: not sent twice */
     }
     return submitted == n ? 0 : -1;
 }

@@ -1,5 +1,18 @@
 /* router.udp._splice: the established QUIC flows' datagrams, both ways, batched across flows.
  *
+ * What it owns: the epoll set of the attached pod sockets, the datagram buffers, the io_uring
+ * send ring (_send_ring.h), and a strong reference to each attached flow object with its client
+ * address, until detach or close. The pod sockets and the public socket stay Python's: never
+ * closed here. The attributes written on the flow objects are named once, in attribute_table
+ * (exported as ATTRIBUTES, checked against router/udp/flow_table.py's Flow by
+ * tests/test_c_attributes.py). Flows point back at the splice through their links, so the splice
+ * has GC support: a splice dropped without close() is collected with its flows.
+ * What it must never do: block (every socket call is MSG_DONTWAIT, epoll_wait does not wait), keep
+ * a borrowed reference past a call that may run Python code (a call that does is made while the
+ * splice is busy, so nothing re-entered can free what it walks), send one client address's
+ * datagrams to another flow's pod, or trust a caller's fds, sizes or addresses: every entry point
+ * checks its own arguments (a pod fd must be an open UDP socket, a size must fit the arrays it sizes).
+ *
  * Optional: built at install when a C compiler is there; without it the router runs the same
  * flows through its pure-Python path (router/udp/pod_link.py, pod_to_client.py), which the test
  * suite runs too. The policy stays in Python. This module only moves bytes for flows Python
@@ -61,6 +74,8 @@
 #endif
 #define GRO_MAX_SEGMENTS 64 /* datagrams one GRO read holds at most (the kernel's UDP_GRO_CNT_MAX) */
 #define OUT_DATAGRAMS    (BATCH * GRO_MAX_SEGMENTS) /* pod datagrams one from_pods call may queue */
+#define MAX_BATCHES      4096  /* recvmmsg calls per from_clients at most: far above any callback's share */
+#define MAX_PER_POD      65536 /* datagrams read from one pod socket per from_pods at most, likewise */
 
 /* One datagram to send: its bytes and where to (NULL on a connected socket). */
 typedef struct {
@@ -97,12 +112,12 @@ typedef struct {
     int gso; /* the kernel takes UDP_SEGMENT sends (until one says it cannot) */
     unsigned int call;
     Slot **by_fd;
-    int by_fd_len;
+    Py_ssize_t by_fd_len;
     Py_ssize_t flows;
     PyObject *by_key;   /* client address key -> pod fd */
     PyObject *failures; /* list of (flow, errno) */
-    Slot **touched;
-    int touched_len;
+    Slot **touched;     /* the flows this call counted: each once, so never more than are attached */
+    Py_ssize_t touched_len, touched_cap;
     char *client_buffers; /* BATCH x BUFFER_BYTES, mmap'd: only touched pages count */
     char *pod_buffers;
     Datagram *pod_out;               /* OUT_DATAGRAMS: the pod datagrams one from_pods call queues */
@@ -112,7 +127,16 @@ typedef struct {
     unsigned long long to_pod_bytes, to_client_bytes;
 } Splicer;
 
-static PyObject *s_last_active, *s_client_seen_at, *s_client_bytes, *s_pod_bytes;
+/* The attributes of Python objects this file reads or writes by name (owner, name): the one list of
+ * them, exported as ATTRIBUTES, interned at import into `attribute`. */
+enum { LAST_ACTIVE, CLIENT_SEEN_AT, CLIENT_BYTES, POD_BYTES, ATTRIBUTE_COUNT };
+static const char *const attribute_table[ATTRIBUTE_COUNT][2] = {
+    [LAST_ACTIVE] = { "router.udp.flow_table.Flow", "last_active" },
+    [CLIENT_SEEN_AT] = { "router.udp.flow_table.Flow", "client_seen_at" },
+    [CLIENT_BYTES] = { "router.udp.flow_table.Flow", "client_bytes" },
+    [POD_BYTES] = { "router.udp.flow_table.Flow", "pod_bytes" },
+};
+static PyObject *attribute[ATTRIBUTE_COUNT];
 
 /* -- addresses ---------------------------------------------------------------------------- */
 
@@ -221,7 +245,7 @@ slot_for_address(Splicer *self, const struct sockaddr *sa)
 static void
 touch(Splicer *self, Slot *slot)
 {
-    if (slot->touched_call != self->call) {
+    if (slot->touched_call != self->call && self->touched_len < self->touched_cap) { /* attach keeps room */
         slot->touched_call = self->call;
         self->touched[self->touched_len++] = slot;
     }
@@ -252,19 +276,19 @@ write_counts(Splicer *self, double now, int client_side)
     if (!when)
         return -1;
     int rc = 0;
-    for (int i = 0; i < self->touched_len && rc == 0; i++) {
+    for (Py_ssize_t i = 0; i < self->touched_len && rc == 0; i++) {
         Slot *slot = self->touched[i];
         if (!slot->flow)
             continue;
-        rc = PyObject_SetAttr(slot->flow, s_last_active, when);
+        rc = PyObject_SetAttr(slot->flow, attribute[LAST_ACTIVE], when);
         if (rc == 0 && client_side) {
-            rc = PyObject_SetAttr(slot->flow, s_client_seen_at, when);
+            rc = PyObject_SetAttr(slot->flow, attribute[CLIENT_SEEN_AT], when);
             if (rc == 0 && slot->client_bytes)
-                rc = add_to_attribute(slot->flow, s_client_bytes, slot->client_bytes);
+                rc = add_to_attribute(slot->flow, attribute[CLIENT_BYTES], slot->client_bytes);
             slot->client_bytes = 0;
         } else if (rc == 0) {
             if (slot->pod_bytes)
-                rc = add_to_attribute(slot->flow, s_pod_bytes, slot->pod_bytes);
+                rc = add_to_attribute(slot->flow, attribute[POD_BYTES], slot->pod_bytes);
             slot->pod_bytes = 0;
         }
     }
@@ -403,7 +427,7 @@ static unsigned long long
 after_ring_failure(Splicer *self, Slot *slot, int result, int run, Datagram *d, int count)
 {
     int error = -result;
-    if (result == RING_NOT_SUBMITTED || error == ECANCELED || error == EINTR) /* never tried: try now */
+    if (send_ring_untried(result)) /* never sent: send now */
         return send_datagrams(self, slot->fd, d, count, self->gso && !slot->no_gso, slot);
     if (error == EAGAIN || error == EWOULDBLOCK || error == ENOBUFS)
         return 0; /* full: dropped, as UDP drops */
@@ -446,6 +470,8 @@ ring_to_pods(Splicer *self, Datagram *d, PodSends *sends, int flows)
                 bytes += (unsigned long long)results[g];
                 continue;
             }
+            if (results[g] == RING_UNSEEN)
+                continue; /* the kernel took it; whether it left is unknown: never sent twice, not counted */
             int at = (int)(msgs[g].msg_hdr.msg_iov - (iovs + s->first)); /* its first datagram in the flow's */
             bytes += after_ring_failure(self, s->slot, results[g], (int)msgs[g].msg_hdr.msg_iovlen, d + s->first + at,
                                         s->count - at);
@@ -483,8 +509,8 @@ Splicer_init(Splicer *self, PyObject *args, PyObject *kwds)
     int listener, batches, per_pod, io_uring = 1;
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "iii|$p", names, &listener, &batches, &per_pod, &io_uring))
         return -1;
-    if (batches < 1 || per_pod < 1) {
-        PyErr_SetString(PyExc_ValueError, "batches and per_pod must be >= 1");
+    if (batches < 1 || batches > MAX_BATCHES || per_pod < 1 || per_pod > MAX_PER_POD) {
+        PyErr_Format(PyExc_ValueError, "batches must be 1..%d and per_pod 1..%d", MAX_BATCHES, MAX_PER_POD);
         return -1;
     }
     if (self->by_key) {
@@ -497,7 +523,10 @@ Splicer_init(Splicer *self, PyObject *args, PyObject *kwds)
         PyErr_SetFromErrno(PyExc_OSError);
         return -1;
     }
-    if (bound.ss_family != AF_INET && bound.ss_family != AF_INET6) {
+    int type = 0;
+    socklen_t type_len = sizeof type;
+    if ((bound.ss_family != AF_INET && bound.ss_family != AF_INET6) ||
+        getsockopt(listener, SOL_SOCKET, SO_TYPE, &type, &type_len) < 0 || type != SOCK_DGRAM) {
         PyErr_SetString(PyExc_ValueError, "the listener must be an IPv4 or IPv6 UDP socket");
         return -1;
     }
@@ -522,12 +551,10 @@ Splicer_init(Splicer *self, PyObject *args, PyObject *kwds)
         PyErr_NoMemory();
         return -1;
     }
-    int most = batches * BATCH > BATCH * 2 ? batches * BATCH : BATCH * 2;
-    self->touched = PyMem_Calloc((size_t)most, sizeof(Slot *));
     self->pod_out = PyMem_Calloc(OUT_DATAGRAMS, sizeof(Datagram));
     self->by_key = PyDict_New();
     self->failures = PyList_New(0);
-    if (!self->touched || !self->pod_out || !self->by_key || !self->failures) {
+    if (!self->pod_out || !self->by_key || !self->failures) {
         PyErr_NoMemory();
         return -1;
     }
@@ -552,7 +579,7 @@ free_slot(Splicer *self, Slot *slot)
 static void
 release_all(Splicer *self)
 {
-    for (int fd = 0; fd < self->by_fd_len; fd++)
+    for (Py_ssize_t fd = 0; fd < self->by_fd_len; fd++)
         if (self->by_fd[fd])
             free_slot(self, self->by_fd[fd]);
     PyMem_Free(self->by_fd);
@@ -571,14 +598,39 @@ release_all(Splicer *self)
     send_ring_close(&self->ring);
 }
 
+/* GC: the splice holds its flows, whose links (the router's PodLink) hold the splice: a splice
+ * dropped without close() is a cycle, which the collector finds through here and breaks with
+ * Splicer_clear (tests/test_udp_splice_calls.py). */
+static int
+Splicer_traverse(Splicer *self, visitproc visit, void *arg)
+{
+    for (Py_ssize_t fd = 0; fd < self->by_fd_len; fd++) {
+        if (self->by_fd[fd]) {
+            Py_VISIT(self->by_fd[fd]->flow);
+            Py_VISIT(self->by_fd[fd]->key);
+        }
+    }
+    Py_VISIT(self->by_key);
+    Py_VISIT(self->failures);
+    return 0;
+}
+
+static int
+Splicer_clear(Splicer *self)
+{
+    release_all(self);
+    Py_CLEAR(self->by_key);
+    Py_CLEAR(self->failures);
+    return 0;
+}
+
 static void
 Splicer_dealloc(Splicer *self)
 {
-    release_all(self);
+    PyObject_GC_UnTrack((PyObject *)self);
+    Splicer_clear(self);
     PyMem_Free(self->touched);
     PyMem_Free(self->pod_out);
-    Py_XDECREF(self->by_key);
-    Py_XDECREF(self->failures);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -605,6 +657,33 @@ ready(Splicer *self)
     return 1;
 }
 
+/* Room for a flow on `fd` (an open fd, so below INT_MAX: the doubling ends): in by_fd, and in
+ * `touched`, which one call fills with each flow it counts once. 0, or -1 out of memory. */
+static int
+grow_for(Splicer *self, int fd)
+{
+    if (self->flows == self->touched_cap) {
+        Py_ssize_t cap = self->touched_cap ? self->touched_cap * 2 : 64;
+        Slot **grown = PyMem_Realloc(self->touched, (size_t)cap * sizeof(Slot *));
+        if (!grown)
+            return -1;
+        self->touched = grown;
+        self->touched_cap = cap;
+    }
+    if (fd >= self->by_fd_len) {
+        Py_ssize_t length = self->by_fd_len ? self->by_fd_len : 64;
+        while (length <= fd)
+            length *= 2;
+        Slot **grown = PyMem_Realloc(self->by_fd, (size_t)length * sizeof(Slot *));
+        if (!grown)
+            return -1;
+        memset(grown + self->by_fd_len, 0, (size_t)(length - self->by_fd_len) * sizeof(Slot *));
+        self->by_fd = grown;
+        self->by_fd_len = length;
+    }
+    return 0;
+}
+
 static PyObject *
 Splicer_attach(Splicer *self, PyObject *args)
 {
@@ -612,58 +691,64 @@ Splicer_attach(Splicer *self, PyObject *args)
     PyObject *address, *flow;
     if (!PyArg_ParseTuple(args, "iOO", &fd, &address, &flow) || !ready(self))
         return NULL;
-    if (fd < 0 || slot_for_fd(self, fd)) {
-        PyErr_Format(PyExc_ValueError, "pod fd %d is negative or attached already", fd);
+    if (fd < 0 || fd == self->listener || slot_for_fd(self, fd)) {
+        PyErr_Format(PyExc_ValueError, "pod fd %d is negative, the listener's or attached already", fd);
         return NULL;
     }
-    Slot *slot = PyMem_Calloc(1, sizeof(Slot));
-    if (!slot)
-        return PyErr_NoMemory();
-    slot->fd = fd;
-    slot->scid_len = -1;
-    if (parse_address(self, address, &slot->client, &slot->client_len) < 0) {
-        PyMem_Free(slot);
+    struct sockaddr_in6 client;
+    socklen_t client_len;
+    if (parse_address(self, address, &client, &client_len) < 0)
         return NULL;
-    }
-    slot->key = key_of((struct sockaddr *)&slot->client);
-    PyObject *fd_object = PyLong_FromLong(fd);
-    if (!slot->key || !fd_object || PyDict_Contains(self->by_key, slot->key) != 0) {
-        if (slot->key && fd_object && !PyErr_Occurred())
+    PyObject *key = key_of((struct sockaddr *)&client);
+    int taken = key ? PyDict_Contains(self->by_key, key) : -1;
+    if (taken != 0) {
+        if (taken > 0)
             PyErr_Format(PyExc_ValueError, "client address %R is attached already", address);
-        Py_XDECREF(slot->key);
-        Py_XDECREF(fd_object);
-        PyMem_Free(slot);
+        Py_XDECREF(key);
         return NULL;
     }
-    if (fd >= self->by_fd_len) {
-        int length = self->by_fd_len ? self->by_fd_len : 64;
-        while (length <= fd)
-            length *= 2;
-        Slot **grown = PyMem_Realloc(self->by_fd, (size_t)length * sizeof(Slot *));
-        if (!grown) {
-            Py_DECREF(slot->key);
-            Py_DECREF(fd_object);
-            PyMem_Free(slot);
-            return PyErr_NoMemory();
-        }
-        memset(grown + self->by_fd_len, 0, (size_t)(length - self->by_fd_len) * sizeof(Slot *));
-        self->by_fd = grown;
-        self->by_fd_len = length;
+    int type = 0;
+    socklen_t type_len = sizeof type;
+    int status = getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &type_len); /* also: no fd too big to index */
+    if (status < 0 || type != SOCK_DGRAM) {
+        if (status < 0)
+            PyErr_SetFromErrno(PyExc_OSError); /* EBADF, ENOTSOCK */
+        else
+            PyErr_Format(PyExc_ValueError, "pod fd %d is not a UDP socket", fd);
+        Py_DECREF(key);
+        return NULL;
     }
+    if (grow_for(self, fd) < 0) {
+        Py_DECREF(key);
+        return PyErr_NoMemory();
+    }
+    PyObject *fd_object = PyLong_FromLong(fd);
+    Slot *slot = fd_object ? PyMem_Calloc(1, sizeof(Slot)) : NULL;
     struct epoll_event event = { .events = EPOLLIN, .data.fd = fd };
-    if (epoll_ctl(self->epoll_fd, EPOLL_CTL_ADD, fd, &event) < 0 ||
-        PyDict_SetItem(self->by_key, slot->key, fd_object) < 0) {
-        if (!PyErr_Occurred())
+    if (!slot || epoll_ctl(self->epoll_fd, EPOLL_CTL_ADD, fd, &event) < 0) {
+        if (slot && !PyErr_Occurred())
             PyErr_SetFromErrno(PyExc_OSError);
-        epoll_ctl(self->epoll_fd, EPOLL_CTL_DEL, fd, NULL);
-        Py_DECREF(slot->key);
-        Py_DECREF(fd_object);
+        else if (!PyErr_Occurred())
+            PyErr_NoMemory();
         PyMem_Free(slot);
+        Py_XDECREF(fd_object);
+        Py_DECREF(key);
+        return NULL;
+    }
+    if (PyDict_SetItem(self->by_key, key, fd_object) < 0) {
+        epoll_ctl(self->epoll_fd, EPOLL_CTL_DEL, fd, NULL);
+        PyMem_Free(slot);
+        Py_DECREF(fd_object);
+        Py_DECREF(key);
         return NULL;
     }
     Py_DECREF(fd_object);
-    Py_INCREF(flow);
-    slot->flow = flow;
+    slot->fd = fd;
+    slot->scid_len = -1;
+    slot->client = client;
+    slot->client_len = client_len;
+    slot->key = key;
+    slot->flow = Py_NewRef(flow);
     self->by_fd[fd] = slot;
     self->flows++;
     Py_RETURN_NONE;
@@ -672,10 +757,10 @@ Splicer_attach(Splicer *self, PyObject *args)
 static PyObject *
 Splicer_detach(Splicer *self, PyObject *arg)
 {
-    int fd = (int)PyLong_AsLong(arg);
+    long fd = PyLong_AsLong(arg);
     if ((fd == -1 && PyErr_Occurred()) || !ready(self))
         return NULL;
-    Slot *slot = slot_for_fd(self, fd);
+    Slot *slot = fd >= 0 && fd <= INT_MAX ? slot_for_fd(self, (int)fd) : NULL; /* no fd is truncated into another */
     if (slot) {
         if (PyDict_DelItem(self->by_key, slot->key) < 0)
             PyErr_Clear();
@@ -701,17 +786,30 @@ Splicer_rekey(Splicer *self, PyObject *args)
     if (parse_address(self, address, &client, &client_len) < 0)
         return NULL;
     PyObject *key = key_of((struct sockaddr *)&client);
-    PyObject *fd_object = PyLong_FromLong(fd);
-    if (!key || !fd_object || PyDict_SetItem(self->by_key, key, fd_object) < 0) {
-        Py_XDECREF(key);
-        Py_XDECREF(fd_object);
+    if (!key)
         return NULL;
+    int same = PyObject_RichCompareBool(key, slot->key, Py_EQ); /* bytes: no Python code runs */
+    if (same == 0) {
+        /* another flow's address stays that flow's: moving onto it would send its client's datagrams
+         * here (router/udp/flow_table.py's migrate refuses it first) */
+        int taken = PyDict_Contains(self->by_key, key);
+        PyObject *fd_object = taken == 0 ? PyLong_FromLong(fd) : NULL;
+        if (!fd_object || PyDict_SetItem(self->by_key, key, fd_object) < 0) {
+            if (taken > 0)
+                PyErr_Format(PyExc_ValueError, "client address %R is attached already", address);
+            Py_XDECREF(fd_object);
+            Py_DECREF(key);
+            return NULL;
+        }
+        Py_DECREF(fd_object);
+        if (PyDict_DelItem(self->by_key, slot->key) < 0)
+            PyErr_Clear();
+        Py_SETREF(slot->key, key);
+    } else {
+        Py_DECREF(key); /* its own address (or a failed compare): the entry stays */
+        if (same < 0)
+            return NULL;
     }
-    Py_DECREF(fd_object);
-    if (PyDict_DelItem(self->by_key, slot->key) < 0)
-        PyErr_Clear();
-    Py_DECREF(slot->key);
-    slot->key = key;
     slot->client = client;
     slot->client_len = client_len;
     Py_RETURN_NONE;
@@ -907,8 +1005,9 @@ Splicer_from_clients(Splicer *self, PyObject *arg)
         if (PyList_GET_SIZE(slow) >= (Py_ssize_t)self->batches * BATCH)
             break;
     }
+    int counted = write_counts(self, now, 1); /* still busy: a flow's setter cannot detach a slot in use */
     self->busy = 0;
-    if (write_counts(self, now, 1) < 0 || failed) {
+    if (counted < 0 || failed) {
         Py_DECREF(slow);
         return NULL;
     }
@@ -1012,8 +1111,9 @@ Splicer_from_pods(Splicer *self, PyObject *arg)
     }
     if (queued)
         send_to_clients(self, out, queued);
+    int counted = write_counts(self, now, 0);
     self->busy = 0;
-    if (write_counts(self, now, 0) < 0 || failed) {
+    if (counted < 0 || failed) {
         Py_DECREF(learned);
         return NULL;
     }
@@ -1200,8 +1300,10 @@ static PyTypeObject SplicerType = {
     .ob_base = { PyObject_HEAD_INIT(NULL) 0 },
     .tp_name = "router.udp._splice.Splicer",
     .tp_basicsize = sizeof(Splicer),
-    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
     .tp_doc = "Splices established QUIC flows' datagrams between the public socket and pod sockets.",
+    .tp_traverse = (traverseproc)Splicer_traverse,
+    .tp_clear = (inquiry)Splicer_clear,
     .tp_new = Splicer_new,
     .tp_init = (initproc)Splicer_init,
     .tp_dealloc = (destructor)Splicer_dealloc,
@@ -1216,25 +1318,37 @@ static struct PyModuleDef splice_module = {
 PyMODINIT_FUNC
 PyInit__splice(void)
 {
-    s_last_active = PyUnicode_InternFromString("last_active");
-    s_client_seen_at = PyUnicode_InternFromString("client_seen_at");
-    s_client_bytes = PyUnicode_InternFromString("client_bytes");
-    s_pod_bytes = PyUnicode_InternFromString("pod_bytes");
-    if (!s_last_active || !s_client_seen_at || !s_client_bytes || !s_pod_bytes)
+    PyObject *attributes = PyTuple_New(ATTRIBUTE_COUNT);
+    if (!attributes)
         return NULL;
-    if (PyType_Ready(&SplicerType) < 0)
-        return NULL;
-    if (send_ring_register_fork() != 0)
-        return PyErr_NoMemory();
-    PyObject *module = PyModule_Create(&splice_module);
-    if (!module)
-        return NULL;
-    Py_INCREF(&SplicerType);
-    if (PyModule_AddObject(module, "Splicer", (PyObject *)&SplicerType) < 0 ||
-        PyModule_AddIntConstant(module, "BATCH", BATCH) < 0) {
-        Py_DECREF(&SplicerType);
-        Py_DECREF(module);
-        return NULL;
+    for (int i = 0; i < ATTRIBUTE_COUNT; i++) {
+        if (!attribute[i] && !(attribute[i] = PyUnicode_InternFromString(attribute_table[i][1]))) {
+            Py_DECREF(attributes);
+            return NULL;
+        }
+        PyObject *pair = Py_BuildValue("(sO)", attribute_table[i][0], attribute[i]);
+        if (!pair) {
+            Py_DECREF(attributes);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(attributes, i, pair);
     }
+    PyObject *module = NULL;
+    if (PyType_Ready(&SplicerType) < 0)
+        goto failed;
+    if (send_ring_register_fork() != 0) {
+        PyErr_NoMemory();
+        goto failed;
+    }
+    module = PyModule_Create(&splice_module);
+    if (!module || PyModule_AddObjectRef(module, "Splicer", (PyObject *)&SplicerType) < 0 ||
+        PyModule_AddIntConstant(module, "BATCH", BATCH) < 0 ||
+        PyModule_AddObjectRef(module, "ATTRIBUTES", attributes) < 0)
+        goto failed;
+    Py_DECREF(attributes);
     return module;
+failed:
+    Py_XDECREF(module);
+    Py_DECREF(attributes);
+    return NULL;
 }
