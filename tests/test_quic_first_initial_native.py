@@ -5,8 +5,6 @@ coalesced packets, datagrams too short)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -14,7 +12,7 @@ from hypothesis import strategies as st
 from quic import native as quic_native
 from quic.packet import QUIC_V1, QUIC_V2
 from tests.support.initial_packets import protected_initial
-from tests.support.initial_reference import sniffer_reading
+from tests.support.initial_reference import c_sniffer_agrees
 from tests.support.quic_frames import ack, crypto_frame
 from tests.support.quic_initial_rewriter import client_first_flight
 from tests.support.quic_vectors import RFC_CLIENT_HELLO, V1_CLIENT_INITIAL, V2_CLIENT_INITIAL
@@ -25,19 +23,7 @@ HELLO = RFC_CLIENT_HELLO
 """The RFC 9001 A.2 ClientHello (example.com, ALPN "alpn")."""
 
 
-@pytest.fixture(autouse=True)
-def native_again() -> Iterator[None]:
-    yield
-    quic_native.use(True)
-
-
-def agree(datagrams: list[bytes]) -> tuple[object, ...]:
-    quic_native.use(True)
-    in_c = sniffer_reading(datagrams)
-    quic_native.use(False)
-    reference = sniffer_reading(datagrams)
-    assert in_c == reference
-    return in_c
+agree = c_sniffer_agrees
 
 
 @pytest.mark.parametrize("datagram", [V1_CLIENT_INITIAL, V2_CLIENT_INITIAL])

@@ -12,7 +12,7 @@ import os
 import select
 import socket
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -101,10 +101,8 @@ def hijacked_relay(splice: bool) -> Iterator[tuple[Any, Hijack, socket.socket, s
 
     def cleanup() -> None:
         for fd in fds:
-            try:
+            with suppress(OSError):
                 os.close(fd)
-            except OSError:
-                pass
         for sock in sockets:
             sock.close()
         e.close()
@@ -144,10 +142,8 @@ def test_a_callback_that_ends_the_relay_mid_round_stops_the_splice_pump_there() 
         for _ in range(1000):
             if hijack.fired:
                 break
-            try:
+            with suppress(BlockingIOError):
                 sent += client.send(b"c" * (256 * 1024))
-            except BlockingIOError:
-                pass
             e.dispatch()
             drain(pod)
         assert hijack.fired and sent > 0
