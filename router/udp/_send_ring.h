@@ -11,6 +11,12 @@
  * profile that refuses it (containerd 2's and Docker 25's defaults do), sysctl
  * kernel.io_uring_disabled, or a caller that turns it off: send_ring_open fails and the splice
  * keeps its sendmmsg per flow. Raw system calls and <linux/io_uring.h>; no liburing.
+ *
+ * What it owns: the ring's fd and its three mappings (closed by send_ring_close); no Python object.
+ * What it must never do: block beyond the sends it submitted (each MSG_DONTWAIT), submit from a
+ * forked child (the generation check), queue more than RING_ENTRIES entries (the caller's BATCH
+ * is below it), or report an entry the kernel took as never submitted: an entry whose completion
+ * was not seen is RING_UNSEEN, so the caller never sends a datagram twice.
  */
 #ifndef STARGATE_SEND_RING_H
 #define STARGATE_SEND_RING_H
