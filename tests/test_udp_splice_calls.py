@@ -190,6 +190,17 @@ def test_a_listener_that_is_not_a_udp_socket_is_refused() -> None:
         splicer_type(-1, 4, 64)
 
 
+def test_a_pump_without_callables_is_refused_before_it_takes_a_datagram() -> None:
+    with spliced(1) as x:
+        x.send(0, short(5))
+        with pytest.raises(TypeError):
+            x.splicer.pump_clients(lambda: 1.0, None, None)
+        with pytest.raises(TypeError):
+            x.splicer.pump_pods(lambda: 1.0, print, "not callable")
+        assert x.splicer.from_clients(2.0) == []  # the datagram waited for a proper call
+        assert x.reaches_pod(0, short(5))
+
+
 class DetachingFlow:
     """A flow whose ``last_active`` setter detaches it: a careless flow class, not the router's."""
 

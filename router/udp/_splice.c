@@ -1171,6 +1171,15 @@ deliver(Splicer *self, PyObject *list, PyObject *handler, PyObject *on_failure)
     Py_RETURN_NONE;
 }
 
+static int
+all_callable(PyObject *const *args, Py_ssize_t n)
+{
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (!PyCallable_Check(args[i]))
+            return 0;
+    return 1;
+}
+
 static PyObject *
 now_from(PyObject *clock)
 {
@@ -1186,8 +1195,8 @@ static PyObject *Splicer_from_pods(Splicer *self, PyObject *arg);
 static PyObject *
 Splicer_pump_clients(Splicer *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "pump_clients(clock, on_datagram, on_failure)");
+    if (nargs != 3 || !all_callable(args, 3)) { /* before any datagram is taken off a socket */
+        PyErr_SetString(PyExc_TypeError, "pump_clients(clock, on_datagram, on_failure): three callables");
         return NULL;
     }
     PyObject *now = now_from(args[0]);
@@ -1201,8 +1210,8 @@ Splicer_pump_clients(Splicer *self, PyObject *const *args, Py_ssize_t nargs)
 static PyObject *
 Splicer_pump_pods(Splicer *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "pump_pods(clock, on_learn, on_failure)");
+    if (nargs != 3 || !all_callable(args, 3)) { /* before any datagram is taken off a socket */
+        PyErr_SetString(PyExc_TypeError, "pump_pods(clock, on_learn, on_failure): three callables");
         return NULL;
     }
     PyObject *now = now_from(args[0]);
