@@ -76,3 +76,18 @@ def _flights() -> st.SearchStrategy[list[bytes]]:
 @given(datagrams=_flights())
 def test_whatever_the_first_datagram_the_one_call_answers_as_the_reference(datagrams: list[bytes]) -> None:
     agree(datagrams)
+
+
+@pytest.mark.parametrize("datagram", [V1_CLIENT_INITIAL, V2_CLIENT_INITIAL], ids=["v1", "v2"])
+def test_every_byte_value_of_the_first_48_bytes_reads_as_the_python_path(datagram: bytes) -> None:
+    """The header's every field (first byte, version, CID lengths and CIDs, token and Length) and the
+    first packet number bytes, each set to every value: the one-call C reading answers as Python."""
+    for at in range(48):
+        for value in range(256):
+            agree([datagram[:at] + bytes((value,)) + datagram[at + 1 :]])
+
+
+@pytest.mark.parametrize("datagram", [V1_CLIENT_INITIAL, V2_CLIENT_INITIAL], ids=["v1", "v2"])
+def test_every_truncation_reads_as_the_python_path(datagram: bytes) -> None:
+    for size in range(len(datagram) + 1):
+        agree([datagram[:size]])
