@@ -1,5 +1,9 @@
 """Types of the optional C extension ``quic/_initial_protection.c``."""
 
+ATTRIBUTES: tuple[tuple[str, str], ...]
+"""(owner, name) of every Python attribute the C reads by name: ``quic.packet.QuicPacketError``, the
+error every entry point raises for arguments outside the datagram (tests/test_c_attributes.py)."""
+
 def initial_keys(
     salt: bytes, dcid: bytes, secret_info: bytes, key_info: bytes, iv_info: bytes, hp_info: bytes
 ) -> tuple[bytes, bytes, bytes]: ...
