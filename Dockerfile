@@ -1,8 +1,12 @@
 # syntax=docker/dockerfile:1
 # stargate-router image: wheels are built in the first stage, the runtime stage installs
 # only those wheels (no compiler, no source tree, no pip cache) and runs as uid 10001.
+# Any other non-root uid runs it too (the Rust router's chart uses 1000, a read-only root
+# filesystem and no writable /tmp): the install is root-owned and world-readable, and the
+# router writes no file. Both commands are on PATH in /usr/local/bin: `stargate-router` and
+# `stargate-k8s-router` (the Rust router's name, which its chart runs).
 # .ci/image-smoke.sh proves the same build-wheels / install-wheels-only path without a
-# container engine.
+# container engine, and runs it as uid 1000 with the install, / and /tmp read-only.
 
 FROM python:3.11-slim AS wheels
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1

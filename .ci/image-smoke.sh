@@ -5,8 +5,12 @@
 #   3. install into a fresh venv from those wheels only (--no-index, like stage 2),
 #   4. run `stargate-router --help` (and `stargate-router demo` when router/demo/command.py exists)
 #      from outside the source tree, with PYTHONDONTWRITEBYTECODE=1 and HOME unset, and
-#      check that nothing was written into the install.
-# Needs PyPI for step 2 only. The [demo] extra is installed so the demo can run.
+#      check that nothing was written into the install,
+#   5. under the Rust router's chart's conditions (.ci/chart-conditions.sh, in fresh mount and
+#      network namespaces): uid 1000, /, /tmp and the install read-only, the chart's command
+#      `stargate-k8s-router`: the demo, then the chart's args unchanged (/livez 200).
+# Needs PyPI for step 2 only, and root for step 5 (unshare, mount, setpriv: CI runs as root;
+# IMAGE_SMOKE_SKIP_CHART=1 skips it, saying so). The [demo] extra is installed so the demo can run.
 set -euo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -66,5 +70,23 @@ if [[ -n "$written" ]]; then
   echo "image-smoke: FAILED: files written into the install at runtime:" >&2
   echo "$written" >&2
   exit 1
+fi
+chart="$repo/tests/support/data/upstream-chart-backend-router.yaml"
+echo "image-smoke: the Rust router's chart (${chart#"$repo"/}): its command and args"
+"$work/venv/bin/python" - "$chart" >"$work/chart-args.txt" <<'PY'
+import os, sys, yaml
+(container,) = yaml.safe_load(open(sys.argv[1]))["spec"]["template"]["spec"]["containers"]
+command = container["command"]
+assert len(command) == 1 and os.path.basename(command[0]) == "stargate-k8s-router", command
+print("\n".join(container["args"]))
+PY
+if [[ "${IMAGE_SMOKE_SKIP_CHART:-}" == 1 ]]; then
+  echo "image-smoke: SKIPPED the chart's conditions (IMAGE_SMOKE_SKIP_CHART=1)"
+elif [[ "$(id -u)" != 0 ]] || ! command -v unshare >/dev/null || ! command -v setpriv >/dev/null; then
+  echo "image-smoke: FAILED: the chart's conditions need root, unshare and setpriv (CI runs as root;" \
+    "IMAGE_SMOKE_SKIP_CHART=1 skips them)" >&2
+  exit 1
+else
+  unshare --mount --net --propagation private bash "$repo/.ci/chart-conditions.sh" "$work" "$work/chart-args.txt"
 fi
 echo "image-smoke: OK"

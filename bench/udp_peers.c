@@ -29,12 +29,12 @@
 #include <time.h>
 #include <unistd.h>
 
-#define BATCH 64
-#define BUFFER 2048            /* the loads' datagrams are 1,200 bytes; longer ones are truncated */
-#define SOURCES 16384          /* distinct source addresses remembered (open addressing, a power of two) */
-#define MAX_FLOWS 1024
+#define BATCH        64
+#define BUFFER       2048  /* the loads' datagrams are 1,200 bytes; longer ones are truncated */
+#define SOURCES      16384 /* distinct source addresses remembered (open addressing, a power of two) */
+#define MAX_FLOWS    1024
 #define SOCKET_BYTES (4 << 20) /* bench/quic_load.py's SOCKET_BUFFER_BYTES */
-#define CHECK_EVERY 256        /* datagrams sent between two looks at the clock */
+#define CHECK_EVERY  256       /* datagrams sent between two looks at the clock */
 #define MAX_SEGMENTS 64        /* the kernel's UDP_MAX_SEGMENTS */
 #ifndef UDP_SEGMENT
 #define UDP_SEGMENT 103
@@ -44,23 +44,29 @@ static char buffers[BATCH][BUFFER];
 static struct mmsghdr msgs[BATCH];
 static struct iovec iov[BATCH];
 
-static double now_s(void) {
+static double
+now_s(void)
+{
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
     return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
 }
 
-static void set_buffers(int fd) {
+static void
+set_buffers(int fd)
+{
     int bytes = SOCKET_BYTES;
     setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &bytes, sizeof bytes);
     setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &bytes, sizeof bytes);
 }
 
 /* Read up to BATCH datagrams from fd without waiting (names into `names` when not NULL). */
-static int read_batch(int fd, struct sockaddr_in6 *names) {
+static int
+read_batch(int fd, struct sockaddr_in6 *names)
+{
     for (int i = 0; i < BATCH; i++) {
-        iov[i] = (struct iovec){.iov_base = buffers[i], .iov_len = BUFFER};
-        msgs[i].msg_hdr = (struct msghdr){.msg_iov = &iov[i], .msg_iovlen = 1};
+        iov[i] = (struct iovec){ .iov_base = buffers[i], .iov_len = BUFFER };
+        msgs[i].msg_hdr = (struct msghdr){ .msg_iov = &iov[i], .msg_iovlen = 1 };
         if (names) {
             msgs[i].msg_hdr.msg_name = &names[i];
             msgs[i].msg_hdr.msg_namelen = sizeof names[i];
@@ -70,10 +76,14 @@ static int read_batch(int fd, struct sockaddr_in6 *names) {
 }
 
 /* A short-header-looking payload of `size` bytes (fixed bit set), or NULL if too long. */
-static char *payload(size_t size) {
+static char *
+payload(size_t size)
+{
     char *data = size <= BUFFER ? malloc(size) : NULL;
-    if (!data) return NULL;
-    for (size_t i = 0; i < size; i++) data[i] = (char)rand();
+    if (!data)
+        return NULL;
+    for (size_t i = 0; i < size; i++)
+        data[i] = (char)rand();
     data[0] = (char)(0x40 | (data[0] & 0x3f));
     return data;
 }
@@ -87,17 +97,22 @@ typedef struct {
     char control[CMSG_SPACE(sizeof(uint16_t))];
 } Sender;
 
-static int sender_init(Sender *s, size_t size, int segments) {
+static int
+sender_init(Sender *s, size_t size, int segments)
+{
     char *one = payload(size);
-    if (!one || segments < 1 || segments > MAX_SEGMENTS) return -1;
+    if (!one || segments < 1 || segments > MAX_SEGMENTS)
+        return -1;
     s->data = malloc(size * (size_t)segments);
-    if (!s->data) return -1;
-    for (int i = 0; i < segments; i++) memcpy(s->data + (size_t)i * size, one, size);
+    if (!s->data)
+        return -1;
+    for (int i = 0; i < segments; i++)
+        memcpy(s->data + (size_t)i * size, one, size);
     free(one);
     s->size = size;
     s->segments = segments;
     memset(s->control, 0, sizeof s->control);
-    struct msghdr m = {.msg_control = s->control, .msg_controllen = sizeof s->control};
+    struct msghdr m = { .msg_control = s->control, .msg_controllen = sizeof s->control };
     struct cmsghdr *c = CMSG_FIRSTHDR(&m);
     c->cmsg_level = SOL_UDP;
     c->cmsg_type = UDP_SEGMENT;
@@ -107,9 +122,11 @@ static int sender_init(Sender *s, size_t size, int segments) {
     return 0;
 }
 
-static int sender_send(Sender *s, int fd, const struct sockaddr_in6 *to, socklen_t to_len) {
-    struct iovec v = {.iov_base = s->data, .iov_len = s->size * (size_t)s->segments};
-    struct msghdr m = {.msg_name = (void *)to, .msg_namelen = to ? to_len : 0, .msg_iov = &v, .msg_iovlen = 1};
+static int
+sender_send(Sender *s, int fd, const struct sockaddr_in6 *to, socklen_t to_len)
+{
+    struct iovec v = { .iov_base = s->data, .iov_len = s->size * (size_t)s->segments };
+    struct msghdr m = { .msg_name = (void *)to, .msg_namelen = to ? to_len : 0, .msg_iov = &v, .msg_iovlen = 1 };
     if (s->segments > 1) {
         m.msg_control = s->control;
         m.msg_controllen = sizeof s->control;
@@ -122,9 +139,12 @@ static struct sockaddr_in6 sources[SOURCES];
 static socklen_t source_lengths[SOURCES];
 static long source_count;
 
-static void remember(const struct sockaddr_in6 *a, socklen_t len) {
+static void
+remember(const struct sockaddr_in6 *a, socklen_t len)
+{
     uint32_t h = 2166136261u;
-    for (socklen_t i = 0; i < len; i++) h = (h ^ ((const unsigned char *)a)[i]) * 16777619u;
+    for (socklen_t i = 0; i < len; i++)
+        h = (h ^ ((const unsigned char *)a)[i]) * 16777619u;
     for (unsigned i = 0; i < SOURCES; i++) {
         unsigned k = (h + i) & (SOURCES - 1);
         if (!source_lengths[k]) {
@@ -133,17 +153,21 @@ static void remember(const struct sockaddr_in6 *a, socklen_t len) {
             source_count++;
             return;
         }
-        if (source_lengths[k] == len && memcmp(&sources[k], a, len) == 0) return;
+        if (source_lengths[k] == len && memcmp(&sources[k], a, len) == 0)
+            return;
     }
 }
 
 /* Send `segments` datagrams of `size` bytes per call to every source in turn for `seconds`. */
-static void pod_blast(int fd, double seconds, size_t size, int segments) {
+static void
+pod_blast(int fd, double seconds, size_t size, int segments)
+{
     static int targets[SOURCES];
     Sender s;
     int n = 0;
     for (int k = 0; k < SOURCES; k++)
-        if (source_lengths[k]) targets[n++] = k;
+        if (source_lengths[k])
+            targets[n++] = k;
     long sent = 0, calls = 0;
     double started = now_s(), deadline = started + seconds;
     int ok = sender_init(&s, size, segments) == 0;
@@ -154,33 +178,41 @@ static void pod_blast(int fd, double seconds, size_t size, int segments) {
         }
     }
     printf("%ld %.6f\n", sent, now_s() - started);
-    if (ok) free(s.data);
+    if (ok)
+        free(s.data);
 }
 
-static int pod(int fd, int echo) {
+static int
+pod(int fd, int echo)
+{
     struct sockaddr_in6 names[BATCH];
     long datagrams = 0, bytes = 0;
     set_buffers(fd);
-    struct pollfd polls[2] = {{.fd = fd, .events = POLLIN}, {.fd = 0, .events = POLLIN}};
+    struct pollfd polls[2] = { { .fd = fd, .events = POLLIN }, { .fd = 0, .events = POLLIN } };
     char line[128];
     for (;;) {
-        if (poll(polls, 2, -1) < 0 && errno != EINTR) return 1;
+        if (poll(polls, 2, -1) < 0 && errno != EINTR)
+            return 1;
         if (polls[1].revents) {
             double seconds;
             size_t size;
             int segments;
-            if (!fgets(line, sizeof line, stdin)) return 0; /* the agent went away */
-            if (strncmp(line, "stats", 5) == 0) printf("%ld %ld %ld\n", datagrams, bytes, source_count);
+            if (!fgets(line, sizeof line, stdin))
+                return 0; /* the agent went away */
+            if (strncmp(line, "stats", 5) == 0)
+                printf("%ld %ld %ld\n", datagrams, bytes, source_count);
             else if (strncmp(line, "forget", 6) == 0) {
                 memset(source_lengths, 0, sizeof source_lengths);
                 source_count = 0;
                 printf("ok\n");
             } else if (sscanf(line, "blast %lf %zu %d", &seconds, &size, &segments) == 3)
                 pod_blast(fd, seconds, size, segments);
-            else printf("?\n");
+            else
+                printf("?\n");
             fflush(stdout);
         }
-        if (!polls[0].revents) continue;
+        if (!polls[0].revents)
+            continue;
         int n;
         do {
             n = read_batch(fd, names);
@@ -199,12 +231,15 @@ static int pod(int fd, int echo) {
 }
 
 /* -- the clients ------------------------------------------------------------------------ */
-static void send_copies(int fd, char *data, size_t size, int count) {
+static void
+send_copies(int fd, char *data, size_t size, int count)
+{
     struct mmsghdr out[BATCH];
-    struct iovec one = {.iov_base = data, .iov_len = size};
+    struct iovec one = { .iov_base = data, .iov_len = size };
     while (count > 0) {
         int n = count < BATCH ? count : BATCH;
-        for (int i = 0; i < n; i++) out[i].msg_hdr = (struct msghdr){.msg_iov = &one, .msg_iovlen = 1};
+        for (int i = 0; i < n; i++)
+            out[i].msg_hdr = (struct msghdr){ .msg_iov = &one, .msg_iovlen = 1 };
         int k = sendmmsg(fd, out, (unsigned)n, MSG_DONTWAIT);
         count -= k > 0 ? k : n; /* ENOBUFS / ECONNREFUSED: counted as lost */
     }
@@ -212,21 +247,27 @@ static void send_copies(int fd, char *data, size_t size, int count) {
 
 /* An epoll set of the flows' sockets (data: the flow's index), each with a big receive buffer
  * and emptied of what came before (echoed Initials). */
-static int flow_set(int *fds, int flows) {
+static int
+flow_set(int *fds, int flows)
+{
     int ep = epoll_create1(0);
     for (int i = 0; i < flows; i++) {
         set_buffers(fds[i]);
-        while (read_batch(fds[i], NULL) > 0) {}
-        struct epoll_event e = {.events = EPOLLIN, .data.u32 = (uint32_t)i};
+        while (read_batch(fds[i], NULL) > 0) {
+        }
+        struct epoll_event e = { .events = EPOLLIN, .data.u32 = (uint32_t)i };
         epoll_ctl(ep, EPOLL_CTL_ADD, fds[i], &e);
     }
     return ep;
 }
 
-static int echo(double seconds, size_t size, int window, double stall_s, int *fds, int flows) {
+static int
+echo(double seconds, size_t size, int window, double stall_s, int *fds, int flows)
+{
     static double progress[MAX_FLOWS];
     char *data = payload(size);
-    if (!data) return 1;
+    if (!data)
+        return 1;
     int ep = flow_set(fds, flows);
     long received = 0, refills = 0;
     double started = now_s(), deadline = started + seconds, now;
@@ -248,7 +289,8 @@ static int echo(double seconds, size_t size, int window, double stall_s, int *fd
                 }
             } while (n == BATCH);
             received += got;
-            if (got) progress[i] = now_s();
+            if (got)
+                progress[i] = now_s();
         }
         now = now_s();
         for (int i = 0; i < flows; i++) {
@@ -263,7 +305,9 @@ static int echo(double seconds, size_t size, int window, double stall_s, int *fd
     return 0;
 }
 
-static int count(double seconds, int *fds, int flows) {
+static int
+count(double seconds, int *fds, int flows)
+{
     int ep = flow_set(fds, flows);
     long received = 0;
     double deadline = now_s() + seconds, now;
@@ -282,31 +326,43 @@ static int count(double seconds, int *fds, int flows) {
     return 0;
 }
 
-static int blast(double seconds, size_t size, int segments, int *fds, int flows) {
+static int
+blast(double seconds, size_t size, int segments, int *fds, int flows)
+{
     Sender s;
-    if (sender_init(&s, size, segments) != 0) return 1;
+    if (sender_init(&s, size, segments) != 0)
+        return 1;
     long sent = 0, calls = 0;
     double started = now_s(), deadline = started + seconds;
     while (now_s() < deadline) {
-        for (int c = 0; c < CHECK_EVERY; c += segments, calls++) sent += sender_send(&s, fds[calls % flows], NULL, 0);
+        for (int c = 0; c < CHECK_EVERY; c += segments, calls++)
+            sent += sender_send(&s, fds[calls % flows], NULL, 0);
     }
     printf("%ld %.6f\n", sent, now_s() - started);
     return 0;
 }
 
-int main(int argc, char **argv) {
+int
+main(int argc, char **argv)
+{
     int fds[MAX_FLOWS], first = 0;
     const char *mode = argc > 1 ? argv[1] : "";
-    if (strcmp(mode, "pod") == 0 && argc == 4) return pod(atoi(argv[2]), atoi(argv[3]));
-    if (strcmp(mode, "echo") == 0) first = 6;
-    else if (strcmp(mode, "count") == 0) first = 3;
-    else if (strcmp(mode, "blast") == 0) first = 5;
+    if (strcmp(mode, "pod") == 0 && argc == 4)
+        return pod(atoi(argv[2]), atoi(argv[3]));
+    if (strcmp(mode, "echo") == 0)
+        first = 6;
+    else if (strcmp(mode, "count") == 0)
+        first = 3;
+    else if (strcmp(mode, "blast") == 0)
+        first = 5;
     if (first && argc > first && argc - first <= MAX_FLOWS) {
         int flows = argc - first;
-        for (int i = 0; i < flows; i++) fds[i] = atoi(argv[first + i]);
+        for (int i = 0; i < flows; i++)
+            fds[i] = atoi(argv[first + i]);
         if (mode[0] == 'e')
             return echo(atof(argv[2]), (size_t)atol(argv[3]), atoi(argv[4]), atof(argv[5]) / 1000.0, fds, flows);
-        if (mode[0] == 'c') return count(atof(argv[2]), fds, flows);
+        if (mode[0] == 'c')
+            return count(atof(argv[2]), fds, flows);
         return blast(atof(argv[2]), (size_t)atol(argv[3]), atoi(argv[4]), fds, flows);
     }
     fprintf(stderr, "usage: udp_peers pod FD ECHO | echo SECONDS SIZE WINDOW STALL_MS FD... | "

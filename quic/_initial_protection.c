@@ -1,6 +1,14 @@
 /* quic._initial_protection: a client Initial's keys and its opening, over OpenSSL's libcrypto;
  * and the ClientHello facts of a usual first Initial payload or of a whole handshake message.
  *
+ * What it owns: libcrypto's SHA-256, AES-128-ECB and AES-128-GCM contexts, fetched once and
+ * re-keyed per call; nothing else outlives a call (no Python object is kept but the error type).
+ * What it must never do: block (no I/O; every call is bounded by its input's length), keep a
+ * borrowed reference past a call that may run Python code, or trust a caller's offsets, lengths
+ * or limits. Every entry point checks its own arguments: a position outside the datagram, a key
+ * of the wrong size or a negative limit raises quic.packet.QuicPacketError (quic/'s one error
+ * type, looked up by name: ATTRIBUTES), whatever the Python caller checked first.
+ *
  * Why C: the router opens one client Initial per new QUIC connection, in a process whose caches
  * the peers have just evicted. Through `cryptography` and `hashlib` that is a dozen OpenSSL
  * objects made and fetched from the provider per connection (a fresh cipher context per AESGCM
@@ -8,12 +16,12 @@
  * (bench/README, "Where the router's CPU per QUIC connection goes"). Here SHA-256,
  * AES-128-ECB and AES-128-GCM are fetched once and their contexts re-keyed per connection.
  * No primitive is written here: HMAC is RFC 2104's two hashes, HKDF RFC 5869's two HMAC
- * steps, the rest is RFC 9001
- * section 5.4 (header protection) and 5.3 (AEAD nonce), the same steps as quic/initial_keys.py,
- * which stays the reference and the fallback (a property test keeps the two equal).
+ * steps, the rest is RFC 9001 section 5.4 (header protection) and 5.3 (AEAD nonce), the same
+ * steps as quic/initial_keys.py, which stays the reference and the fallback (differential tests
+ * and the fuzzer compare the two, never C with C).
  *
  * The GIL is held throughout, so the shared contexts need no lock; `--workers` are processes.
- * Every input is bounds-checked; a datagram that does not authenticate returns None.
+ * A datagram that does not authenticate returns None.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -23,38 +31,46 @@
 #include <openssl/err.h>
 #include <openssl/evp.h>
 
-#define KEY_BYTES 16
-#define IV_BYTES 12
-#define HP_BYTES 16
-#define TAG_BYTES 16
-#define SAMPLE_BYTES 16
-#define MAX_PN_BYTES 4
-#define SHA256_BYTES 32
-#define STACK_AAD_BYTES 256 /* a long header without a big token fits; longer ones use the heap */
-#define PN_LIMIT ((int64_t)1 << 62) /* RFC 9000 section 12.3: packet numbers are below 2^62 */
-#define QUIC_V1 0x00000001u         /* RFC 9000 */
-#define QUIC_V2 0x6b3343cfu         /* RFC 9369 */
-#define MAX_CID_BYTES 20            /* RFC 9000 section 17.2: a v1/v2 connection ID is at most 20 bytes */
+#define KEY_BYTES       16
+#define IV_BYTES        12
+#define HP_BYTES        16
+#define TAG_BYTES       16
+#define SAMPLE_BYTES    16
+#define MAX_PN_BYTES    4
+#define SHA256_BYTES    32
+#define STACK_AAD_BYTES 256                /* a long header without a big token fits; longer ones use the heap */
+#define PN_LIMIT        ((int64_t)1 << 62) /* RFC 9000 section 12.3: packet numbers are below 2^62 */
+#define QUIC_V1         0x00000001u        /* RFC 9000 */
+#define QUIC_V2         0x6b3343cfu        /* RFC 9369 */
+#define MAX_CID_BYTES   20                 /* RFC 9000 section 17.2: a v1/v2 connection ID is at most 20 bytes */
+#define HMAC_KEY_BYTES  64                 /* SHA-256's block: the longest HMAC key taken as it is */
 
-static const EVP_MD *sha256;       /* fetched once */
-static EVP_MD_CTX *digest;         /* re-initialised by each hash of an HMAC */
-static EVP_CIPHER_CTX *aes_ecb;   /* header protection mask */
-static EVP_CIPHER_CTX *aes_gcm;   /* payload */
+/* The attributes of Python objects this file reads by name (owner, name): the one list of them,
+ * exported as ATTRIBUTES and checked against the Python side by tests/test_c_attributes.py. */
+enum { QUIC_PACKET_ERROR, ATTRIBUTE_COUNT };
+static const char *const attribute_table[ATTRIBUTE_COUNT][2] = {
+    [QUIC_PACKET_ERROR] = { "quic.packet", "QuicPacketError" },
+};
+
+static const EVP_MD *sha256;    /* fetched once */
+static EVP_MD_CTX *digest;      /* re-initialised by each hash of an HMAC */
+static EVP_CIPHER_CTX *aes_ecb; /* header protection mask */
+static EVP_CIPHER_CTX *aes_gcm; /* payload */
 
 static int
 setup_contexts(void)
 {
     sha256 = EVP_MD_fetch(NULL, "SHA256", NULL);
     digest = EVP_MD_CTX_new();
-    if (sha256 == NULL || digest == NULL) return 0;
+    if (sha256 == NULL || digest == NULL)
+        return 0;
 
     EVP_CIPHER *ecb = EVP_CIPHER_fetch(NULL, "AES-128-ECB", NULL);
     EVP_CIPHER *gcm = EVP_CIPHER_fetch(NULL, "AES-128-GCM", NULL);
     aes_ecb = EVP_CIPHER_CTX_new();
     aes_gcm = EVP_CIPHER_CTX_new();
     int ok = ecb != NULL && gcm != NULL && aes_ecb != NULL && aes_gcm != NULL &&
-             EVP_EncryptInit_ex2(aes_ecb, ecb, NULL, NULL, NULL) &&
-             EVP_CIPHER_CTX_set_padding(aes_ecb, 0) &&
+             EVP_EncryptInit_ex2(aes_ecb, ecb, NULL, NULL, NULL) && EVP_CIPHER_CTX_set_padding(aes_ecb, 0) &&
              EVP_DecryptInit_ex2(aes_gcm, gcm, NULL, NULL, NULL);
     EVP_CIPHER_free(ecb); /* the contexts keep their own references */
     EVP_CIPHER_free(gcm);
@@ -70,7 +86,8 @@ padded_hash(const unsigned char *key, size_t key_len, unsigned char pad, const u
 {
     unsigned char block[SHA256_BLOCK_BYTES];
     memset(block, pad, sizeof block);
-    for (size_t i = 0; i < key_len; i++) block[i] ^= key[i];
+    for (size_t i = 0; i < key_len; i++)
+        block[i] ^= key[i];
     unsigned int n = 0;
     return EVP_DigestInit_ex2(digest, sha256, NULL) && EVP_DigestUpdate(digest, block, sizeof block) &&
            EVP_DigestUpdate(digest, msg, msg_len) && EVP_DigestFinal_ex(digest, out, &n) && n == SHA256_BYTES;
@@ -97,11 +114,56 @@ crypto_failure(const char *what)
     return NULL;
 }
 
+/* quic.packet.QuicPacketError with `message` (ValueError if that module cannot be imported);
+ * looked up on the first refusal, not at import: quic.packet imports this module. */
+static PyObject *
+refuse(const char *message)
+{
+    static PyObject *error_type;
+    if (error_type == NULL) {
+        PyObject *owner = PyImport_ImportModule(attribute_table[QUIC_PACKET_ERROR][0]);
+        if (owner != NULL) {
+            error_type = PyObject_GetAttrString(owner, attribute_table[QUIC_PACKET_ERROR][1]);
+            Py_DECREF(owner);
+        }
+        if (error_type == NULL) {
+            PyErr_Clear();
+            PyErr_SetString(PyExc_ValueError, message);
+            return NULL;
+        }
+    }
+    PyErr_SetString(error_type, message);
+    return NULL;
+}
+
+/* A ClientHello or CRYPTO limit as Python passed it: 1 with *out set, 0 with QuicPacketError set. */
+static int
+limit(long long value, uint64_t *out)
+{
+    if (value < 0) {
+        refuse("a ClientHello or CRYPTO limit is not negative");
+        return 0;
+    }
+    *out = (uint64_t)value;
+    return 1;
+}
+
+/* Whether [offset, end) of a datagram of `size` bytes holds an Initial whose packet number is at
+ * pn_offset, with room for the longest packet number and the header protection sample (RFC 9001
+ * section 5.4.2) and no more than libcrypto takes in one call; no comparison can overflow,
+ * whatever the caller passed. */
+static int
+positions_fit(Py_ssize_t size, Py_ssize_t offset, Py_ssize_t pn_offset, Py_ssize_t end)
+{
+    return offset >= 0 && pn_offset > offset && end >= 0 && end <= size &&
+           end - MAX_PN_BYTES - SAMPLE_BYTES >= pn_offset && end - offset <= INT_MAX;
+}
+
 PyDoc_STRVAR(initial_keys_doc,
-"initial_keys(salt, dcid, secret_info, key_info, iv_info, hp_info) -> (key, iv, hp)\n\n"
-"HKDF-Extract(salt, dcid), HKDF-Expand of the direction's secret with ``secret_info``, then of\n"
-"the key, IV and header protection key with their ``*_info`` (each an HkdfLabel followed by the\n"
-"block counter 1: one HMAC block each, so no output is longer than 32 bytes).");
+             "initial_keys(salt, dcid, secret_info, key_info, iv_info, hp_info) -> (key, iv, hp)\n\n"
+             "HKDF-Extract(salt, dcid), HKDF-Expand of the direction's secret with ``secret_info``, then of\n"
+             "the key, IV and header protection key with their ``*_info`` (each an HkdfLabel followed by the\n"
+             "block counter 1: one HMAC block each, so no output is longer than 32 bytes).");
 
 /* HKDF-Extract(salt, dcid), then HKDF-Expand of the direction's secret and of its key, IV and hp
  * key (each output the first bytes of one 32-byte block); 0 on a libcrypto failure. */
@@ -122,20 +184,23 @@ static PyObject *
 initial_keys(PyObject *self, PyObject *args)
 {
     Py_buffer salt, dcid, secret_info, key_info, iv_info, hp_info;
-    if (!PyArg_ParseTuple(args, "y*y*y*y*y*y*:initial_keys", &salt, &dcid, &secret_info, &key_info, &iv_info,
-                          &hp_info))
+    if (!PyArg_ParseTuple(args, "y*y*y*y*y*y*:initial_keys", &salt, &dcid, &secret_info, &key_info, &iv_info, &hp_info))
         return NULL;
     unsigned char key[SHA256_BYTES], iv[SHA256_BYTES], hp[SHA256_BYTES];
-    int ok = derive_keys(&salt, dcid.buf, (size_t)dcid.len, &secret_info, &key_info, &iv_info, &hp_info, key, iv, hp);
+    int salt_fits = salt.len <= HMAC_KEY_BYTES;
+    int ok = salt_fits &&
+             derive_keys(&salt, dcid.buf, (size_t)dcid.len, &secret_info, &key_info, &iv_info, &hp_info, key, iv, hp);
     PyBuffer_Release(&salt);
     PyBuffer_Release(&dcid);
     PyBuffer_Release(&secret_info);
     PyBuffer_Release(&key_info);
     PyBuffer_Release(&iv_info);
     PyBuffer_Release(&hp_info);
-    if (!ok) return crypto_failure("initial_keys");
-    return Py_BuildValue("(y#y#y#)", key, (Py_ssize_t)KEY_BYTES, iv, (Py_ssize_t)IV_BYTES, hp,
-                         (Py_ssize_t)HP_BYTES);
+    if (!salt_fits)
+        return refuse("an Initial salt is at most 64 bytes");
+    if (!ok)
+        return crypto_failure("initial_keys");
+    return Py_BuildValue("(y#y#y#)", key, (Py_ssize_t)KEY_BYTES, iv, (Py_ssize_t)IV_BYTES, hp, (Py_ssize_t)HP_BYTES);
 }
 
 /* RFC 9000 appendix A.3, as quic.initial_keys.decode_packet_number. */
@@ -146,19 +211,22 @@ decode_packet_number(int64_t truncated, int pn_bits, int64_t largest_pn)
     int64_t win = (int64_t)1 << pn_bits;
     int64_t hwin = win >> 1;
     int64_t candidate = (expected & ~(win - 1)) | truncated;
-    if (candidate <= expected - hwin && candidate < PN_LIMIT - win) return candidate + win;
-    if (candidate > expected + hwin && candidate >= win) return candidate - win;
+    if (candidate <= expected - hwin && candidate < PN_LIMIT - win)
+        return candidate + win;
+    if (candidate > expected + hwin && candidate >= win)
+        return candidate - win;
     return candidate;
 }
 
-PyDoc_STRVAR(open_initial_doc,
-"open_initial(datagram, key, iv, hp, offset, pn_offset, end, largest_pn) -> (packet_number, payload) | None\n\n"
-"Remove header protection from the Initial whose first byte is at ``offset``, whose packet number\n"
-"is at ``pn_offset`` and which ends at ``end``, then open its payload; None if it does not\n"
-"authenticate. ValueError for positions or key sizes the caller should not have passed.");
+PyDoc_STRVAR(
+    open_initial_doc,
+    "open_initial(datagram, key, iv, hp, offset, pn_offset, end, largest_pn) -> (packet_number, payload) | None\n\n"
+    "Remove header protection from the Initial whose first byte is at ``offset``, whose packet number\n"
+    "is at ``pn_offset`` and which ends at ``end``, then open its payload; None if it does not\n"
+    "authenticate. QuicPacketError for positions or key sizes the caller should not have passed.");
 
 /* Header protection off the Initial at `offset` of `d` (its packet number at `pn_offset`, its end at
- * `end`, positions the caller checked: pn_offset + 4 + 16 <= end), then its payload opened into a new
+ * `end`, positions its entry point checked with positions_fit), then its payload opened into a new
  * bytes object: 1 with *packet_number and *payload set, 0 if it does not authenticate, -1 with a
  * Python error set. */
 static int
@@ -185,7 +253,8 @@ open_packet(const unsigned char *d, Py_ssize_t offset, Py_ssize_t pn_offset, Py_
 
     unsigned char nonce[IV_BYTES];
     memcpy(nonce, iv, IV_BYTES);
-    for (int i = 0; i < 8; i++) nonce[IV_BYTES - 1 - i] ^= (unsigned char)((uint64_t)*packet_number >> (8 * i));
+    for (int i = 0; i < 8; i++)
+        nonce[IV_BYTES - 1 - i] ^= (unsigned char)((uint64_t)*packet_number >> (8 * i));
 
     unsigned char stack_aad[STACK_AAD_BYTES];
     Py_ssize_t aad_len = pn_offset + pn_length - offset;
@@ -203,7 +272,8 @@ open_packet(const unsigned char *d, Py_ssize_t offset, Py_ssize_t pn_offset, Py_
     Py_ssize_t plain_len = end - (pn_offset + pn_length) - TAG_BYTES;
     int status = -1, written = 0, last = 0;
     PyObject *plain = PyBytes_FromStringAndSize(NULL, plain_len);
-    if (plain == NULL) goto done;
+    if (plain == NULL)
+        goto done;
     unsigned char *out = (unsigned char *)PyBytes_AS_STRING(plain);
     if (!EVP_DecryptInit_ex2(aes_gcm, NULL, key, nonce, NULL) ||
         !EVP_DecryptUpdate(aes_gcm, NULL, &n, aad, (int)aad_len) ||
@@ -222,7 +292,8 @@ open_packet(const unsigned char *d, Py_ssize_t offset, Py_ssize_t pn_offset, Py_
     *payload = plain;
     status = 1;
 done:
-    if (aad != stack_aad) PyMem_Free(aad);
+    if (aad != stack_aad)
+        PyMem_Free(aad);
     return status;
 }
 
@@ -238,15 +309,18 @@ open_initial(PyObject *self, PyObject *args)
     PyObject *result = NULL, *payload = NULL;
     int64_t packet_number = 0;
     if (key.len != KEY_BYTES || iv.len != IV_BYTES || hp.len != HP_BYTES) {
-        PyErr_SetString(PyExc_ValueError, "Initial keys are a 16-byte key, a 12-byte IV and a 16-byte hp key");
-    } else if (offset < 0 || pn_offset <= offset || end > datagram.len ||
-               pn_offset > end - MAX_PN_BYTES - SAMPLE_BYTES || largest_pn < -1 || largest_pn >= PN_LIMIT) {
-        PyErr_SetString(PyExc_ValueError, "Initial positions out of the datagram");
+        refuse("Initial keys are a 16-byte key, a 12-byte IV and a 16-byte hp key");
+    } else if (!positions_fit(datagram.len, offset, pn_offset, end)) {
+        refuse("Initial positions out of the datagram");
+    } else if (largest_pn < -1 || largest_pn >= PN_LIMIT) {
+        refuse("the largest packet number is -1 (none) or below 2^62");
     } else {
         int opened = open_packet(datagram.buf, offset, pn_offset, end, (int64_t)largest_pn, key.buf, iv.buf, hp.buf,
                                  &packet_number, &payload);
-        if (opened == 0) result = Py_NewRef(Py_None);
-        else if (opened > 0) result = Py_BuildValue("(LN)", (long long)packet_number, payload);
+        if (opened == 0)
+            result = Py_NewRef(Py_None);
+        else if (opened > 0)
+            result = Py_BuildValue("(LN)", (long long)packet_number, payload);
     }
     PyBuffer_Release(&datagram);
     PyBuffer_Release(&key);
@@ -271,11 +345,14 @@ typedef struct {
 static int
 varint(span s, size_t *pos, uint64_t *value)
 {
-    if (*pos >= s.n) return 0;
+    if (*pos >= s.n)
+        return 0;
     size_t size = (size_t)1 << (s.p[*pos] >> 6);
-    if (size > s.n - *pos) return 0;
+    if (size > s.n - *pos)
+        return 0;
     uint64_t v = s.p[*pos] & 0x3F;
-    for (size_t i = 1; i < size; i++) v = (v << 8) | s.p[*pos + i];
+    for (size_t i = 1; i < size; i++)
+        v = (v << 8) | s.p[*pos + i];
     *pos += size;
     *value = v;
     return 1;
@@ -285,11 +362,14 @@ varint(span s, size_t *pos, uint64_t *value)
 static int
 vector(span s, size_t *pos, size_t bytes, span *out)
 {
-    if (bytes > s.n - *pos) return 0;
+    if (bytes > s.n - *pos)
+        return 0;
     size_t n = 0;
-    for (size_t i = 0; i < bytes; i++) n = (n << 8) | s.p[*pos + i];
+    for (size_t i = 0; i < bytes; i++)
+        n = (n << 8) | s.p[*pos + i];
     *pos += bytes;
-    if (n > s.n - *pos) return 0;
+    if (n > s.n - *pos)
+        return 0;
     out->p = s.p + *pos;
     out->n = n;
     *pos += n;
@@ -313,14 +393,19 @@ initial_crypto(span payload, uint64_t max_crypto, span pieces[MAX_CRYPTO_PIECES]
             continue;
         }
         uint64_t type, a, b, c;
-        if (!varint(payload, &pos, &type)) return 0;
-        if (type == 0x01) continue; /* PING */
-        if (type == 0x06) {         /* CRYPTO */
-            if (!varint(payload, &pos, &a) || !varint(payload, &pos, &b)) return 0;
-            if (b > payload.n - pos || a != *have || a + b > max_crypto) return 0;
+        if (!varint(payload, &pos, &type))
+            return 0;
+        if (type == 0x01)
+            continue;       /* PING */
+        if (type == 0x06) { /* CRYPTO */
+            if (!varint(payload, &pos, &a) || !varint(payload, &pos, &b))
+                return 0;
+            if (b > payload.n - pos || a != *have || a + b > max_crypto)
+                return 0;
             if (b) {
-                if (*count == MAX_CRYPTO_PIECES) return 0;
-                pieces[(*count)++] = (span){payload.p + pos, (size_t)b};
+                if (*count == MAX_CRYPTO_PIECES)
+                    return 0;
+                pieces[(*count)++] = (span){ payload.p + pos, (size_t)b };
                 *have += b;
             }
             pos += (size_t)b;
@@ -329,15 +414,20 @@ initial_crypto(span payload, uint64_t max_crypto, span pieces[MAX_CRYPTO_PIECES]
             if (!varint(payload, &pos, &a) || !varint(payload, &pos, &b) || !varint(payload, &pos, &count_of_ranges) ||
                 !varint(payload, &pos, &c))
                 return 0;
-            if (count_of_ranges > (payload.n - pos) / 2) return 0;
+            if (count_of_ranges > (payload.n - pos) / 2)
+                return 0;
             for (uint64_t i = 0; i < count_of_ranges; i++)
-                if (!varint(payload, &pos, &a) || !varint(payload, &pos, &b)) return 0;
+                if (!varint(payload, &pos, &a) || !varint(payload, &pos, &b))
+                    return 0;
             if (type == 0x03)
                 for (int i = 0; i < 3; i++)
-                    if (!varint(payload, &pos, &a)) return 0;
+                    if (!varint(payload, &pos, &a))
+                        return 0;
         } else if (type == 0x1C) { /* CONNECTION_CLOSE */
-            if (!varint(payload, &pos, &a) || !varint(payload, &pos, &b) || !varint(payload, &pos, &c)) return 0;
-            if (c > payload.n - pos) return 0;
+            if (!varint(payload, &pos, &a) || !varint(payload, &pos, &b) || !varint(payload, &pos, &c))
+                return 0;
+            if (c > payload.n - pos)
+                return 0;
             pos += (size_t)c;
         } else {
             return 0;
@@ -347,37 +437,74 @@ initial_crypto(span payload, uint64_t max_crypto, span pieces[MAX_CRYPTO_PIECES]
 }
 
 /* wire/client_hello.py's parse_client_hello over a complete message; 0 if it would raise. */
+/* wire/client_hello.py's _parse_max_idle_timeout over the quic_transport_parameters extension's body
+ * (RFC 9000 section 18): every parameter's id and length well-formed, max_idle_timeout (0x01) at most
+ * once and one varint filling its value. 1 with *idle set (0 when absent), 0 if it would raise. */
 static int
-client_hello(span hello, PyObject **server_name, PyObject **alpn)
+max_idle_timeout(span body, uint64_t *idle)
+{
+    size_t pos = 0;
+    int found = 0;
+    *idle = 0;
+    while (pos < body.n) {
+        uint64_t id, length;
+        if (!varint(body, &pos, &id) || !varint(body, &pos, &length) || length > body.n - pos)
+            return 0;
+        span value = { body.p + pos, (size_t)length };
+        pos += (size_t)length;
+        if (id != 0x01)
+            continue;
+        size_t at = 0;
+        if (found || !varint(value, &at, idle) || at != value.n)
+            return 0;
+        found = 1;
+    }
+    return 1;
+}
+
+static int
+client_hello(span hello, PyObject **server_name, PyObject **alpn, uint64_t *max_idle)
 {
     size_t pos = 4, n;
     span v, extensions;
-    if (hello.n < pos + 2 + 32) return 0; /* legacy_version, random */
+    if (hello.n < pos + 2 + 32)
+        return 0; /* legacy_version, random */
     pos += 2 + 32;
-    if (!vector(hello, &pos, 1, &v) || v.n > 32) return 0;             /* legacy_session_id */
-    if (!vector(hello, &pos, 2, &v) || v.n < 2 || v.n % 2) return 0;   /* cipher_suites */
-    if (!vector(hello, &pos, 1, &v) || v.n < 1) return 0;              /* legacy_compression_methods */
+    if (!vector(hello, &pos, 1, &v) || v.n > 32)
+        return 0; /* legacy_session_id */
+    if (!vector(hello, &pos, 2, &v) || v.n < 2 || v.n % 2)
+        return 0; /* cipher_suites */
+    if (!vector(hello, &pos, 1, &v) || v.n < 1)
+        return 0; /* legacy_compression_methods */
+    *max_idle = 0;
     *server_name = Py_NewRef(Py_None);
     *alpn = PyTuple_New(0);
-    if (*alpn == NULL) return -1;
-    if (pos == hello.n) return 1; /* no extensions (TLS 1.2) */
-    if (!vector(hello, &pos, 2, &extensions) || pos != hello.n) return 0;
-    static unsigned char seen[65536 / 8];
+    if (*alpn == NULL)
+        return -1;
+    if (pos == hello.n)
+        return 1; /* no extensions (TLS 1.2) */
+    if (!vector(hello, &pos, 2, &extensions) || pos != hello.n)
+        return 0;
+    unsigned char seen[65536 / 8]; /* extension types met: on the stack, so a nested call cannot share it */
     memset(seen, 0, sizeof seen);
     size_t at = 0;
     while (at < extensions.n) {
-        if (extensions.n - at < 4) return 0;
+        if (extensions.n - at < 4)
+            return 0;
         unsigned int type = ((unsigned int)extensions.p[at] << 8) | extensions.p[at + 1];
         n = ((size_t)extensions.p[at + 2] << 8) | extensions.p[at + 3];
         at += 4;
-        if (n > extensions.n - at) return 0;
-        if (seen[type >> 3] & (1u << (type & 7))) return 0;
+        if (n > extensions.n - at)
+            return 0;
+        if (seen[type >> 3] & (1u << (type & 7)))
+            return 0;
         seen[type >> 3] |= (unsigned char)(1u << (type & 7));
-        span body = {extensions.p + at, n}, list;
+        span body = { extensions.p + at, n }, list;
         size_t b = 0, l = 0;
         at += n;
         if (type == 0) { /* server_name: at most one host_name */
-            if (!vector(body, &b, 2, &list) || b != body.n) return 0;
+            if (!vector(body, &b, 2, &list) || b != body.n)
+                return 0;
             PyObject *host = NULL;
             while (l < list.n) {
                 unsigned char name_type = list.p[l++];
@@ -386,19 +513,24 @@ client_hello(span hello, PyObject **server_name, PyObject **alpn)
                     Py_XDECREF(host);
                     return 0;
                 }
-                if (name_type != 0) continue;
+                if (name_type != 0)
+                    continue;
                 if (host != NULL) {
                     Py_DECREF(host);
                     return 0;
                 }
                 host = PyUnicode_DecodeASCII((const char *)name.p, (Py_ssize_t)name.n, "replace");
-                if (host == NULL) return -1;
+                if (host == NULL)
+                    return -1;
             }
-            if (host != NULL) Py_SETREF(*server_name, host);
+            if (host != NULL)
+                Py_SETREF(*server_name, host);
         } else if (type == 16) { /* ALPN: a non-empty list of non-empty names */
-            if (!vector(body, &b, 2, &list) || b != body.n) return 0;
+            if (!vector(body, &b, 2, &list) || b != body.n)
+                return 0;
             PyObject *names = PyList_New(0);
-            if (names == NULL) return -1;
+            if (names == NULL)
+                return -1;
             while (l < list.n) {
                 span name;
                 if (!vector(list, &l, 1, &name) || name.n == 0) {
@@ -419,29 +551,34 @@ client_hello(span hello, PyObject **server_name, PyObject **alpn)
             }
             Py_SETREF(*alpn, PyList_AsTuple(names));
             Py_DECREF(names);
-            if (*alpn == NULL) return -1;
+            if (*alpn == NULL)
+                return -1;
+        } else if (type == 57 && !max_idle_timeout(body, max_idle)) { /* quic_transport_parameters */
+            return 0;
         }
     }
     return 1;
 }
 
 PyDoc_STRVAR(sniff_initial_doc,
-"sniff_initial(payload, max_crypto, max_hello) -> (server_name, alpn) | None\n\n"
-"The ClientHello facts of an opened first Initial payload when its CRYPTO frames, in order from\n"
-"offset 0 and within ``max_crypto``, hold a whole, well-formed ClientHello of at most\n"
-"``max_hello`` bytes; None for anything else (the caller then takes the reference path).");
+             "sniff_initial(payload, max_crypto, max_hello) -> (server_name, alpn, max_idle_timeout_ms) | None\n\n"
+             "The ClientHello facts of an opened first Initial payload when its CRYPTO frames, in order from\n"
+             "offset 0 and within ``max_crypto``, hold a whole, well-formed ClientHello of at most\n"
+             "``max_hello`` bytes; None for anything else (the caller then takes the reference path).");
 
-/* The ClientHello facts of a first Initial payload read the usual way: 1 with *server_name and *alpn
+/* The ClientHello facts of a first Initial payload read the usual way: 1 with *server_name, *alpn and *max_idle
  * (new references), 0 for "not simple" (the reference path reads it), -1 with a Python error set. */
 static int
-payload_facts(span payload, uint64_t max_crypto, uint64_t max_hello, PyObject **server_name, PyObject **alpn)
+payload_facts(span payload, uint64_t max_crypto, uint64_t max_hello, PyObject **server_name, PyObject **alpn,
+              uint64_t *max_idle)
 {
     span pieces[MAX_CRYPTO_PIECES], hello;
     int count, found = 0;
     uint64_t have;
     unsigned char *joined = NULL;
     *server_name = *alpn = NULL;
-    if (!initial_crypto(payload, max_crypto, pieces, &count, &have) || have < 4) return 0;
+    if (!initial_crypto(payload, max_crypto, pieces, &count, &have) || have < 4)
+        return 0;
     if (count == 1) {
         hello = pieces[0];
     } else { /* several frames: one copy of the stream (at most max_crypto bytes) */
@@ -455,12 +592,12 @@ payload_facts(span payload, uint64_t max_crypto, uint64_t max_hello, PyObject **
             memcpy(joined + at, pieces[i].p, pieces[i].n);
             at += pieces[i].n;
         }
-        hello = (span){joined, (size_t)have};
+        hello = (span){ joined, (size_t)have };
     }
     size_t total = 4 + (((size_t)hello.p[1] << 16) | ((size_t)hello.p[2] << 8) | hello.p[3]);
     if (hello.p[0] == 1 && total <= max_hello && total <= hello.n) {
         hello.n = total;
-        found = client_hello(hello, server_name, alpn);
+        found = client_hello(hello, server_name, alpn, max_idle);
     }
     PyMem_Free(joined);
     if (found <= 0) {
@@ -474,42 +611,60 @@ static PyObject *
 sniff_initial(PyObject *self, PyObject *args)
 {
     Py_buffer payload;
-    unsigned long long max_crypto, max_hello;
-    if (!PyArg_ParseTuple(args, "y*KK:sniff_initial", &payload, &max_crypto, &max_hello)) return NULL;
+    long long max_crypto_arg, max_hello_arg;
+    uint64_t max_crypto, max_hello;
+    if (!PyArg_ParseTuple(args, "y*LL:sniff_initial", &payload, &max_crypto_arg, &max_hello_arg))
+        return NULL;
+    if (!limit(max_crypto_arg, &max_crypto) || !limit(max_hello_arg, &max_hello)) {
+        PyBuffer_Release(&payload);
+        return NULL;
+    }
     PyObject *server_name, *alpn, *result = NULL;
-    int found = payload_facts((span){payload.buf, (size_t)payload.len}, max_crypto, max_hello, &server_name, &alpn);
+    uint64_t max_idle;
+    int found = payload_facts((span){ payload.buf, (size_t)payload.len }, max_crypto, max_hello, &server_name, &alpn,
+                              &max_idle);
     PyBuffer_Release(&payload);
-    if (found > 0) result = Py_BuildValue("(NN)", server_name, alpn);
-    else if (found == 0) result = Py_NewRef(Py_None);
+    if (found > 0)
+        result = Py_BuildValue("(NNK)", server_name, alpn, (unsigned long long)max_idle);
+    else if (found == 0)
+        result = Py_NewRef(Py_None);
     return result;
 }
 
 PyDoc_STRVAR(sniff_first_doc,
-"sniff_first(datagram, salt, secret_info, key_info, iv_info, hp_info, dcid, pn_offset, end, max_crypto, max_hello)\n"
-"    -> (packet_number, facts, opened) | None\n\n"
-"A flow's first Initial, at the start of ``datagram``, in one call: its client keys (the key schedule's\n"
-"inputs as ``initial_keys`` takes them), its opening, then what ``sniff_initial`` reads of its payload.\n"
-"``facts`` is (server_name, alpn) and ``opened`` None when the payload held the whole ClientHello the\n"
-"usual way; else ``facts`` is None and ``opened`` (key, iv, hp, payload) for the reference walk and\n"
-"the flow's next datagrams. None if the packet does not authenticate; ValueError for positions the\n"
-"caller should not have passed.");
+             "sniff_first(datagram, salt, secret_info, key_info, iv_info, hp_info, dcid, pn_offset, end, max_crypto, "
+             "max_hello)\n"
+             "    -> (packet_number, facts, opened) | None\n\n"
+             "A flow's first Initial, at the start of ``datagram``, in one call: its client keys (the key schedule's\n"
+             "inputs as ``initial_keys`` takes them), its opening, then what ``sniff_initial`` reads of its payload.\n"
+             "``facts`` is (server_name, alpn, max_idle_timeout_ms) and ``opened`` None when the payload held the\n"
+             "whole ClientHello the usual way; else ``facts`` is None and ``opened`` (key, iv, hp, payload) for the\n"
+             "reference walk and the flow's next datagrams. None if the packet does not authenticate;\n"
+             "QuicPacketError for positions the caller should not have passed.");
 
 static PyObject *
 sniff_first(PyObject *self, PyObject *args)
 {
     Py_buffer datagram, salt, secret_info, key_info, iv_info, hp_info, dcid;
     Py_ssize_t pn_offset, end;
-    unsigned long long max_crypto, max_hello;
-    if (!PyArg_ParseTuple(args, "y*y*y*y*y*y*y*nnKK:sniff_first", &datagram, &salt, &secret_info, &key_info,
-                          &iv_info, &hp_info, &dcid, &pn_offset, &end, &max_crypto, &max_hello))
+    long long max_crypto_arg, max_hello_arg;
+    uint64_t max_crypto, max_hello;
+    if (!PyArg_ParseTuple(args, "y*y*y*y*y*y*y*nnLL:sniff_first", &datagram, &salt, &secret_info, &key_info, &iv_info,
+                          &hp_info, &dcid, &pn_offset, &end, &max_crypto_arg, &max_hello_arg))
         return NULL;
     PyObject *result = NULL, *payload = NULL, *server_name, *alpn;
     unsigned char key[SHA256_BYTES], iv[SHA256_BYTES], hp[SHA256_BYTES];
     int64_t packet_number = 0;
-    if (pn_offset <= 0 || end > datagram.len || pn_offset > end - MAX_PN_BYTES - SAMPLE_BYTES) {
-        PyErr_SetString(PyExc_ValueError, "Initial positions out of the datagram");
+    if (!positions_fit(datagram.len, 0, pn_offset, end)) {
+        refuse("Initial positions out of the datagram");
         goto done;
     }
+    if (salt.len > HMAC_KEY_BYTES) {
+        refuse("an Initial salt is at most 64 bytes");
+        goto done;
+    }
+    if (!limit(max_crypto_arg, &max_crypto) || !limit(max_hello_arg, &max_hello))
+        goto done;
     if (!derive_keys(&salt, dcid.buf, (size_t)dcid.len, &secret_info, &key_info, &iv_info, &hp_info, key, iv, hp)) {
         crypto_failure("initial_keys");
         goto done;
@@ -519,10 +674,12 @@ sniff_first(PyObject *self, PyObject *args)
         result = opened == 0 ? Py_NewRef(Py_None) : NULL;
         goto done;
     }
-    span plain = {(const unsigned char *)PyBytes_AS_STRING(payload), (size_t)PyBytes_GET_SIZE(payload)};
-    int found = payload_facts(plain, max_crypto, max_hello, &server_name, &alpn);
+    span plain = { (const unsigned char *)PyBytes_AS_STRING(payload), (size_t)PyBytes_GET_SIZE(payload) };
+    uint64_t max_idle;
+    int found = payload_facts(plain, max_crypto, max_hello, &server_name, &alpn, &max_idle);
     if (found > 0)
-        result = Py_BuildValue("(L(NN)O)", (long long)packet_number, server_name, alpn, Py_None);
+        result = Py_BuildValue("(L(NNK)O)", (long long)packet_number, server_name, alpn, (unsigned long long)max_idle,
+                               Py_None);
     else if (found == 0)
         result = Py_BuildValue("(LO(y#y#y#O))", (long long)packet_number, Py_None, key, (Py_ssize_t)KEY_BYTES, iv,
                                (Py_ssize_t)IV_BYTES, hp, (Py_ssize_t)HP_BYTES, payload);
@@ -539,25 +696,31 @@ done:
 }
 
 PyDoc_STRVAR(client_hello_facts_doc,
-"client_hello_facts(handshake, max_hello) -> (server_name, alpn) | None\n\n"
-"The facts of one whole, well-formed ClientHello handshake message of at most ``max_hello``\n"
-"bytes (TLS over TCP's peek); None for anything else: wire.client_hello then walks it itself.");
+             "client_hello_facts(handshake, max_hello) -> (server_name, alpn, max_idle_timeout_ms) | None\n\n"
+             "The facts of one whole, well-formed ClientHello handshake message of at most ``max_hello``\n"
+             "bytes (TLS over TCP's peek); None for anything else: wire.client_hello then walks it itself.");
 
 static PyObject *
 client_hello_facts(PyObject *self, PyObject *args)
 {
     Py_buffer handshake;
-    unsigned long long max_hello;
-    if (!PyArg_ParseTuple(args, "y*K:client_hello_facts", &handshake, &max_hello)) return NULL;
+    long long max_hello_arg;
+    uint64_t max_hello;
+    if (!PyArg_ParseTuple(args, "y*L:client_hello_facts", &handshake, &max_hello_arg))
+        return NULL;
     PyObject *result = NULL, *server_name = NULL, *alpn = NULL;
-    span hello = {handshake.buf, (size_t)handshake.len};
+    span hello = { handshake.buf, (size_t)handshake.len };
+    if (!limit(max_hello_arg, &max_hello))
+        goto done;
     if (hello.n < 4 || hello.p[0] != 1 ||
         4 + (((size_t)hello.p[1] << 16) | ((size_t)hello.p[2] << 8) | hello.p[3]) != hello.n || hello.n > max_hello) {
         result = Py_NewRef(Py_None);
         goto done;
     }
-    int found = client_hello(hello, &server_name, &alpn);
-    if (found >= 0) result = found ? PyTuple_Pack(2, server_name, alpn) : Py_NewRef(Py_None);
+    uint64_t max_idle;
+    int found = client_hello(hello, &server_name, &alpn, &max_idle);
+    if (found >= 0)
+        result = found ? Py_BuildValue("(OOK)", server_name, alpn, (unsigned long long)max_idle) : Py_NewRef(Py_None);
 done:
     Py_XDECREF(server_name);
     Py_XDECREF(alpn);
@@ -565,44 +728,49 @@ done:
     return result;
 }
 
-PyDoc_STRVAR(long_header_doc,
-"long_header(datagram, offset) -> (version, type_bits, dcid, scid, token, header_length, packet_length) | None\n\n"
-"The cleartext fields of the v1/v2 long-header packet at ``offset`` (RFC 9000 section 17.2, RFC 9369),\n"
-"other than Retry: ``type_bits`` are the first byte's bits 4-5; ``header_length`` is where the packet\n"
-"number starts and ``packet_length`` the packet's size, both as quic.packet.parse_long_header gives\n"
-"them. None for anything else (another version, Retry, a malformed or truncated header): the\n"
-"Python parse then reads it and names what is wrong.");
+PyDoc_STRVAR(
+    long_header_doc,
+    "long_header(datagram, offset) -> (version, type_bits, dcid, scid, token, header_length, packet_length) | None\n\n"
+    "The cleartext fields of the v1/v2 long-header packet at ``offset`` (RFC 9000 section 17.2, RFC 9369),\n"
+    "other than Retry: ``type_bits`` are the first byte's bits 4-5; ``header_length`` is where the packet\n"
+    "number starts and ``packet_length`` the packet's size, both as quic.packet.parse_long_header gives\n"
+    "them. None for anything else (another version, Retry, a malformed or truncated header): the\n"
+    "Python parse then reads it and names what is wrong.");
 
 static PyObject *
 long_header(PyObject *self, PyObject *args)
 {
     Py_buffer buffer;
     Py_ssize_t offset;
-    if (!PyArg_ParseTuple(args, "y*n:long_header", &buffer, &offset)) return NULL;
+    if (!PyArg_ParseTuple(args, "y*n:long_header", &buffer, &offset))
+        return NULL;
     PyObject *result = Py_None;
-    span d = {buffer.buf, (size_t)buffer.len};
-    if (offset < 0 || (size_t)offset + 7 > d.n || !(d.p[offset] & 0x80)) goto done;
+    span d = { buffer.buf, (size_t)buffer.len };
+    if (offset < 0 || (size_t)offset + 7 > d.n || !(d.p[offset] & 0x80))
+        goto done;
     size_t pos = (size_t)offset + 1;
-    uint32_t version = ((uint32_t)d.p[pos] << 24) | ((uint32_t)d.p[pos + 1] << 16) |
-                       ((uint32_t)d.p[pos + 2] << 8) | d.p[pos + 3];
+    uint32_t version =
+        ((uint32_t)d.p[pos] << 24) | ((uint32_t)d.p[pos + 1] << 16) | ((uint32_t)d.p[pos + 2] << 8) | d.p[pos + 3];
     unsigned type_bits = (d.p[offset] >> 4) & 3;
-    if ((version != QUIC_V1 && version != QUIC_V2) || type_bits == (version == QUIC_V1 ? 3u : 0u)) goto done;
+    if ((version != QUIC_V1 && version != QUIC_V2) || type_bits == (version == QUIC_V1 ? 3u : 0u))
+        goto done;
     pos += 4;
-    span dcid, scid, token = {d.p, 0};
-    if (!vector(d, &pos, 1, &dcid) || dcid.n > MAX_CID_BYTES || !vector(d, &pos, 1, &scid) ||
-        scid.n > MAX_CID_BYTES)
+    span dcid, scid, token = { d.p, 0 };
+    if (!vector(d, &pos, 1, &dcid) || dcid.n > MAX_CID_BYTES || !vector(d, &pos, 1, &scid) || scid.n > MAX_CID_BYTES)
         goto done;
     uint64_t token_length, length;
-    if (type_bits == (version == QUIC_V1 ? 0u : 1u)) {  /* Initial: a token before the Length */
-        if (!varint(d, &pos, &token_length) || token_length > d.n - pos) goto done;
+    if (type_bits == (version == QUIC_V1 ? 0u : 1u)) { /* Initial: a token before the Length */
+        if (!varint(d, &pos, &token_length) || token_length > d.n - pos)
+            goto done;
         token.p = d.p + pos;
         token.n = (size_t)token_length;
         pos += token.n;
     }
-    if (!varint(d, &pos, &length) || length > d.n - pos) goto done;
-    result = Py_BuildValue("(kIy#y#y#nn)", (unsigned long)version, type_bits, (const char *)dcid.p,
-                           (Py_ssize_t)dcid.n, (const char *)scid.p, (Py_ssize_t)scid.n, (const char *)token.p,
-                           (Py_ssize_t)token.n, (Py_ssize_t)pos, (Py_ssize_t)(pos + length - (size_t)offset));
+    if (!varint(d, &pos, &length) || length > d.n - pos)
+        goto done;
+    result = Py_BuildValue("(kIy#y#y#nn)", (unsigned long)version, type_bits, (const char *)dcid.p, (Py_ssize_t)dcid.n,
+                           (const char *)scid.p, (Py_ssize_t)scid.n, (const char *)token.p, (Py_ssize_t)token.n,
+                           (Py_ssize_t)pos, (Py_ssize_t)(pos + length - (size_t)offset));
     PyBuffer_Release(&buffer);
     return result;
 done:
@@ -611,18 +779,21 @@ done:
 }
 
 static PyMethodDef methods[] = {
-    {"initial_keys", initial_keys, METH_VARARGS, initial_keys_doc},
-    {"open_initial", open_initial, METH_VARARGS, open_initial_doc},
-    {"sniff_initial", sniff_initial, METH_VARARGS, sniff_initial_doc},
-    {"sniff_first", sniff_first, METH_VARARGS, sniff_first_doc},
-    {"client_hello_facts", client_hello_facts, METH_VARARGS, client_hello_facts_doc},
-    {"long_header", long_header, METH_VARARGS, long_header_doc},
-    {NULL, NULL, 0, NULL},
+    { "initial_keys", initial_keys, METH_VARARGS, initial_keys_doc },
+    { "open_initial", open_initial, METH_VARARGS, open_initial_doc },
+    { "sniff_initial", sniff_initial, METH_VARARGS, sniff_initial_doc },
+    { "sniff_first", sniff_first, METH_VARARGS, sniff_first_doc },
+    { "client_hello_facts", client_hello_facts, METH_VARARGS, client_hello_facts_doc },
+    { "long_header", long_header, METH_VARARGS, long_header_doc },
+    { NULL, NULL, 0, NULL },
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "quic._initial_protection",
-    "A client Initial's keys and its opening over libcrypto (quic/_initial_protection.c).", -1, methods,
+    PyModuleDef_HEAD_INIT,
+    "quic._initial_protection",
+    "A client Initial's keys and its opening over libcrypto (quic/_initial_protection.c).",
+    -1,
+    methods,
 };
 
 PyMODINIT_FUNC
@@ -633,5 +804,22 @@ PyInit__initial_protection(void)
         PyErr_SetString(PyExc_ImportError, "libcrypto has no SHA-256, AES-128-ECB or AES-128-GCM here");
         return NULL;
     }
-    return PyModule_Create(&module);
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL)
+        return NULL;
+    PyObject *attributes = PyTuple_New(ATTRIBUTE_COUNT);
+    for (Py_ssize_t i = 0; attributes != NULL && i < ATTRIBUTE_COUNT; i++) {
+        PyObject *pair = Py_BuildValue("(ss)", attribute_table[i][0], attribute_table[i][1]);
+        if (pair == NULL)
+            Py_CLEAR(attributes);
+        else
+            PyTuple_SET_ITEM(attributes, i, pair);
+    }
+    if (attributes == NULL || PyModule_AddObjectRef(m, "ATTRIBUTES", attributes) < 0) {
+        Py_XDECREF(attributes);
+        Py_DECREF(m);
+        return NULL;
+    }
+    Py_DECREF(attributes);
+    return m;
 }

@@ -115,13 +115,19 @@ CLIENT_KEY_INPUTS = {version: inputs for (version, direction), inputs in _NATIVE
 def _initial_keys(
     version: int, original_dcid: bytes, direction: bytes, native: InitialProtection | None
 ) -> InitialKeys:
-    extractor = _EXTRACTORS.get(version)
-    if extractor is None:
-        raise QuicPacketError(f"no Initial keys for QUIC version 0x{version:08x}")
-    if native is not None:
+    if native is not None and version in _EXTRACTORS:
         salt, secret_info, key_info, iv_info, hp_info = _NATIVE_INPUTS[version, direction]
         key, iv, hp = native.initial_keys(salt, original_dcid, secret_info, key_info, iv_info, hp_info)
         return InitialKeys(key, iv, hp)
+    return derive_initial_keys(version, original_dcid, direction)
+
+
+def derive_initial_keys(version: int, original_dcid: bytes, direction: bytes) -> InitialKeys:
+    """The Initial key schedule in Python (``direction`` is ``b"client in"`` or ``b"server in"``):
+    the reference the C key schedule must agree with."""
+    extractor = _EXTRACTORS.get(version)
+    if extractor is None:
+        raise QuicPacketError(f"no Initial keys for QUIC version 0x{version:08x}")
     key_label, iv_label, hp_label = _LABELS[version]
     extract = extractor.copy()
     extract.update(original_dcid)
@@ -175,17 +181,29 @@ def decrypt_initial(
     ``largest_pn`` is the largest packet number already received in this space (-1 for
     none). Header-protection and AEAD failures raise QuicPacketError. Opened in C with ``native``.
     """
+    if native is None or not -1 <= largest_pn < _PN_LIMIT:
+        return open_initial(datagram, header, keys, largest_pn)
+    pn_offset, end = _sample_room(datagram, header)
+    opened = native.open_initial(datagram, keys.key, keys.iv, keys.hp, header.offset, pn_offset, end, largest_pn)
+    if opened is None:
+        raise QuicPacketError("Initial packet failed authentication")
+    return opened
+
+
+def _sample_room(datagram: bytes, header: LongHeader) -> tuple[int, int]:
+    """(packet number offset, end) of an Initial with room for its header protection sample."""
     if header.packet_type is not PacketType.INITIAL:
         raise QuicPacketError("not an Initial packet")
     pn_offset = header.header_length
     end = header.end
     if end > len(datagram) or pn_offset + MAX_PN_BYTES + SAMPLE_BYTES > end:
         raise QuicPacketError("Initial too short to sample for header protection")
-    if native is not None and -1 <= largest_pn < _PN_LIMIT:
-        opened = native.open_initial(datagram, keys.key, keys.iv, keys.hp, header.offset, pn_offset, end, largest_pn)
-        if opened is None:
-            raise QuicPacketError("Initial packet failed authentication")
-        return opened
+    return pn_offset, end
+
+
+def open_initial(datagram: bytes, header: LongHeader, keys: InitialKeys, largest_pn: int = -1) -> tuple[int, bytes]:
+    """``decrypt_initial`` in Python (``cryptography``): the reference the C opening must agree with."""
+    pn_offset, end = _sample_room(datagram, header)
     mask = _mask(keys.hp, datagram[pn_offset + MAX_PN_BYTES : pn_offset + MAX_PN_BYTES + SAMPLE_BYTES])
     first = datagram[header.offset] ^ (mask[0] & 0x0F)
     pn_length = (first & 0x03) + 1

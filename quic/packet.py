@@ -151,6 +151,12 @@ def parse_long_header(datagram: bytes, offset: int = 0, native: InitialProtectio
         version, bits, dcid, scid, token, header_length, packet_length = fields
         packet_type = (_V2_TYPES if version == QUIC_V2 else _V1_TYPES)[bits]
         return LongHeader(version, packet_type, dcid, scid, token, header_length, packet_length, offset)
+    return read_long_header(datagram, offset)
+
+
+def read_long_header(datagram: bytes, offset: int = 0) -> LongHeader:
+    """``parse_long_header``'s reading in Python: the reference the C parse must agree with, and
+    what names whatever is wrong."""
     n = len(datagram)
     if offset < 0 or offset + _LONG_HEADER_MIN > n:
         raise QuicPacketError("truncated long header")

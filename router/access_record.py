@@ -12,9 +12,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
-from router.outcomes import GrpcOutcome, ProtocolLabel, QuicOutcome, Termination
+from router.outcomes import GrpcOutcome, ProtocolLabel, QuicFlowOutcome, Termination
 
-Outcome = GrpcOutcome | QuicOutcome | None
+Outcome = GrpcOutcome | QuicFlowOutcome | None
 """The counter's outcome label of a connection or flow; None for a flow that never got one (a QUIC
 flow whose ClientHello never completed, a TCP connection cut by the drain before its decision)."""
 

@@ -30,6 +30,7 @@ from router.debug_endpoints import router_routes
 from router.extensions import Extensions, choose
 from router.health import HealthServer
 from router.hostname import HostnameTemplate, TemplateError
+from router.memory_bounds import MemoryBounds, bounds_at_start
 from router.metrics import RouterMetrics
 from router.tcp.edge import TcpRouter, TcpRouterSettings
 from router.udp.edge import UdpRouter
@@ -88,12 +89,17 @@ class RouterApp:
     """One router process (one worker)."""
 
     def __init__(
-        self, config: RouterConfig, metrics: RouterMetrics | None = None, extensions: Extensions | None = None
+        self, config: RouterConfig, metrics: RouterMetrics | None = None, memory: MemoryBounds | None = None,
+        extensions: Extensions | None = None,
     ) -> None:
         self.config = config
         self.extensions = choose() if extensions is None else extensions.require()
         """The C extensions both edges use, chosen once (``router.extensions``)."""
-        self.metrics = metrics if metrics is not None else RouterMetrics(version())
+        # The QUIC tables' bounds: given, or sized to the cgroup's memory limit (router.memory_bounds).
+        self.memory, self._memory_line = (
+            (memory, memory.describe("given")) if memory is not None else bounds_at_start()
+        )
+        self.metrics = metrics if metrics is not None else RouterMetrics(version(), webtransport=config.webtransport)
         try:
             self.template = HostnameTemplate.parse(
                 config.advertised_hostname_template, config.target_namespace
@@ -121,7 +127,10 @@ class RouterApp:
         )
         self.udp = UdpRouter(
             UdpRouterSettings(
-                limits=FlowLimits(idle_timeout_s=config.relay_idle_timeout_s),
+                limits=FlowLimits(
+                    idle_timeout_s=config.relay_idle_timeout_s, max_pending_flows=self.memory.max_pending_flows,
+                    max_flows=self.memory.max_flows,
+                ),
                 cid_length=config.quic_cid_length,
                 max_flows_per_client=config.max_quic_flows_per_client,
                 extensions=self.extensions,
@@ -197,6 +206,7 @@ class RouterApp:
             await self.health.close()
             raise
         self._source_task = asyncio.create_task(self.source.run(), name="discovery")
+        log.info("%s", self._memory_line)
         log.info(
             "listening grpc=%s:%d quic=%s:%d health=%s:%d quic_datapath=%s quic_initials=%s tcp_pump=%s",
             *self.tcp_addr[:2], *self.udp_addr[:2], *self.health_addr[:2], self.udp.datapath,

@@ -168,13 +168,16 @@ def run_check(parser: argparse.ArgumentParser, argv: list[str]) -> int:
         _known, unknown = parser.parse_known_args(argv)  # answers --help
         if unknown:
             raise ConfigError(f"unrecognized arguments: {' '.join(unknown)}")
-        lines, summary = check(config_from_args(argv))
+        config = config_from_args(argv)
+        lines, summary = check(config)
     except (argparse.ArgumentError, ConfigError, CheckError) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return EXIT_ERROR
     for line in lines:
         print(line)
     print(summary)
+    if (inert := config.inert.warning()) is not None:  # what the router's start output will say too
+        print(f"{PROG}: warning: {inert}", file=sys.stderr)
     if not lines:
         print(f"{PROG}: warning: no ready targets: the router would start not ready (/readyz 503)",
               file=sys.stderr)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
+import os
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -22,6 +24,7 @@ from router.config import (
     build_parser,
     config_from_args,
 )
+from router.constants import WORKER_ENV
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,6 +151,13 @@ def run_router(config: RouterConfig) -> int:
         return runner.run(_main())
 
 
+def announce_flags_without_effect(config: RouterConfig) -> None:
+    """One warning line naming every flag given that has no effect at L4, and why (``router.inert_flags``)."""
+    warning = config.inert.warning()
+    if warning is not None:
+        logging.getLogger("router.app").warning("%s", warning)
+
+
 def _exit_status(exc: SystemExit) -> int:
     return exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 2
 
@@ -167,6 +177,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from router.logging_setup import configure_logging
 
     configure_logging("json" if config.log_format == "json" else "text", config.log_level)
+    if os.environ.get(WORKER_ENV) is None:  # said once, by the process the operator started
+        announce_flags_without_effect(config)
     try:
         if config.workers > 1:
             from router.supervisor import supervise

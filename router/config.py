@@ -11,11 +11,12 @@ import argparse
 import ipaddress
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from discovery.targets import host_port
 from router import constants as c
+from router.inert_flags import InertFlags
 
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 """A trusted source network of ``--proxy-protocol-trusted-cidrs``."""
@@ -77,6 +78,15 @@ class RouterConfig:
     """TCP connections accepted once their first bytes came (``--tcp-defer-accept on|off``)."""
     debug_endpoints: bool = False
     """``/debug/targets`` and ``/debug/connections`` on the health listener (they show client addresses)."""
+    tunnel_protocol: str = c.DEFAULT_TUNNEL_PROTOCOL
+    """``raw-quic`` or ``webtransport``: routed alike; says which counter the QUIC listener's flows go to."""
+    inert: InertFlags = field(default_factory=InertFlags)
+    """The Rust router's certificate and keep-alive flags, accepted with no effect (``router.inert_flags``)."""
+
+    @property
+    def webtransport(self) -> bool:
+        """The QUIC listener's flows count as WebTransport sessions (``--tunnel-protocol webtransport``)."""
+        return self.tunnel_protocol == c.WEBTRANSPORT
 
 
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
@@ -93,7 +103,7 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         "--reverse-tunnel-listen-addr", default=c.DEFAULT_REVERSE_TUNNEL_LISTEN_ADDR,
         help="UDP listener for QUIC reverse tunnels",
     )
-    add("--health-listen-addr", default=c.DEFAULT_HEALTH_LISTEN_ADDR, help="HTTP /healthz /readyz /metrics")
+    add("--health-listen-addr", default=c.DEFAULT_HEALTH_LISTEN_ADDR, help="HTTP /healthz /livez /readyz /metrics")
     add("--target-namespace", default=None, help=f"namespace of the Stargate pods (env {c.TARGET_NAMESPACE_ENV})")
     add(
         "--target-service-name", default=c.DEFAULT_TARGET_SERVICE_NAME,
@@ -156,7 +166,32 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         "--debug-endpoints", action="store_true",
         help="serve /debug/targets and /debug/connections on the health listener (shows client addresses)",
     )
+    add(
+        "--tunnel-protocol", default=c.DEFAULT_TUNNEL_PROTOCOL,
+        help="raw-quic or webtransport: both route by SNI; webtransport counts the QUIC listener's flows "
+        "as webtransport_sessions_total",
+    )
+    _add_inert_flags(p)
     return p
+
+
+def _add_inert_flags(p: argparse.ArgumentParser) -> None:
+    """The Rust router's certificate and keep-alive flags: accepted, no effect at L4 (``router.inert_flags``)."""
+    add = p.add_argument
+    add("--tls-cert-path", default=None, help=f"accepted, no effect: TLS ends at the pod (env {c.TLS_CERT_PATH_ENV})")
+    add("--tls-key-path", default=None, help=f"accepted, no effect: the router holds no key (env {c.TLS_KEY_PATH_ENV})")
+    add(
+        "--quic-insecure", nargs="?", const="true", default=None,
+        help=f"accepted, no effect: QUIC ends at the pod (true/false; env {c.QUIC_INSECURE_ENV})",
+    )
+    add(
+        "--upstream-tls-cert-path", default=None,
+        help=f"accepted with --tunnel-protocol webtransport, no effect (env {c.UPSTREAM_TLS_CERT_PATH_ENV})",
+    )
+    add(
+        "--relay-keep-alive-ms", default=str(c.DEFAULT_RELAY_KEEP_ALIVE_MS),
+        help="accepted, no effect: the tunnel's endpoints keep QUIC alive (0 disables)",
+    )
 
 
 def parse_socket_address(flag: str, value: str) -> SocketAddress:
@@ -234,6 +269,38 @@ def parse_cidrs(flag: str, value: str) -> tuple[IPNetwork, ...]:
     return tuple(networks)
 
 
+def _from_env(flag_value: str | None, env: Mapping[str, str], name: str) -> str | None:
+    """The flag's value, else its environment variable's (an empty one counts as unset), as clap reads them."""
+    if flag_value is not None:
+        return flag_value
+    return env.get(name) or None
+
+
+def parse_inert_flags(ns: argparse.Namespace, env: Mapping[str, str], tunnel_protocol: str) -> InertFlags:
+    """The Rust router's certificate and keep-alive flags, validated as it validates them."""
+    insecure_text = _from_env(ns.quic_insecure, env, c.QUIC_INSECURE_ENV)
+    flag = "--quic-insecure" if ns.quic_insecure is not None else f"--quic-insecure (env {c.QUIC_INSECURE_ENV})"
+    quic_insecure = insecure_text is not None and _boolean(flag, insecure_text)
+    upstream = _from_env(ns.upstream_tls_cert_path, env, c.UPSTREAM_TLS_CERT_PATH_ENV)
+    if upstream is not None and tunnel_protocol != c.WEBTRANSPORT:
+        raise ConfigError(
+            f"--upstream-tls-cert-path: requires --tunnel-protocol {c.WEBTRANSPORT} (it is {tunnel_protocol})"
+        )
+    keep_alive = ns.relay_keep_alive_ms.strip()
+    if not keep_alive.isdigit():
+        raise ConfigError(
+            "--relay-keep-alive-ms: expected a whole number of milliseconds (0 disables), "
+            f"got {ns.relay_keep_alive_ms!r}"
+        )
+    return InertFlags(
+        tls_cert_path=_from_env(ns.tls_cert_path, env, c.TLS_CERT_PATH_ENV),
+        tls_key_path=_from_env(ns.tls_key_path, env, c.TLS_KEY_PATH_ENV),
+        quic_insecure=quic_insecure,
+        upstream_tls_cert_path=upstream,
+        relay_keep_alive_ms=int(keep_alive),
+    )
+
+
 def _log_level(value: str) -> str:
     """A level name (Python's or the Rust router's ``trace``/``warn``). A Rust env-filter such as
     ``info,kube=warn`` is accepted for drop-in compatibility: its bare default level is used."""
@@ -294,6 +361,9 @@ def config_from_args(
     for flag, value in (("--access-log", ns.access_log), ("--tcp-defer-accept", ns.tcp_defer_accept)):
         if value not in ("on", "off"):
             raise ConfigError(f"{flag}: expected on or off, got {value!r}")
+    if ns.tunnel_protocol not in c.TUNNEL_PROTOCOLS:
+        raise ConfigError(f"--tunnel-protocol: expected {' or '.join(c.TUNNEL_PROTOCOLS)}, got {ns.tunnel_protocol!r}")
+    inert = parse_inert_flags(ns, env, ns.tunnel_protocol)
     paths = frozenset(p.strip() for p in ns.round_robin_paths.split(",") if p.strip())
     for path in paths:
         if not path.startswith("/"):
@@ -329,4 +399,6 @@ def config_from_args(
         access_log=ns.access_log == "on",
         tcp_defer_accept=ns.tcp_defer_accept == "on",
         debug_endpoints=bool(ns.debug_endpoints),
+        tunnel_protocol=ns.tunnel_protocol,
+        inert=inert,
     )

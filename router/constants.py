@@ -95,6 +95,33 @@ DEFAULT_MAX_QUIC_FLOWS_PER_CLIENT: Final = 0
 MAX_PER_CLIENT_LIMIT: Final = 1_000_000
 """Largest per-client limit accepted: more than any fd limit, so a larger value is a typo."""
 
+# -- The Rust router's flags for its tunnels and certificates (router/inert_flags.py) --
+TUNNEL_PROTOCOLS: Final = ("raw-quic", "webtransport")
+"""``--tunnel-protocol`` values, the Rust router's: both arrive as QUIC and route by the Initial's SNI."""
+
+DEFAULT_TUNNEL_PROTOCOL: Final = "raw-quic"
+"""The Rust router's default: the QUIC listener's flows count in ``quic_connections_total``."""
+
+WEBTRANSPORT: Final = "webtransport"
+"""The ``--tunnel-protocol`` under which they count in ``webtransport_sessions_total`` instead."""
+
+DEFAULT_RELAY_KEEP_ALIVE_MS: Final = 10_000
+"""The Rust router's default (0 disables); no effect here: PINGs travel inside encrypted QUIC,
+so the tunnel's endpoints keep it alive (README, "Switching from the Rust router's chart")."""
+
+TLS_CERT_PATH_ENV: Final = "STARGATE_TLS_CERT_PATH"
+"""Env of ``--tls-cert-path`` (the Rust router's); accepted, unused: TLS and QUIC end at the pod."""
+
+TLS_KEY_PATH_ENV: Final = "STARGATE_TLS_KEY_PATH"
+"""Env of ``--tls-key-path`` (the Rust router's); accepted, unused: the router holds no key."""
+
+QUIC_INSECURE_ENV: Final = "STARGATE_QUIC_INSECURE"
+"""Env of ``--quic-insecure`` (the Rust router's); accepted, unused: the router verifies no peer."""
+
+UPSTREAM_TLS_CERT_PATH_ENV: Final = "STARGATE_UPSTREAM_TLS_CERT_PATH"
+"""Env of ``--upstream-tls-cert-path`` (the Rust router's, webtransport only); accepted, unused:
+the router opens no TLS to the pod, the worker's session reaches it."""
+
 # -- Hostnames ------------------------------------------------------------------
 MAX_HOSTNAME_LENGTH: Final = 253
 """Longest DNS name (RFC 1035); longer :authority / SNI values never route."""
@@ -167,6 +194,39 @@ QUIC_IDLE_PROBE_TIMEOUT_MS: Final = 1_000
 QUIC_IDLE_GRACE_MS: Final = 1_000
 """Added to a flow's idle expiry: the sweep's lateness and a close's last datagrams in flight."""
 
+# -- Memory: the QUIC tables' bounds sized to the container's limit (router/memory_bounds.py)
+CGROUP_MEMORY_MAX_PATH: Final = "/sys/fs/cgroup/memory.max"
+"""cgroup v2's memory limit of the container (its own cgroup under a cgroup namespace, as in Kubernetes)."""
+
+CGROUP_MEMORY_MAX_PATH_ENV: Final = "STARGATE_ROUTER_CGROUP_MEMORY_MAX"
+"""A ``memory.max`` file to read instead of ``CGROUP_MEMORY_MAX_PATH`` (tests; a cgroup mounted elsewhere)."""
+
+MEMORY_BASELINE_BYTES: Final = 64 * 1024 * 1024
+"""The router's RSS before any flow (52-55 MiB measured: interpreter, modules, C extensions,
+metric families), rounded up: no flow may count on it."""
+
+MEMORY_USABLE_FRACTION: Final = 0.75
+"""Share of the limit the QUIC tables' worst case plus the baseline may take; the rest is for TCP
+connections and the kernel's socket buffers, which the same cgroup is charged for."""
+
+MEMORY_PENDING_SHARE: Final = 1 / 3
+"""Of what is usable above the baseline, the part for pending flows (a flood fills them; a real
+client holds one for a round trip); the rest for established flows (workers' tunnels)."""
+
+QUIC_PENDING_FLOW_OVERHEAD_BYTES: Final = 4 * 1024
+"""A pending flow's objects beyond its held datagrams and CRYPTO reassembly (the sniffer, its
+lists, the table's entries); with them a full pending flow costs ~52 KiB."""
+
+QUIC_FLOW_WORST_BYTES: Final = 8 * 1024
+"""An established flow: 3.1 KiB of router memory measured (bench/README, access record and live
+view included) plus the kernel's socket, file and epoll entry, doubled for slack."""
+
+MIN_QUIC_PENDING_FLOWS: Final = 64
+"""However small the limit, this many handshakes may be in flight (a real one takes a round trip)."""
+
+MIN_QUIC_FLOWS: Final = 256
+"""However small the limit, this many tunnels may be established."""
+
 # -- QUIC / UDP: refusals (answer budget, refused attempts remembered) --------
 QUIC_REJECT_BUDGET_BYTES_PER_S: Final = 1_000_000
 """Global byte rate of CONNECTION_CLOSE answers; with the <= received-bytes rule, no amplifier."""
@@ -231,7 +291,11 @@ GRPC_CONNECTIONS_TOTAL: Final = f"{METRIC_PREFIX}_grpc_connections"
 """Counter (``_total`` added by prometheus-client) of TCP connections by protocol and outcome."""
 
 QUIC_CONNECTIONS_TOTAL: Final = f"{METRIC_PREFIX}_quic_connections"
-"""Counter of QUIC flows by outcome."""
+"""Counter of QUIC flows by outcome (``--tunnel-protocol raw-quic``; all at 0 under webtransport)."""
+
+WEBTRANSPORT_SESSIONS_TOTAL: Final = f"{METRIC_PREFIX}_webtransport_sessions"
+"""Counter of the QUIC listener's flows by outcome under ``--tunnel-protocol webtransport`` (all at 0
+under raw-quic): the Rust router's family, which dashboards built on it read."""
 
 RELAYED_BYTES_TOTAL: Final = f"{METRIC_PREFIX}_relayed_bytes"
 """Counter of bytes spliced, by protocol (h2c, tls, quic) and direction."""
@@ -290,6 +354,9 @@ REASON_TOO_MANY_CONNECTIONS: Final = "too many connections from client"
 # -- Worker processes (--workers N) and the merge of their metrics ------------
 WORKER_ENV: Final = "STARGATE_ROUTER_WORKER"
 """Set to the worker index in each child of the supervisor; its presence means 'share the listeners'."""
+
+WORKER_COUNT_ENV: Final = "STARGATE_ROUTER_WORKERS"
+"""Set by the supervisor in each worker to N of ``--workers N``: the workers share one memory limit."""
 
 WORKER_HEALTH_HOST: Final = "127.0.0.1"
 """Children serve /readyz and /metrics on a private loopback port only the supervisor reads."""

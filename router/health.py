@@ -1,4 +1,4 @@
-"""The probe and scrape endpoint: ``/healthz``, ``/readyz``, ``/metrics`` on ``aiohttp.web``.
+"""The probe and scrape endpoint: ``/healthz`` and ``/livez``, ``/readyz``, ``/metrics`` on ``aiohttp.web``.
 
 Kubelet probes and Prometheus scrapes need one small request per connection, so the
 low-level ``web.Server`` serves a path table (adding a route is one entry) and every
@@ -58,6 +58,17 @@ def readiness_response(ready: bool) -> web.Response:
 async def healthy() -> web.Response:
     """Liveness: the loop answers, so the process is alive (a draining router still is)."""
     return text_response(HTTPStatus.OK, "ok\n")
+
+
+LIVENESS_PATHS = ("/healthz", "/livez")
+"""Where liveness is asked: ``/healthz`` (ours, ``deploy/``) and ``/livez`` (the Rust router's chart).
+A handler running on the event loop answers, so a 200 proves the loop turns; a stuck loop answers
+nothing and the kubelet's probe times out."""
+
+
+def liveness_routes() -> dict[str, Route]:
+    """``healthy`` at every liveness path, for the router and the ``--workers`` supervisor alike."""
+    return dict.fromkeys(LIVENESS_PATHS, healthy)
 
 
 ERROR_TEXT: Mapping[int, str] = {
@@ -207,7 +218,7 @@ class HealthServer(ProbeHttpServer):
     def __init__(self, metrics: RouterMetrics, is_ready: Callable[[], bool]) -> None:
         self._metrics = metrics
         self._is_ready = is_ready
-        super().__init__({"/healthz": healthy, "/readyz": self._readyz, "/metrics": self._metrics_route})
+        super().__init__({**liveness_routes(), "/readyz": self._readyz, "/metrics": self._metrics_route})
 
     async def _readyz(self) -> web.Response:
         return readiness_response(self._is_ready())

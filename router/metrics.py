@@ -18,7 +18,7 @@ from prometheus_client.registry import Collector
 
 from discovery.observer import RewatchCause
 from router import constants as c
-from router.metric_families import CounterFamily, GaugeFamily, HistogramFamily
+from router.metric_families import CounterFamily, CounterSeries, GaugeFamily, HistogramFamily
 from router.outcomes import (
     TCP_PROTOCOLS,
     DiscoveryResult,
@@ -26,17 +26,26 @@ from router.outcomes import (
     GrpcOutcome,
     ProtocolLabel,
     QuicDropReason,
+    QuicFlowOutcome,
     QuicOutcome,
     RelayDirection,
     Termination,
+    WebTransportOutcome,
 )
 
 
 class RouterMetrics:
-    """All metric families of one router process."""
+    """All metric families of one router process.
 
-    def __init__(self, version: str = "0.0.0", registry: CollectorRegistry | None = None) -> None:
+    The QUIC listener's flows count in ``quic_connections_total``, or with ``webtransport`` (``--tunnel-protocol
+    webtransport``) in ``webtransport_sessions_total``, the Rust router's two families; both are exported.
+    """
+
+    def __init__(
+        self, version: str = "0.0.0", registry: CollectorRegistry | None = None, *, webtransport: bool = False
+    ) -> None:
         self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
+        self.webtransport = webtransport
         r = self.registry
         self.grpc_connections = CounterFamily(
             c.GRPC_CONNECTIONS_TOTAL, "TCP (gRPC) connections by protocol and outcome.",
@@ -44,6 +53,10 @@ class RouterMetrics:
         )
         self.quic_connections = CounterFamily(
             c.QUIC_CONNECTIONS_TOTAL, "QUIC flows by outcome.", ["outcome"], registry=r,
+        )
+        self.webtransport_sessions = CounterFamily(
+            c.WEBTRANSPORT_SESSIONS_TOTAL, "WebTransport sessions (QUIC flows under --tunnel-protocol webtransport) "
+            "by outcome.", ["outcome"], registry=r,
         )
         self.relayed_bytes = CounterFamily(
             c.RELAYED_BYTES_TOTAL, "Bytes spliced between clients and pods.",
@@ -104,6 +117,7 @@ class RouterMetrics:
         families: tuple[tuple[Any, tuple[tuple[str, ...], ...]], ...] = (
             (self.grpc_connections, (TCP_PROTOCOLS, tuple(GrpcOutcome))),
             (self.quic_connections, (tuple(QuicOutcome),)),
+            (self.webtransport_sessions, (tuple(WebTransportOutcome),)),
             (self.relayed_bytes, (protocols, tuple(RelayDirection))),
             (self.active_connections, (protocols,)),
             (self.decision_latency, (protocols,)),
@@ -121,8 +135,14 @@ class RouterMetrics:
     def grpc_outcome(self, protocol: ProtocolLabel, outcome: GrpcOutcome) -> None:
         self.grpc_connections.labels(protocol=protocol, outcome=outcome).inc()
 
-    def quic_outcome(self, outcome: QuicOutcome) -> None:
-        self.quic_connections.labels(outcome=outcome).inc()
+    def quic_flow_series(self, outcome: QuicFlowOutcome) -> CounterSeries:
+        """The series a QUIC flow with ``outcome`` counts in: its family's member of that name."""
+        if self.webtransport:
+            return self.webtransport_sessions.labels(outcome=WebTransportOutcome(outcome))
+        return self.quic_connections.labels(outcome=QuicOutcome(outcome))
+
+    def quic_outcome(self, outcome: QuicFlowOutcome) -> None:
+        self.quic_flow_series(outcome).inc()
 
     def quic_drop(self, reason: QuicDropReason, count: int = 1) -> None:
         self.quic_dropped.labels(reason=reason).inc(count)

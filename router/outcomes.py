@@ -57,6 +57,32 @@ class QuicOutcome(StrEnum):
     RELAY_ERROR = "relay_error"
 
 
+class WebTransportOutcome(StrEnum):
+    """Value of ``outcome`` on the WebTransport session counter (the Rust router's names), which
+    counts the QUIC listener's flows under ``--tunnel-protocol webtransport``. Every ``QuicOutcome``
+    has a member of the same name, so a flow counts alike in either family."""
+
+    ACCEPTED = "accepted"
+    MISSING_SNI = "missing_sni"
+    UNKNOWN_SNI = "unknown_sni"
+    TARGET_UNAVAILABLE = "target_unavailable"
+    INVALID_CONNECT = "invalid_connect"
+    """The Rust router's: a bad extended CONNECT, inside encrypted HTTP/3; an L4 router never sees it (0)."""
+    UPSTREAM_CONNECT_ERROR = "upstream_connect_error"
+    """The pod was chosen but its socket could not be opened (the QUIC family counts ``target_unavailable``)."""
+    UPSTREAM_REJECTED = "upstream_rejected"
+    """The Rust router's: the pod refused the CONNECT, inside encrypted HTTP/3; an L4 router never sees it (0)."""
+    CLIENT_LIMIT = "client_limit"
+    """The client IP already held ``--max-quic-flows-per-client`` flows (not the Rust router's)."""
+    COMPLETED = "completed"
+    RELAY_ERROR = "relay_error"
+
+
+QuicFlowOutcome = QuicOutcome | WebTransportOutcome
+"""The outcome a QUIC flow is counted (and its access line written) with, in the family the
+``--tunnel-protocol`` picks."""
+
+
 class QuicDropReason(StrEnum):
     """Value of ``reason`` on the dropped-datagram counter: why a datagram was not routed."""
 

@@ -19,7 +19,7 @@ from typing import Final
 from discovery.targets import Target, TargetSnapshot
 from router import constants as c
 from router.hostname import HostnameTemplate
-from router.outcomes import GrpcOutcome, QuicOutcome
+from router.outcomes import GrpcOutcome, QuicOutcome, WebTransportOutcome
 from wire.grpc import GrpcStatus
 from wire.tls import TlsAlert
 
@@ -56,6 +56,8 @@ class RefusalAnswer:
     """None: an h2c client is not answered (a malformed start is just closed)."""
     tls_alert: TlsAlert | None
     quic_reason: str | None
+    webtransport_outcome: WebTransportOutcome | None = None
+    """Counted under ``--tunnel-protocol webtransport``; None: the QUIC outcome's name."""
 
 
 _UNAVAILABLE: Final = RefusalAnswer(
@@ -77,6 +79,7 @@ REFUSAL_ANSWERS: Final[Mapping[Refusal, RefusalAnswer]] = MappingProxyType({
     Refusal.DIAL_FAILED: RefusalAnswer(
         GrpcOutcome.CONNECT_ERROR, QuicOutcome.TARGET_UNAVAILABLE,
         GrpcStatus.UNAVAILABLE, TlsAlert.INTERNAL_ERROR, c.REASON_TARGET_NOT_READY,
+        WebTransportOutcome.UPSTREAM_CONNECT_ERROR,
     ),
     Refusal.MALFORMED: RefusalAnswer(GrpcOutcome.PROTOCOL_ERROR, None, None, TlsAlert.DECODE_ERROR, None),
     Refusal.CLIENT_LIMIT: RefusalAnswer(  # TLS has no "try later" alert: internal_error, as for a busy pod

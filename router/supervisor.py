@@ -7,7 +7,7 @@ flow's 4-tuple to one socket, so a QUIC flow stays on the worker that routed it.
 
 The supervisor routes nothing. It picks the concrete ports (so a restarted worker binds
 the same ones), starts the workers, passes their stderr on line by line, restarts a dead
-one with capped backoff, and owns the public health port: ``/healthz`` is its own
+one with capped backoff, and owns the public health port: ``/healthz`` and ``/livez`` are its own
 liveness, ``/readyz`` asks every worker, ``/metrics`` merges every worker's exposition
 (``router.metrics_merge``); ``router.worker_scrape`` asks the workers. Each worker serves
 its own health port on loopback only; its ``listening ... health=`` log line, which
@@ -50,7 +50,7 @@ from router.health import (
     ProbeHttpServer,
     QueryRoute,
     Route,
-    healthy,
+    liveness_routes,
     metrics_response,
     readiness_response,
     text_response,
@@ -218,7 +218,7 @@ class Supervisor:
             grpc = concrete_address(cfg.listen_addr, socket.SOCK_STREAM)
         with binding("--reverse-tunnel-listen-addr", cfg.reverse_tunnel_listen_addr):
             quic = concrete_address(cfg.reverse_tunnel_listen_addr, socket.SOCK_DGRAM)
-        routes: dict[str, Route] = {"/healthz": healthy, "/readyz": self.readyz, "/metrics": self.metrics_route}
+        routes: dict[str, Route] = {**liveness_routes(), "/readyz": self.readyz, "/metrics": self.metrics_route}
         query_routes: dict[str, QueryRoute] = {}
         if cfg.debug_endpoints:
             debug, query_routes = supervisor_routes(self.ask_workers)
@@ -291,7 +291,7 @@ class Supervisor:
 
     async def _run_once(self, slot: WorkerSlot, argv: list[str]) -> int | None:
         """Start one worker process, pass its stderr on until it exits; its exit status."""
-        env = {**os.environ, c.WORKER_ENV: str(slot.index)}
+        env = {**os.environ, c.WORKER_ENV: str(slot.index), c.WORKER_COUNT_ENV: str(len(self.slots))}
         try:
             proc = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "router", *argv,

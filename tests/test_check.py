@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.fake_kube_api import FakeKubeApi, make_endpoint, make_slice
+from tests.support.upstream_chart import chart_container
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "deploy" / "examples" / "endpoints.yaml"
@@ -222,6 +223,25 @@ async def test_one_list_through_the_api_prints_the_services_ready_pods(api: Fake
     ]
     assert [r.kind for r in api.requests] == ["list"]  # one LIST, never a watch
     assert api.requests[0].query["labelSelector"] == "kubernetes.io/service-name=stargate-headless"
+
+
+async def test_the_charts_args_print_its_services_pods_and_name_the_flags_without_effect(
+    api: FakeKubeApi, tmp_path: Path,
+) -> None:
+    """Checking a switch from the Rust router: its chart's args, unchanged, against the API."""
+    args = chart_container().args
+    api.upsert(make_slice("llm-request-router-a", [make_endpoint("stargate-0", "10.0.0.5")],
+                          service="llm-request-router", namespace="nvcf"))
+    run = await check_async("--kubeconfig", str(api.write_kubeconfig(tmp_path / "kubeconfig")), *args)
+    assert run.returncode == 0, run
+    assert run.stdout.splitlines()[0] == (
+        "stargate-0.llm-request-router-headless.nvcf.svc.cluster.local -> stargate-0 "
+        "grpc 10.0.0.5:50051 quic 10.0.0.5:50052"
+    )
+    assert run.error_lines == [
+        "stargate-router check: warning: flags with no effect at L4: --tls-cert-path, --tls-key-path, "
+        "--quic-insecure (the router holds no certificate: TLS and QUIC end at the pod)"
+    ]
 
 
 async def test_an_api_listing_no_ready_pod_warns_and_exits_0(api: FakeKubeApi, tmp_path: Path) -> None:

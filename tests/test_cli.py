@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ from router import constants as c
 from router.cli import SUBCOMMANDS
 from router.demo.grpc_pods import RunningPod, call_whoami, start_pod
 from tests.support.router_process import RouterProcess, router_args
+from tests.support.upstream_chart import chart_container
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "deploy" / "examples" / "endpoints.yaml"
@@ -47,6 +49,27 @@ def test_version_prints_the_build_info_version_label_and_exits_0() -> None:
     ]) as router:
         router.wait_listening()
         assert router.metric(c.BUILD_INFO, version=version) == 1
+        assert router.stop() == 0
+
+
+def test_the_rust_routers_command_name_is_the_same_entry_point() -> None:
+    """The Rust router's chart runs ``/usr/local/bin/stargate-k8s-router``: our image has it."""
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    assert scripts["stargate-k8s-router"] == scripts["stargate-router"] == "router.cli:entrypoint"
+    k8s_script = shutil.which("stargate-k8s-router")
+    assert k8s_script is not None, "pip install -e . installs both console scripts"
+    proc = subprocess.run([k8s_script, "--version"], capture_output=True, text=True, timeout=60, check=False)
+    assert (proc.returncode, proc.stdout) == (0, run_script("--version").stdout)
+
+
+def test_the_charts_args_start_the_router_with_one_line_naming_the_flags_without_effect() -> None:
+    """The chart's args (its listeners moved to free loopback ports: argparse keeps a flag's last value)."""
+    args = [*chart_container().args, *router_args(EXAMPLE, "--target-namespace", "stargate")]
+    with RouterProcess(args) as router:
+        router.wait_ready()
+        assert router.http_get("/livez") == (200, "ok\n")
+        warnings = [line for line in router.lines if "no effect at L4" in line]
+        assert len(warnings) == 1 and "--tls-cert-path, --tls-key-path, --quic-insecure" in warnings[0]
         assert router.stop() == 0
 
 

@@ -2,8 +2,10 @@
 
 Ports, names and timings come from router/constants.py and the CLI's own parser, never
 from this file: container ports <-> Service targetPorts <-> route backendRefs <->
-ServiceMonitor port, probes answered by the real health endpoint, Deployment args parsed
-by ``router.config``, RBAC exactly get/list/watch on endpointslices.
+ServiceMonitor port (components/monitoring), probes answered by the real health endpoint,
+Deployment args parsed by ``router.config``, RBAC exactly get/list/watch on endpointslices.
+The files are read as written; tests/test_deploy_settings.py shows that rendering them with the
+default settings changes nothing, tests/test_deploy_schemas.py validates what renders.
 """
 
 from __future__ import annotations
@@ -11,8 +13,6 @@ from __future__ import annotations
 import importlib.metadata
 import json
 import re
-import shutil
-import subprocess
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -23,16 +23,21 @@ import yaml
 from router import constants as c
 from router.logging_setup import parse_log_level
 from router.metrics import RouterMetrics
+from tests.support.kustomize import render_overlay
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
 KUSTOMIZATION = DEPLOY / "kustomization.yaml"
 RBAC = DEPLOY / "rbac.yaml"
 EXAMPLES = DEPLOY / "examples"
-"""Files for users to copy (an endpoints file), deliberately outside the kustomization."""
+"""Files for users to copy (an endpoints file, a Gateway), deliberately outside the kustomization."""
 COMPONENTS = DEPLOY / "components"
 """Opt-in kustomize components (not in the base); tests/test_deploy_components.py renders each."""
+MONITORING = COMPONENTS / "monitoring"
+"""The ServiceMonitor and PrometheusRule, wired to the base's Service: read here with the base."""
 GATEWAY_GROUP = "gateway.networking.k8s.io"
+LOCAL_CONFIG = "config.kubernetes.io/local-config"
+"""Annotation of kustomize inputs that are never applied (deploy/settings.yaml)."""
 
 ROUTER_PORTS = {
     "grpc": ("--listen-addr", c.DEFAULT_LISTEN_ADDR, "TCP"),
@@ -54,27 +59,34 @@ def port_of(address: str) -> int:
 # ---------------------------------------------------------------------------
 # Loading
 # ---------------------------------------------------------------------------
-def kustomization() -> dict[str, Any]:
-    return yaml.safe_load(KUSTOMIZATION.read_text())  # type: ignore[no-any-return]
+def kustomization(directory: Path = DEPLOY) -> dict[str, Any]:
+    return yaml.safe_load((directory / "kustomization.yaml").read_text())  # type: ignore[no-any-return]
 
 
-def listed_resources() -> list[Path]:
-    return [DEPLOY / r for r in kustomization()["resources"]]
+def listed_resources(directory: Path = DEPLOY) -> list[Path]:
+    return [directory / r for r in kustomization(directory).get("resources", [])]
 
 
-def generated_files() -> list[Path]:
-    return [DEPLOY / f for gen in kustomization().get("configMapGenerator", []) for f in gen["files"]]
+def generated_files(directory: Path = DEPLOY) -> list[Path]:
+    generators = kustomization(directory).get("configMapGenerator", [])
+    return [directory / f for gen in generators for f in gen["files"]]
 
 
-def load_docs() -> list[dict[str, Any]]:
+def is_local_config(doc: dict[str, Any]) -> bool:
+    return doc["metadata"].get("annotations", {}).get(LOCAL_CONFIG) == "true"
+
+
+def load_docs(paths: list[Path]) -> list[dict[str, Any]]:
+    """The objects in ``paths`` that kustomize renders (kustomize-only inputs left out)."""
     docs: list[dict[str, Any]] = []
-    for path in listed_resources():
+    for path in paths:
         if path.exists():
-            docs.extend(d for d in yaml.safe_load_all(path.read_text()) if d)
+            docs.extend(d for d in yaml.safe_load_all(path.read_text()) if d and not is_local_config(d))
     return docs
 
 
-DOCS = load_docs()
+DOCS = load_docs(listed_resources()) + load_docs(listed_resources(MONITORING))
+"""The base's objects plus the monitoring component's, as written."""
 
 
 def objects(kind: str) -> list[dict[str, Any]]:
@@ -161,6 +173,13 @@ def test_kustomization_lists_every_manifest_and_each_exists() -> None:
         pytest.skip(RBAC_MISSING)
 
 
+def test_the_base_lists_its_settings_which_never_render() -> None:
+    docs = [d for p in listed_resources() if p.exists() for d in yaml.safe_load_all(p.read_text()) if d]
+    [settings] = [d for d in docs if is_local_config(d)]
+    assert (settings["kind"], settings["metadata"]["name"]) == ("ConfigMap", "stargate-router-settings")
+    assert "namespace" not in settings["metadata"], "a kustomize input, never applied to a namespace"
+
+
 def test_every_document_is_a_named_namespaced_object() -> None:
     assert {d["kind"] for d in DOCS} >= {
         "Deployment", "Service", "PodDisruptionBudget", "ServiceMonitor", "TCPRoute", "UDPRoute",
@@ -171,15 +190,10 @@ def test_every_document_is_a_named_namespaced_object() -> None:
         assert doc["metadata"].get("namespace"), f"{doc['kind']} {doc['metadata']['name']}: no namespace"
 
 
-@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl (with kustomize) not installed")
-def test_kustomize_build_renders_every_object() -> None:
+def test_kustomize_build_renders_every_object(tmp_path: Path) -> None:
     if not RBAC.exists():
         pytest.skip(RBAC_MISSING)
-    result = subprocess.run(
-        ["kubectl", "kustomize", str(DEPLOY)], capture_output=True, text=True, timeout=60, check=False
-    )
-    assert result.returncode == 0, result.stderr
-    rendered = [d for d in yaml.safe_load_all(result.stdout) if d]
+    rendered = render_overlay(tmp_path, [MONITORING.name])
     key: Callable[[dict[str, Any]], tuple[str, str, str]] = lambda d: (  # noqa: E731
         d["kind"], d["metadata"]["name"], d["metadata"].get("namespace", "")
     )
@@ -219,7 +233,7 @@ def test_service_ports_target_the_container_ports() -> None:
 @pytest.mark.parametrize(("kind", "port_name"), [("TCPRoute", "grpc"), ("UDPRoute", "quic")])
 def test_route_sends_to_the_service_port_of_its_protocol(kind: str, port_name: str) -> None:
     route, service = one(kind), one("Service")
-    assert route["apiVersion"] == f"{GATEWAY_GROUP}/v1alpha2"
+    assert route["apiVersion"] == f"{GATEWAY_GROUP}/v1"  # standard channel since Gateway API v1.6
     [rule] = route["spec"]["rules"]
     [backend] = rule["backendRefs"]
     assert backend.get("group", "") == "" and backend.get("kind", "Service") == "Service"

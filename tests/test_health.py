@@ -58,6 +58,18 @@ async def test_answers_status_body_and_content_type(router_health: tuple[HealthS
     assert status == b"HTTP/1.1 200 OK" and headers["content-type"] == PROMETHEUS_CONTENT_TYPE
     assert c.READY_TARGETS.encode() in body
     assert split(await exchange(port, get % b"/nope"))[::2] == (b"HTTP/1.1 404 Not Found", b"not found\n")
+
+
+async def test_livez_answers_200_from_the_event_loop_whether_or_not_the_router_is_ready(
+    router_health: tuple[HealthServer, int, list[bool]],
+) -> None:
+    """The Rust router's chart asks ``/livez``: alive is "the loop answers", never "ready"."""
+    _server, port, ready = router_health
+    get = b"GET /livez HTTP/1.1\r\nHost: probe\r\n\r\n"
+    for readiness in (False, True, False):  # not yet synced, serving, draining
+        ready[0] = readiness
+        status, headers, body = split(await exchange(port, get))
+        assert (status, headers["content-type"], body) == (b"HTTP/1.1 200 OK", "text/plain; charset=utf-8", b"ok\n")
     post = b"POST /healthz HTTP/1.1\r\nHost: probe\r\nContent-Length: 0\r\n\r\n"
     assert split(await exchange(port, post))[::2] == (b"HTTP/1.1 405 Method Not Allowed", b"method not allowed\n")
     status, headers, body = split(await exchange(port, b"HEAD /healthz HTTP/1.1\r\nHost: probe\r\n\r\n"))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import re
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -19,6 +20,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from router import constants as c
 from router.metric_families import CounterFamily, GaugeFamily, HistogramFamily
 from router.metrics import RouterMetrics
+from router.outcomes import QuicOutcome, WebTransportOutcome
 
 _CREATED = re.compile(r"^(\S+_created(?:\{[^}]*\})?) \S+$", re.M)
 
@@ -96,6 +98,37 @@ def test_router_metrics_expose_the_families_prometheus_client_did() -> None:
     assert ours_text.strip() == _text(ref_reg).strip()
 
 
+@pytest.mark.parametrize("webtransport", [False, True], ids=["raw-quic", "webtransport"])
+def test_both_quic_families_are_exported_with_every_outcome_at_zero_in_either_tunnel_mode(webtransport: bool) -> None:
+    text = generate_latest(RouterMetrics(webtransport=webtransport).registry).decode()
+    for outcome in QuicOutcome:
+        assert f'{c.QUIC_CONNECTIONS_TOTAL}_total{{outcome="{outcome}"}} 0.0' in text, outcome
+    for session_outcome in WebTransportOutcome:
+        assert f'{c.WEBTRANSPORT_SESSIONS_TOTAL}_total{{outcome="{session_outcome}"}} 0.0' in text, session_outcome
+
+
+def test_every_quic_outcome_is_a_webtransport_outcome_of_the_same_name() -> None:
+    """So a flow counts alike in either family; the session family adds what only it has."""
+    assert {o.value for o in QuicOutcome} <= {o.value for o in WebTransportOutcome}
+
+
+@pytest.mark.parametrize("webtransport", [False, True], ids=["raw-quic", "webtransport"])
+def test_a_quic_flow_counts_in_the_family_its_tunnel_protocol_picks(webtransport: bool) -> None:
+    metrics = RouterMetrics(webtransport=webtransport)
+    metrics.quic_flow_series(QuicOutcome.ACCEPTED).inc()
+    metrics.quic_outcome(QuicOutcome.COMPLETED)
+    counted, idle = (
+        (metrics.webtransport_sessions, metrics.quic_connections) if webtransport
+        else (metrics.quic_connections, metrics.webtransport_sessions)
+    )
+    counts = {values[0]: counted.labels(*values).value for values in counted.label_values()}
+    assert {outcome: n for outcome, n in counts.items() if n} == {"accepted": 1.0, "completed": 1.0}
+    assert all(idle.labels(*values).value == 0 for values in idle.label_values())
+    if webtransport:
+        metrics.quic_outcome(WebTransportOutcome.UPSTREAM_CONNECT_ERROR)
+        assert metrics.webtransport_sessions.labels(outcome="upstream_connect_error").value == 1
+
+
 def test_labels_by_name_must_name_every_label() -> None:
     family = CounterFamily("demo_total", "Events.", ["kind", "side"], registry=CollectorRegistry())
     with pytest.raises(ValueError, match="demo"):
@@ -103,3 +136,13 @@ def test_labels_by_name_must_name_every_label() -> None:
     with pytest.raises(ValueError, match="demo"):
         family.labels("a")
     assert family.labels(side="y", kind="a") is family.labels("a", "y")
+
+
+def test_the_readme_metrics_table_lists_every_family() -> None:
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    table = readme.partition("\n## Metrics\n")[2].partition("\n## ")[0]
+    metrics = RouterMetrics()
+    for family in vars(metrics).values():
+        if isinstance(family, (CounterFamily, GaugeFamily, HistogramFamily)):
+            name = family.name + ("_total" if isinstance(family, CounterFamily) else "")
+            assert f"| `{name}` |" in table, name

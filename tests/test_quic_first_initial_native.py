@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from quic import native as quic_native
 from quic.packet import QUIC_V1, QUIC_V2
 from tests.support.initial_packets import protected_initial
-from tests.support.initial_reference import sniffer_reading
+from tests.support.initial_reference import c_sniffer_agrees
 from tests.support.quic_frames import ack, crypto_frame
 from tests.support.quic_initial_rewriter import client_first_flight
 from tests.support.quic_vectors import RFC_CLIENT_HELLO, V1_CLIENT_INITIAL, V2_CLIENT_INITIAL
@@ -23,11 +23,7 @@ HELLO = RFC_CLIENT_HELLO
 """The RFC 9001 A.2 ClientHello (example.com, ALPN "alpn")."""
 
 
-def agree(datagrams: list[bytes]) -> tuple[object, ...]:
-    in_c = sniffer_reading(datagrams, quic_native.EXTENSION)
-    reference = sniffer_reading(datagrams, None)
-    assert in_c == reference
-    return in_c
+agree = c_sniffer_agrees
 
 
 @pytest.mark.parametrize("datagram", [V1_CLIENT_INITIAL, V2_CLIENT_INITIAL])
@@ -80,3 +76,18 @@ def _flights() -> st.SearchStrategy[list[bytes]]:
 @given(datagrams=_flights())
 def test_whatever_the_first_datagram_the_one_call_answers_as_the_reference(datagrams: list[bytes]) -> None:
     agree(datagrams)
+
+
+@pytest.mark.parametrize("datagram", [V1_CLIENT_INITIAL, V2_CLIENT_INITIAL], ids=["v1", "v2"])
+def test_every_byte_value_of_the_first_48_bytes_reads_as_the_python_path(datagram: bytes) -> None:
+    """The header's every field (first byte, version, CID lengths and CIDs, token and Length) and the
+    first packet number bytes, each set to every value: the one-call C reading answers as Python."""
+    for at in range(48):
+        for value in range(256):
+            agree([datagram[:at] + bytes((value,)) + datagram[at + 1 :]])
+
+
+@pytest.mark.parametrize("datagram", [V1_CLIENT_INITIAL, V2_CLIENT_INITIAL], ids=["v1", "v2"])
+def test_every_truncation_reads_as_the_python_path(datagram: bytes) -> None:
+    for size in range(len(datagram) + 1):
+        agree([datagram[:size]])

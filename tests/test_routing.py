@@ -9,7 +9,7 @@ import pytest
 from discovery.targets import Target, TargetSnapshot
 from router import constants as c
 from router.hostname import HostnameTemplate
-from router.outcomes import GrpcOutcome, QuicOutcome
+from router.outcomes import GrpcOutcome, QuicOutcome, WebTransportOutcome
 from router.routing import REFUSAL_ANSWERS, Refusal, Refused, RoundRobin, route
 from wire.grpc import GrpcStatus
 from wire.tls import TlsAlert
@@ -126,3 +126,9 @@ def test_refusal_answers_are_the_rust_routers(
     assert (answer.grpc_outcome, answer.quic_outcome, answer.grpc_status, answer.tls_alert, answer.quic_reason) == (
         grpc_outcome, quic_outcome, status, alert, reason,
     )
+
+
+def test_only_a_failed_dial_has_its_own_webtransport_outcome() -> None:
+    """The session family's ``upstream_connect_error``; every other QUIC refusal keeps its QUIC name there."""
+    own = {r: a.webtransport_outcome for r, a in REFUSAL_ANSWERS.items() if a.webtransport_outcome is not None}
+    assert own == {Refusal.DIAL_FAILED: WebTransportOutcome.UPSTREAM_CONNECT_ERROR}

@@ -233,6 +233,7 @@ def test_two_workers_share_the_port_survive_a_kill_and_stop_on_sigterm(pods: Pat
     args = router_args(pods, "--workers", "2", "--shutdown-delay-ms", "500")
     with Supervised(args) as router:
         router.wait_ready(timeout=30.0)
+        assert router.http_get("/livez") == (200, "ok\n")  # the supervisor's own liveness
         workers = router.private_health()
         assert sorted(workers) == [0, 1]
         assert router.health_port not in workers.values()
@@ -256,6 +257,7 @@ def test_two_workers_share_the_port_survive_a_kill_and_stop_on_sigterm(pods: Pat
 
         router.proc.send_signal(signal.SIGTERM)
         router.wait_for("/readyz 503 during shutdown", lambda: router.http_get("/readyz")[0] == 503)
+        assert router.http_get("/livez") == (200, "ok\n")  # draining, still alive
         assert router.stop(timeout=30.0) == 0
         children = list(router.pids().values())
         for pid in children:

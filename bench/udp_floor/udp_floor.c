@@ -26,11 +26,11 @@
 
 #include "../../router/udp/_send_ring.h"
 
-#define BATCH 64
-#define BUFFER 65536
-#define MAX_FLOWS 4096          /* open addressing, a power of two */
-#define SOCKET_BYTES (4 << 20)  /* the router's QUIC_SOCKET_BUFFER_BYTES */
-#define POD_BYTES (256 << 10)   /* the router's QUIC_POD_RECEIVE_BUFFER_BYTES */
+#define BATCH        64
+#define BUFFER       65536
+#define MAX_FLOWS    4096        /* open addressing, a power of two */
+#define SOCKET_BYTES (4 << 20)   /* the router's QUIC_SOCKET_BUFFER_BYTES */
+#define POD_BYTES    (256 << 10) /* the router's QUIC_POD_RECEIVE_BUFFER_BYTES */
 #ifndef UDP_SEGMENT
 #define UDP_SEGMENT 103
 #endif
@@ -48,11 +48,13 @@ static Flow *by_fd[65536];
 static int listener, epoll_fd;
 static struct sockaddr_in pod;
 static char in_buffers[BATCH][BUFFER], out_buffers[BATCH][BUFFER];
-static SendRing ring = {.fd = -1};
+static SendRing ring = { .fd = -1 };
 static struct mmsghdr ring_msgs[BATCH];
 static char ring_cmsgs[BATCH][CMSG_SPACE(sizeof(uint16_t))];
 
-static Flow *flow_for(const struct sockaddr_in *client) {
+static Flow *
+flow_for(const struct sockaddr_in *client)
+{
     unsigned h = (ntohl(client->sin_addr.s_addr) * 2654435761u) ^ ntohs(client->sin_port);
     for (unsigned i = 0; i < MAX_FLOWS; i++) {
         Flow *f = &flows[(h + i) & (MAX_FLOWS - 1)];
@@ -62,8 +64,9 @@ static Flow *flow_for(const struct sockaddr_in *client) {
             int fd = socket(AF_INET, SOCK_DGRAM | SOCK_NONBLOCK, 0);
             int bytes = POD_BYTES;
             setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &bytes, sizeof bytes);
-            if (fd < 0 || fd >= 65536 || connect(fd, (struct sockaddr *)&pod, sizeof pod) < 0) exit(1);
-            struct epoll_event event = {.events = EPOLLIN, .data.fd = fd};
+            if (fd < 0 || fd >= 65536 || connect(fd, (struct sockaddr *)&pod, sizeof pod) < 0)
+                exit(1);
+            struct epoll_event event = { .events = EPOLLIN, .data.fd = fd };
             epoll_ctl(epoll_fd, EPOLL_CTL_ADD, fd, &event);
             f->client = *client;
             f->fd = fd;
@@ -75,7 +78,9 @@ static Flow *flow_for(const struct sockaddr_in *client) {
 }
 
 /* Send iov[0..n) through fd, consecutive equal-size datagrams to one place as one GSO message. */
-static void send_runs(int fd, struct iovec *iov, struct sockaddr_in **to, int n) {
+static void
+send_runs(int fd, struct iovec *iov, struct sockaddr_in **to, int n)
+{
     struct mmsghdr msgs[BATCH];
     char cmsgs[BATCH][CMSG_SPACE(sizeof(uint16_t))];
     int m = 0;
@@ -85,7 +90,8 @@ static void send_runs(int fd, struct iovec *iov, struct sockaddr_in **to, int n)
         while (j < n && j - i < 64 && to[j] == to[i] && iov[j].iov_len <= iov[i].iov_len &&
                total + iov[j].iov_len <= 65507) {
             total += iov[j].iov_len;
-            if (iov[j++].iov_len < iov[i].iov_len) break;
+            if (iov[j++].iov_len < iov[i].iov_len)
+                break;
         }
         memset(&msgs[m], 0, sizeof msgs[m]);
         msgs[m].msg_hdr.msg_name = to[i];
@@ -108,8 +114,10 @@ static void send_runs(int fd, struct iovec *iov, struct sockaddr_in **to, int n)
     for (int sent = 0; sent < m;) {
         int k = sendmmsg(fd, msgs + sent, (unsigned)(m - sent), MSG_DONTWAIT);
         if (k < 0) {
-            if (errno == EINTR) continue;
-            if (errno == EAGAIN || errno == ENOBUFS) return;
+            if (errno == EINTR)
+                continue;
+            if (errno == EAGAIN || errno == ENOBUFS)
+                return;
             sent++; /* drop that message, as UDP drops */
             continue;
         }
@@ -118,13 +126,16 @@ static void send_runs(int fd, struct iovec *iov, struct sockaddr_in **to, int n)
 }
 
 /* Queue iov[0..n) for fd on the ring, runs as GSO messages (no failure handling: a measuring stick). */
-static void queue_runs(int fd, struct iovec *iov, int n, unsigned *queued) {
+static void
+queue_runs(int fd, struct iovec *iov, int n, unsigned *queued)
+{
     for (int i = 0; i < n;) {
         int j = i + 1;
         size_t total = iov[i].iov_len;
         while (j < n && j - i < 64 && iov[j].iov_len <= iov[i].iov_len && total + iov[j].iov_len <= 65507) {
             total += iov[j].iov_len;
-            if (iov[j++].iov_len < iov[i].iov_len) break;
+            if (iov[j++].iov_len < iov[i].iov_len)
+                break;
         }
         struct msghdr *m = &ring_msgs[*queued].msg_hdr;
         memset(m, 0, sizeof *m);
@@ -146,7 +157,9 @@ static void queue_runs(int fd, struct iovec *iov, int n, unsigned *queued) {
     }
 }
 
-static void from_clients(void) {
+static void
+from_clients(void)
+{
     struct mmsghdr msgs[BATCH];
     struct iovec iov[BATCH], out[BATCH];
     struct sockaddr_in names[BATCH];
@@ -162,31 +175,41 @@ static void from_clients(void) {
             msgs[i].msg_hdr.msg_namelen = sizeof names[i];
         }
         int n = recvmmsg(listener, msgs, BATCH, MSG_DONTWAIT, NULL);
-        if (n <= 0) return;
+        if (n <= 0)
+            return;
         Flow *of[BATCH];
-        for (int i = 0; i < n; i++) of[i] = flow_for(&names[i]);
-        int done[BATCH] = {0}, used = 0, results[BATCH];
+        for (int i = 0; i < n; i++)
+            of[i] = flow_for(&names[i]);
+        int done[BATCH] = { 0 }, used = 0, results[BATCH];
         unsigned queued = 0;
-        for (int i = 0; i < n; i++) {  /* per flow, in order: one sendmmsg each, or all on the ring */
-            if (done[i] || !of[i]) continue;
+        for (int i = 0; i < n; i++) { /* per flow, in order: one sendmmsg each, or all on the ring */
+            if (done[i] || !of[i])
+                continue;
             int count = 0;
             for (int j = i; j < n; j++) {
-                if (of[j] != of[i]) continue;
+                if (of[j] != of[i])
+                    continue;
                 done[j] = 1;
                 out[used + count].iov_base = in_buffers[j];
                 out[used + count].iov_len = msgs[j].msg_len;
                 to[count++] = NULL;
             }
-            if (ring.fd >= 0) queue_runs(of[i]->fd, out + used, count, &queued);
-            else send_runs(of[i]->fd, out + used, to, count);
+            if (ring.fd >= 0)
+                queue_runs(of[i]->fd, out + used, count, &queued);
+            else
+                send_runs(of[i]->fd, out + used, to, count);
             used += count;
         }
-        if (queued) send_ring_run(&ring, results);
-        if (n < BATCH) return;
+        if (queued)
+            send_ring_run(&ring, results);
+        if (n < BATCH)
+            return;
     }
 }
 
-static void from_pods(void) {
+static void
+from_pods(void)
+{
     struct epoll_event events[BATCH];
     int ready = epoll_wait(epoll_fd, events, BATCH, 0);
     struct mmsghdr msgs[BATCH];
@@ -209,20 +232,25 @@ static void from_pods(void) {
                 msgs[i].msg_hdr.msg_iovlen = 1;
             }
             int n = recvmmsg(f->fd, msgs + used, (unsigned)want, MSG_DONTWAIT, NULL);
-            if (n <= 0) break;
+            if (n <= 0)
+                break;
             for (int i = used; i < used + n; i++) {
                 out[i].iov_base = out_buffers[i];
                 out[i].iov_len = msgs[i].msg_len;
                 to[i] = &f->client;
             }
             used += n;
-            if (n < want) break;
+            if (n < want)
+                break;
         }
     }
-    if (used) send_runs(listener, out, to, used);
+    if (used)
+        send_runs(listener, out, to, used);
 }
 
-int main(int argc, char **argv) {
+int
+main(int argc, char **argv)
+{
     if (argc != 4 && !(argc == 5 && strcmp(argv[4], "io_uring") == 0)) {
         fprintf(stderr, "usage: udp_floor LISTEN_PORT POD_IPV4 POD_PORT [io_uring]\n");
         return 2;
@@ -233,12 +261,13 @@ int main(int argc, char **argv) {
     }
     pod.sin_family = AF_INET;
     pod.sin_port = htons((uint16_t)atoi(argv[3]));
-    if (inet_pton(AF_INET, argv[2], &pod.sin_addr) != 1) return 2;
+    if (inet_pton(AF_INET, argv[2], &pod.sin_addr) != 1)
+        return 2;
     listener = socket(AF_INET, SOCK_DGRAM | SOCK_NONBLOCK, 0);
     int bytes = SOCKET_BYTES;
     setsockopt(listener, SOL_SOCKET, SO_RCVBUF, &bytes, sizeof bytes);
     setsockopt(listener, SOL_SOCKET, SO_SNDBUF, &bytes, sizeof bytes);
-    struct sockaddr_in at = {.sin_family = AF_INET, .sin_port = htons((uint16_t)atoi(argv[1]))};
+    struct sockaddr_in at = { .sin_family = AF_INET, .sin_port = htons((uint16_t)atoi(argv[1])) };
     inet_pton(AF_INET, "127.0.0.1", &at.sin_addr);
     if (bind(listener, (struct sockaddr *)&at, sizeof at) < 0) {
         perror("bind");
@@ -246,7 +275,7 @@ int main(int argc, char **argv) {
     }
     epoll_fd = epoll_create1(0);
     int outer = epoll_create1(0); /* the listener and the pods' epoll set, as the router's loop sees them */
-    struct epoll_event event = {.events = EPOLLIN, .data.fd = listener};
+    struct epoll_event event = { .events = EPOLLIN, .data.fd = listener };
     epoll_ctl(outer, EPOLL_CTL_ADD, listener, &event);
     event.data.fd = epoll_fd;
     epoll_ctl(outer, EPOLL_CTL_ADD, epoll_fd, &event);
@@ -255,8 +284,10 @@ int main(int argc, char **argv) {
         struct epoll_event got[2];
         int n = epoll_wait(outer, got, 2, -1);
         for (int i = 0; i < n; i++) {
-            if (got[i].data.fd == listener) from_clients();
-            else from_pods();
+            if (got[i].data.fd == listener)
+                from_clients();
+            else
+                from_pods();
         }
     }
 }

@@ -4,6 +4,8 @@ Starts two Stargate-like pods (grpcio servers, h2c and TLS, plus aioquic servers
 127.0.0.2 and 127.0.0.3, writes an EndpointSlice file naming them, runs the router, and
 calls each pod through it by name: h2c with ``:authority``, TLS with SNI, QUIC with SNI.
 Then shows what an unknown name gets. Exits 0 when every call landed where it should.
+Its files (certificates, endpoints) are memory files (``router.demo.memory_files``): it writes
+nothing to disk, so it runs under a read-only root with no writable ``/tmp``.
 """
 
 from __future__ import annotations
@@ -11,12 +13,11 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
-import tempfile
-from collections.abc import Sequence
-from pathlib import Path
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from router.config import config_from_args
+from router.demo.memory_files import MemoryFiles
 from router.demo.pki import DemoPki, make_pki
 
 PODS = (("stargate-0", "127.0.0.2"), ("stargate-1", "127.0.0.3"))
@@ -76,12 +77,12 @@ async def _quic_calls(router_port: int, pki: DemoPki, out: list[str]) -> bool:
     return ok
 
 
-async def _demo(workdir: Path) -> int:
+async def _demo(files: MemoryFiles) -> int:
     from router.app import RouterApp
     from router.demo.grpc_pods import start_pod
     from router.demo.quic_pods import bound_port, start_quic_pod
 
-    pki = make_pki(workdir / "pki")
+    pki = make_pki(files)
     grpc_pods = []
     tls_pods = []
     quic_pods = []
@@ -94,8 +95,7 @@ async def _demo(workdir: Path) -> int:
         quic_pods.append(quic)
         rows.append((pod, ip, h2c.port, bound_port(quic)))
     # TLS pods listen on their own ports; the demo's second endpoints file swaps them in.
-    endpoints = workdir / "endpoints.json"
-    endpoints.write_text(endpoints_document(rows))
+    endpoints = files.write("endpoints.json", endpoints_document(rows).encode())
     config = config_from_args(
         [
             "--listen-addr", "127.0.0.1:0", "--reverse-tunnel-listen-addr", "127.0.0.1:0",
@@ -115,7 +115,10 @@ async def _demo(workdir: Path) -> int:
         *(f"pod {p} at {ip}: grpc h2c :{g}, quic :{q}" for p, ip, g, q in rows),
         "calls through the router:",
     ]
-    ok = await asyncio.to_thread(_grpc_calls_h2c_then_tls, tcp_port, pki, out, rows, tls_pods, endpoints, app)
+    def rewrite_endpoints(document: str) -> None:
+        files.replace(endpoints, document.encode())
+
+    ok = await asyncio.to_thread(_grpc_calls_h2c_then_tls, tcp_port, pki, out, rows, tls_pods, rewrite_endpoints, app)
     ok &= await _quic_calls(udp_port, pki, out)
     accepted = sum(
         app.metrics.grpc_connections.labels(protocol=p, outcome="accepted").value
@@ -136,14 +139,14 @@ async def _demo(workdir: Path) -> int:
 
 def _grpc_calls_h2c_then_tls(
     port: int, pki: DemoPki, out: list[str], rows: list[tuple[str, str, int, int]],
-    tls_pods: list[Any], endpoints: Path, app: Any,
+    tls_pods: list[Any], rewrite_endpoints: Callable[[str], None], app: Any,
 ) -> bool:
     """h2c pods first; then point the endpoints at the TLS pods (the file is re-read)."""
     import time
 
     ok = _grpc_calls_h2c(port, out)
     tls_rows = [(p, ip, t.port, q) for (p, ip, _g, q), t in zip(rows, tls_pods, strict=True)]
-    endpoints.write_text(endpoints_document(tls_rows))
+    rewrite_endpoints(endpoints_document(tls_rows))
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline:
         snap = app.snapshot()
@@ -204,5 +207,5 @@ def run_demo(argv: Sequence[str]) -> int:
     if argv:
         print("usage: stargate-router demo", file=sys.stderr)
         return 2
-    with tempfile.TemporaryDirectory(prefix="stargate-router-demo-") as tmp:
-        return asyncio.run(_demo(Path(tmp)))
+    with MemoryFiles() as files:
+        return asyncio.run(_demo(files))

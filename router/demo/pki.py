@@ -16,6 +16,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
+from router.demo.memory_files import MemoryFiles
+
 
 @dataclass(frozen=True)
 class DemoPki:
@@ -31,8 +33,9 @@ def _name(cn: str) -> x509.Name:
     return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
 
 
-def make_pki(directory: Path, dns_names: tuple[str, ...] = ("*.stargate.external",)) -> DemoPki:
-    """Write ca.pem, server.pem and server.key into ``directory`` and return them."""
+def make_pki(where: Path | MemoryFiles, dns_names: tuple[str, ...] = ("*.stargate.external",)) -> DemoPki:
+    """Write ca.pem, server.pem and server.key into the directory ``where`` (or as memory files)
+    and return them."""
     now = datetime.datetime.now(datetime.UTC)
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca_cert = (
@@ -72,7 +75,6 @@ def make_pki(directory: Path, dns_names: tuple[str, ...] = ("*.stargate.external
         )
         .sign(ca_key, hashes.SHA256())
     )
-    directory.mkdir(parents=True, exist_ok=True)
     ca_pem = ca_cert.public_bytes(serialization.Encoding.PEM)
     cert_pem = cert.public_bytes(serialization.Encoding.PEM)
     key_pem = key.private_bytes(
@@ -80,7 +82,12 @@ def make_pki(directory: Path, dns_names: tuple[str, ...] = ("*.stargate.external
         serialization.PrivateFormat.PKCS8,
         serialization.NoEncryption(),
     )
-    paths = directory / "ca.pem", directory / "server.pem", directory / "server.key"
-    for path, data in zip(paths, (ca_pem, cert_pem, key_pem), strict=True):
-        path.write_bytes(data)
+    files = {"ca.pem": ca_pem, "server.pem": cert_pem, "server.key": key_pem}
+    if isinstance(where, MemoryFiles):
+        paths = [where.write(name, data) for name, data in files.items()]
+    else:
+        where.mkdir(parents=True, exist_ok=True)
+        paths = [where / name for name in files]
+        for path, data in zip(paths, files.values(), strict=True):
+            path.write_bytes(data)
     return DemoPki(ca_pem, cert_pem, key_pem, *paths)

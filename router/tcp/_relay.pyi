@@ -2,6 +2,9 @@
 
 from collections.abc import Callable
 
+ATTRIBUTES: tuple[tuple[str, str], ...]
+"""(owner, name) of every Python attribute the C reads or writes by name: none (Python is reached
+only through the callbacks given to ``Engine.start``; tests/test_c_attributes.py)."""
 CLIENT_TO_POD: int
 POD_TO_CLIENT: int
 CONNECT: int

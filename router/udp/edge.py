@@ -89,7 +89,7 @@ class UdpRouter(ClientDemux):
         """The C splice of established flows (``native``), or None: the pure-Python path."""
         self._accepting = True
         self._sweeper: asyncio.Task[None] | None = None
-        self._accepted = metrics.quic_connections.labels(outcome=QuicOutcome.ACCEPTED)
+        self._accepted = metrics.quic_flow_series(QuicOutcome.ACCEPTED)
         """Looked up once: every flow counts one."""
         # The flow gauges are read from the table at scrape time, not updated per flow.
         metrics.pending_flows.set_function(lambda: self._table.pending_count)

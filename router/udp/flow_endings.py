@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from quic.initial_sniffer import InitialSniffer
 from router.client_limits import ClientSlots
 from router.metrics import ProtocolSeries, RouterMetrics
-from router.outcomes import QuicDropReason, QuicOutcome, Termination
+from router.outcomes import QuicDropReason, QuicFlowOutcome, QuicOutcome, Termination
 from router.udp.flow_access import FlowAccess
 from router.udp.flow_table import Flow, PendingFlow, UdpFlowTable
 from router.udp.pod_link import Outboxes, PodLink
@@ -97,7 +97,7 @@ class FlowEndings:
         self._note_if_empty()
 
     def _discard(self, pending: PendingFlow[InitialSniffer], termination: Termination,
-                 outcome: QuicOutcome | None = None, answered: int = 0) -> None:
+                 outcome: QuicFlowOutcome | None = None, answered: int = 0) -> None:
         """Forget an attempt that never became a flow; its access line says why."""
         self._access.end_pending(pending, outcome, termination, self._clock(), answered)
         self._table.discard_pending(pending)

@@ -21,7 +21,7 @@ from quic.packet import QuicErrorCode, QuicPacketError
 from quic.server_packets import build_initial_close, build_version_negotiation
 from router.log_limiter import RateLimitedLog
 from router.metrics import RouterMetrics
-from router.outcomes import QuicDropReason, QuicOutcome
+from router.outcomes import QuicDropReason, QuicFlowOutcome, WebTransportOutcome
 from router.routing import REFUSAL_ANSWERS, Refusal
 from router.udp.flow_table import Address, FlowTableError, PendingFlow, Rejection, UdpFlowTable
 
@@ -29,10 +29,13 @@ log = logging.getLogger("router.udp_router")
 """The router's logger: refusal lines keep the name operators filter on."""
 
 
-def quic_answer(refusal: Refusal) -> tuple[QuicOutcome, str]:
-    """The outcome a refused QUIC attempt counts as and its CONNECTION_CLOSE reason phrase."""
+def quic_answer(refusal: Refusal, webtransport: bool = False) -> tuple[QuicFlowOutcome, str]:
+    """The outcome a refused QUIC attempt counts as (its WebTransport name under ``webtransport``)
+    and its CONNECTION_CLOSE reason phrase."""
     answer = REFUSAL_ANSWERS[refusal]
     assert answer.quic_outcome is not None and answer.quic_reason is not None, f"{refusal} is not a QUIC refusal"
+    if webtransport:
+        return WebTransportOutcome(answer.webtransport_outcome or answer.quic_outcome), answer.quic_reason
     return answer.quic_outcome, answer.quic_reason
 
 
@@ -93,7 +96,7 @@ class QuicRefusals:
     ) -> int:
         """Count, log, remember and answer a refused attempt (``received``: bytes it sent);
         returns the bytes answered (0 when the answer was not sent)."""
-        outcome, reason = quic_answer(refusal)
+        outcome, reason = quic_answer(refusal, self._metrics.webtransport)
         self._metrics.quic_outcome(outcome)
         self.log.info("quic flow refused: hostname=%r peer=%s outcome=%s", hostname, peer(addr), outcome)
         try:
@@ -111,10 +114,10 @@ class QuicRefusals:
 
     def refuse_pending(
         self, pending: PendingFlow[InitialSniffer], hostname: str | None, refusal: Refusal, now: float
-    ) -> tuple[QuicOutcome, int]:
+    ) -> tuple[QuicFlowOutcome, int]:
         """Refuse an attempt whose ClientHello was read: ``(outcome, bytes answered)``; answered only
         when its Initial gave the version and CIDs to answer with."""
-        sniffer, outcome = pending.sniffer, quic_answer(refusal)[0]
+        sniffer, outcome = pending.sniffer, quic_answer(refusal, self._metrics.webtransport)[0]
         if sniffer.version is None or sniffer.original_dcid is None or sniffer.client_scid is None:
             self._metrics.quic_outcome(outcome)
             return outcome, 0

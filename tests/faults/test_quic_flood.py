@@ -63,7 +63,7 @@ from tests.faults.quic_flood_harness import (
     send_flood,
     whoami,
 )
-from tests.faults.router_probes import rss_kib
+from tests.faults.router_probes import CHART_PEAK_RSS_KIB, peak_rss_kib, rss_kib
 from tests.support.initial_packets import protected_initial
 from tests.support.names import host as sni
 from tests.support.polling import eventually
@@ -308,6 +308,7 @@ async def _flood_router_process(
                 flood_drops = kernel_drops(flood.addresses)
                 replies = check_replies(flood.all_replies(), forge)
                 assert await whoami(port, "stargate-0", pki.ca_path) == "stargate-0"
+                peak_rss = peak_rss_kib(proc.proc.pid)
             finally:
                 flood.close()
             assert proc.stop() == 0
@@ -319,8 +320,9 @@ async def _flood_router_process(
         f"{flood_drops}\n  {legit.summary()}\n  drops {({k: int(v) for k, v in drops.items() if v})}, "
         f"replies VN {replies.vn} CONNECTION_CLOSE {replies.closes}; counted {int(counted)} of {sent}\n"
         f"  pending gauge max {samples.max_pending:.0f} (bound {c.QUIC_MAX_PENDING_FLOWS}), "
-        f"RSS {rss_before} KiB -> max {samples.max_rss_kib} KiB; {log_lines} router log lines"
+        f"RSS {rss_before} KiB -> max {samples.max_rss_kib} KiB (VmHWM {peak_rss} KiB); {log_lines} router log lines"
     )
+    assert peak_rss < CHART_PEAK_RSS_KIB
     assert legit.total >= min_handshakes and legit.ok >= 0.99 * legit.total, legit.failed[:5]
     pending_bound = min(c.QUIC_MAX_PENDING_FLOWS, len(flood.sockets) * c.QUIC_MAX_PENDING_FLOWS_PER_ADDRESS)
     assert samples.max_pending <= pending_bound

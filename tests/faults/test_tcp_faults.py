@@ -27,6 +27,7 @@ import pytest
 from router import constants as c
 from router.demo.grpc_pods import RunningPod, start_pod
 from tests.faults.router_probes import (
+    CHART_PEAK_RSS_KIB,
     WhoAmIProbe,
     cpu_seconds,
     echo_stream,
@@ -34,6 +35,7 @@ from tests.faults.router_probes import (
     open_fds,
     outcome_count,
     outcome_counts,
+    peak_rss_kib,
     raise_nofile_limit,
     rss_kib,
     settle_fds,
@@ -169,11 +171,13 @@ def test_slowloris_peeks_close_at_the_peek_timeout_while_real_calls_pass(
         after_fds = settle_fds(pid, base_fds + FD_SLACK)
         after = outcome_counts(router)
         lifetimes = [closed[i] - opened[i] for i in closed]
+        peak_rss = peak_rss_kib(pid)
         print(
             f"\nslowloris {connections}: router fds base={base_fds} peak={peak_fds} after={after_fds}; "
             f"held {min(lifetimes):.2f}-{max(lifetimes):.2f}s; legit calls={len(caller.results)} "
-            f"max latency={caller.max_latency_s:.3f}s"
+            f"max latency={caller.max_latency_s:.3f}s; peak RSS (VmHWM) {peak_rss} KiB"
         )
+        assert peak_rss < CHART_PEAK_RSS_KIB
         assert len(closed) == connections, f"{connections - len(closed)} connections never closed"
         assert min(lifetimes) >= PEEK_TIMEOUT_MS / 1000 - 0.05  # not before the peek timeout
         assert max(lifetimes) <= PEEK_TIMEOUT_MS / 1000 + PROMPTLY_S  # and promptly at it
@@ -489,9 +493,11 @@ async def test_connection_churn_leaks_no_fds_or_memory(tmp_path: Path, connectio
         elapsed = time.monotonic() - started
         await asyncio.sleep(1.1)
         after_fds = await asyncio.to_thread(settle_fds, pid, base_fds + FD_SLACK)
-        after_rss = rss_kib(pid)
+        after_rss, peak_rss = rss_kib(pid), peak_rss_kib(pid)
         print(f"\nchurn {connections} connections in {elapsed:.1f}s: router fds {base_fds} -> {after_fds}, "
-              f"RSS {base_rss} KiB -> {after_rss} KiB ({after_rss - base_rss:+d} KiB)")
+              f"RSS {base_rss} KiB -> {after_rss} KiB ({after_rss - base_rss:+d} KiB), "
+              f"peak RSS (VmHWM) {peak_rss} KiB")
+        assert peak_rss < CHART_PEAK_RSS_KIB
         assert ok.count(False) == 0
         assert after_fds <= base_fds + FD_SLACK
         assert after_rss - base_rss < 16 * 1024, "RSS grew by more than 16 MiB"
@@ -520,14 +526,15 @@ async def test_clients_that_never_read_cost_the_router_bounded_memory(tmp_path: 
         relayed = await asyncio.to_thread(
             router.metric, c.RELAYED_BYTES_TOTAL + "_total", protocol="tls", direction="pod_to_client"
         )
-        held_fds, held_rss = open_fds(pid), rss_kib(pid)
+        held_fds, held_rss, peak_rss = open_fds(pid), rss_kib(pid), peak_rss_kib(pid)
         for sock in clients:
             sock.close()
         clients.clear()
         after_fds = await asyncio.to_thread(settle_fds, pid, base_fds + FD_SLACK)
         print(f"\nnon-reading clients: {connections} stalled connections, RSS {base_rss} -> {held_rss} KiB "
               f"({held_rss - base_rss:+d} KiB, {relayed / 2**20:.0f} MiB reported relayed), "
-              f"fds {base_fds} -> {held_fds} -> {after_fds}")
+              f"fds {base_fds} -> {held_fds} -> {after_fds}, peak RSS (VmHWM) {peak_rss} KiB")
+        assert peak_rss < CHART_PEAK_RSS_KIB
         assert held_fds >= base_fds + 2 * connections  # really held: client and pod socket each
         assert held_rss - base_rss < 32 * 1024, "router memory follows what its clients do not read"
         assert after_fds <= base_fds + FD_SLACK

@@ -1,6 +1,7 @@
 """Every fuzz target by name: every parser that reads untrusted bytes, with real seeds and its one allowed error.
 
-Used by ``tests/fuzz/run_fuzz.py`` (the mutation fuzzer, run by hand, not in CI) and
+Used by ``tests/fuzz/run_fuzz.py`` (the mutation fuzzer: by hand, and for a bounded number of
+inputs in CI, under the sanitizers, by ``tests/sanitize/run``) and
 ``tests/fuzz/test_fuzz_regressions.py`` (every saved crash input, replayed in CI). A target
 turns bytes into calls of one parser; only that parser's own error type may escape. Any
 other exception, or a broken invariant (``FuzzInvariantError``), is a crash. Seeds come
@@ -12,15 +13,19 @@ the frame parser), and EndpointSlice documents from ``router/demo/``. The target
 ====================  ===========================================================  =================
 target                what runs (and the invariant checked besides "no other error")  allowed error
 ====================  ===========================================================  =================
-clienthello           ``wire.client_hello.parse_client_hello``, then the hostname match  ClientHelloError
+clienthello           ``client_hello_parser`` (its C walk = ``parse_client_hello``),     ClientHelloError
+                      then the hostname match
 tls_peek              ``ClientHelloReader.feed``, whole and chunked must agree          TlsPeekError
 h2_request            ``H2RequestReader.feed``, whole and chunked must agree            H2PeekError
 settings_ack          ``SettingsAckStripper.feed``: input minus exactly one ACK out     H2PeekError
 initial_frames        ``walk_initial_frames`` into a ``CryptoReassembler``              QuicPacketError
-initial_native        ``sniff_first_payload`` (C) declines or equals the reference       (none)
+initial_native        ``sniff_first_payload`` (C) declines or equals the Python         (none)
+                      reference (``quic.frames`` and ``parse_client_hello``)
+long_header_native    the C long-header parse declines or equals ``read_long_header``  (none)
+                      at every coalesced packet's offset
 sniffer_payloads      ``InitialSniffer.feed`` on re-encrypted mutated frames            QuicPacketError
 first_initial_native  the first Initial read in one C call leaves the sniffer as     (none)
-                      reference does (answers, version, CIDs, packet number)
+                      the Python path does (answers, version, CIDs, packet number)
 sniffer_datagrams     ``InitialSniffer.feed`` on mutated protected datagrams            QuicPacketError
 udp_router            ``UdpRouter``'s datagram path (no sockets): answers never         (none)
                       larger than their datagram, pending flows within their bound
@@ -28,6 +33,12 @@ endpoints             ``parse_endpoints_document`` then ``targets_from_slices`` 
 proxy_protocol        ``ProxyHeaderReader.feed``, whole and chunked must agree;        ProxyHeaderError
                       a header within its bound, header + remainder = the input
 ====================  ===========================================================  =================
+
+The ``*_native`` targets compare the C of ``quic/_initial_protection.c`` with the pure-Python
+reference (``tests/support/initial_reference.py``), never with itself; they and every other
+target marked ``reaches_c`` run under ASan and UBSan in ``tests/sanitize/run``. Their corpora grow
+from structured mutations (``mutators_native``: lying lengths, CIDs of 21-255 bytes, coalesced
+packets, shuffled and overlapping CRYPTO pieces, truncations) kept in ``tests/fuzz/corpus/``.
 
 Input conventions: multi-datagram targets split their input on ``SEPARATOR`` (for
 ``udp_router`` an empty part hands over to the next client address); the QUIC payload

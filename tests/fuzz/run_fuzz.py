@@ -3,11 +3,14 @@
     python -m tests.fuzz.run_fuzz --inputs 1000000             # split evenly over every target
     python -m tests.fuzz.run_fuzz --inputs 20000 --targets endpoints,tls_peek --seed 3
     python -m tests.fuzz.run_fuzz --engine atheris --inputs 200000   # coverage-guided, if installed
+    python -m tests.fuzz.run_fuzz --targets initial_native --inputs 50000 --save-corpus tests/fuzz/corpus
 
 The default engine needs nothing beyond the test dependencies and no coverage: it starts
 from real inputs (``tests/fuzz/targets_*.py``), stacks byte flips, inserts, deletes,
 repeats, splices, dictionary tokens and integer/varint (length-field) tweaks, and keeps a
-mutant when it produces an outcome (an error message shape, a result kind) not seen yet.
+mutant when it produces an outcome (an error message shape, a result kind) not seen yet;
+``--save-corpus`` also writes each such mutant there as ``<target>-<sha1>.bin`` (the native
+targets read theirs back from ``tests/fuzz/corpus/`` as seeds).
 
 Each target runs in its own worker process, one at a time (one core). Before running an
 input the worker writes it to a small shared file, so an input that kills the interpreter
@@ -263,8 +266,10 @@ def minimise(signature_of: Callable[[bytes], str | None], data: bytes, sig: str,
 # ---------------------------------------------------------------------------
 # Worker: one target, in its own process
 # ---------------------------------------------------------------------------
-def worker(name: str, inputs: int, seed: int, state: Path, crashes: Path, known: set[tuple[str, str]]) -> dict:
-    """Fuzz one target for ``inputs`` inputs; new Python crashes are minimised and saved."""
+def worker(name: str, inputs: int, seed: int, state: Path, crashes: Path, known: set[tuple[str, str]],
+           save_corpus: Path | None = None) -> dict:
+    """Fuzz one target for ``inputs`` inputs; new Python crashes are minimised and saved, and each
+    input with a new outcome is written to ``save_corpus`` if given."""
     target = TARGETS[name]
     rng = random.Random(seed)
     seeds = [s[: target.max_len] for s in target.seeds()]
@@ -306,6 +311,8 @@ def worker(name: str, inputs: int, seed: int, state: Path, crashes: Path, known:
             continue
         if label not in seen:
             seen.add(label)
+            if save_corpus is not None:
+                (save_corpus / f"{name}-{hashlib.sha1(data).hexdigest()[:12]}.bin").write_bytes(data)
             if len(corpus) < MAX_CORPUS:
                 corpus.append(data)
             else:
@@ -324,7 +331,8 @@ def _read_state(state: Path) -> tuple[int, bytes]:
 # ---------------------------------------------------------------------------
 # Coordinator
 # ---------------------------------------------------------------------------
-def coordinate(names: list[str], inputs: int, seed: int, crashes: Path, known_dir: Path) -> list[dict]:
+def coordinate(names: list[str], inputs: int, seed: int, crashes: Path, known_dir: Path,
+               save_corpus: Path | None = None) -> list[dict]:
     crashes.mkdir(parents=True, exist_ok=True)
     known = known_signatures(known_dir) | known_signatures(crashes)
     share, extra = divmod(inputs, len(names))
@@ -339,7 +347,7 @@ def coordinate(names: list[str], inputs: int, seed: int, crashes: Path, known_di
             while result["inputs"] < want and result["restarts"] <= MAX_RESTARTS:
                 state.write_bytes(bytes(STATE_BYTES))
                 outcome = _run_worker(name, want - result["inputs"], seed * 7919 + result["restarts"], state,
-                                      crashes, known_dir)
+                                      crashes, known_dir, save_corpus)
                 if isinstance(outcome, dict):
                     for key in ("inputs", "seconds", "known_crash_hits"):
                         result[key] += outcome[key]
@@ -368,10 +376,13 @@ def coordinate(names: list[str], inputs: int, seed: int, crashes: Path, known_di
     return results
 
 
-def _run_worker(name: str, inputs: int, seed: int, state: Path, crashes: Path, known: Path) -> dict | str:
+def _run_worker(name: str, inputs: int, seed: int, state: Path, crashes: Path, known: Path,
+                save_corpus: Path | None = None) -> dict | str:
     """The worker's stats, or the signature of how it died (``signal-N``, ``exit-N``, ``hang``)."""
     cmd = [sys.executable, "-m", "tests.fuzz.run_fuzz", "--worker", name, "--inputs", str(inputs),
            "--seed", str(seed), "--state", str(state), "--crashes", str(crashes), "--known", str(known)]
+    if save_corpus is not None:
+        cmd += ["--save-corpus", str(save_corpus)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
     last_index, last_move = -1, time.monotonic()
     while True:
@@ -455,26 +466,33 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--crashes", type=Path, default=CRASHES_DIR, help="where new crash inputs are saved")
     parser.add_argument("--known", type=Path, default=CRASHES_DIR, help="crash signatures already known")
     parser.add_argument("--json", type=Path, help="also write the per-target results here")
+    parser.add_argument("--save-corpus", type=Path, help="write each input with a new outcome here")
+    parser.add_argument("--reaching-c", action="store_true",
+                        help="only the targets that run C code when the extensions are built (tests/sanitize/run)")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--atheris-worker", help=argparse.SUPPRESS)
     parser.add_argument("--state", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
         stats = worker(args.worker, args.inputs, args.seed, args.state, args.crashes,
-                       known_signatures(args.known) | known_signatures(args.crashes))
+                       known_signatures(args.known) | known_signatures(args.crashes), args.save_corpus)
         print(json.dumps(stats), flush=True)
         return 0
     if args.atheris_worker:
         atheris_worker(args.atheris_worker, args.inputs, args.state, args.crashes)
         return 0
     names = [n for n in args.targets.split(",") if n]
+    if args.reaching_c:
+        names = [n for n in names if n in TARGETS and TARGETS[n].reaches_c]
+    if args.save_corpus is not None:
+        args.save_corpus.mkdir(parents=True, exist_ok=True)
     unknown = [n for n in names if n not in TARGETS]
     if unknown or not names or args.inputs < len(names):
         parser.error(f"targets must be a non-empty subset of {list(TARGETS)} with >= 1 input each")
     if args.engine == "atheris":
         results = coordinate_atheris(names, args.inputs, args.crashes)
     else:
-        results = coordinate(names, args.inputs, args.seed, args.crashes, args.known)
+        results = coordinate(names, args.inputs, args.seed, args.crashes, args.known, args.save_corpus)
     total = sum(r["inputs"] for r in results)
     wall = sum(r["wall_seconds"] for r in results)
     new = [c for r in results for c in r["new_crashes"]]

@@ -17,7 +17,8 @@ from tests.support.tls import u16
 SEPARATOR = b"\xfe\xfd\xfc\xfb"
 """Splits one fuzz input into several datagrams / payloads (rare in real traffic)."""
 CORPUS_DIR = Path(__file__).parent / "corpus"
-"""Extra seed inputs kept in the repository (the endpoints target reads them)."""
+"""Extra seed inputs kept in the repository, ``<target>-*``: the endpoints target's, and the inputs
+``run_fuzz --save-corpus`` kept for the native targets because each found a new outcome."""
 CRASHES_DIR = Path(__file__).parent / "crashes"
 """Saved crash inputs, ``<target>--<signature>--<sha1>.bin``, replayed by the regression tests."""
 TEMPLATE = HostnameTemplate.parse(c.DEFAULT_ADVERTISED_HOSTNAME_TEMPLATE, "demo")
@@ -47,6 +48,8 @@ class FuzzTarget:
     dictionary: tuple[bytes, ...] = ()
     structured: Callable[[bytes, random.Random], bytes | None] | None = None
     """Optional structure-aware mutator (parse, change a node, re-serialise)."""
+    reaches_c: bool = False
+    """Runs C code when the extensions are built (``tests/sanitize/run`` fuzzes these under ASan/UBSan)."""
 
 
 def pieces(data: bytes) -> list[bytes]:

@@ -9,12 +9,14 @@ import ssl
 
 from tests.fuzz.seed_flights import quic_hellos
 from tests.fuzz.target import TEMPLATE, FuzzTarget, check, feed_all, pieces, tweak
+from tests.support.initial_reference import c_handshake_agrees
 from tests.support.tls import hello_from_parts, hello_parts, record_payloads, ssl_client_hello_records, tls_records, u16
 from wire.client_hello import ClientHelloError, parse_client_hello
 from wire.tls import ClientHelloReader, TlsPeekError
 
 
 def run_client_hello(data: bytes) -> str:
+    c_handshake_agrees(data)  # the C walk (when built) answers as parse_client_hello
     info = parse_client_hello(data)
     check(info.server_name is None or isinstance(info.server_name, str), "server_name type")
     check(all(isinstance(p, str) and p for p in info.alpn), "alpn entries")
@@ -136,6 +138,7 @@ def hellos() -> tuple[bytes, ...]:
 
 TLS_TARGETS = (
     FuzzTarget("clienthello", run_client_hello, (ClientHelloError,), client_hello_seeds, 20_000, TLS_DICTIONARY,
-               mutate_hello_input),
-    FuzzTarget("tls_peek", run_tls_peek, (TlsPeekError,), tls_peek_seeds, 20_000, TLS_DICTIONARY, mutate_records),
+               mutate_hello_input, reaches_c=True),
+    FuzzTarget("tls_peek", run_tls_peek, (TlsPeekError,), tls_peek_seeds, 20_000, TLS_DICTIONARY, mutate_records,
+               reaches_c=True),
 )

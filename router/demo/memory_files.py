@@ -1,0 +1,68 @@
+"""The demo's files, kept in memory: the CA, the pods' certificate and key, the endpoints file.
+
+aioquic loads certificates from paths and the router reads its endpoints file by path, so the
+demo hands out paths, but to anonymous memory files (``memfd_create``) seen through
+``/proc/self/fd/N``, not to a directory: the demo writes nothing to disk, and runs where no
+directory is writable (the Rust router's chart: read-only root filesystem, no ``/tmp`` mounted).
+Only this process can open the paths, which is all the demo needs: its pods, its clients and
+its router run in it.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from types import TracebackType
+
+PROC_FD = Path("/proc/self/fd")
+"""Where the kernel shows this process's open files as paths anyone in the process can open."""
+
+
+class MemoryFiles:
+    """Named memory files that exist while this object is open (a context manager)."""
+
+    def __init__(self) -> None:
+        self._fds: list[int] = []
+
+    def write(self, name: str, data: bytes) -> Path:
+        """A new file holding ``data``; the path to open it by (``name`` shows in ``/proc``)."""
+        fd = self._new(name, data)
+        self._fds.append(fd)
+        return PROC_FD / str(fd)
+
+    def replace(self, path: Path, data: bytes) -> None:
+        """Swap the file at ``path`` for a new one holding ``data``, atomically (``dup2`` onto its
+        descriptor): a reader sees the old bytes or the new, and the new file's identity, as with
+        a ConfigMap's symlink swap."""
+        fd = int(path.name)
+        if path.parent != PROC_FD or fd not in self._fds:
+            raise ValueError(f"{path} is not one of these memory files")
+        new = self._new(f"{fd}", data)
+        try:
+            os.dup2(new, fd, inheritable=False)
+        finally:
+            os.close(new)
+
+    @staticmethod
+    def _new(name: str, data: bytes) -> int:
+        fd = os.memfd_create(name, os.MFD_CLOEXEC)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    def close(self) -> None:
+        fds, self._fds = self._fds, []
+        for fd in fds:
+            os.close(fd)
+
+    def __enter__(self) -> MemoryFiles:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 traceback: TracebackType | None) -> None:
+        self.close()

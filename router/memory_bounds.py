@@ -1,0 +1,113 @@
+"""The QUIC tables' bounds, sized at start to the container's memory limit (cgroup v2 ``memory.max``).
+
+The flow table's defaults are generous: 4,096 pending flows of ~52 KiB each at worst (a flood
+of Initials that never finish their ClientHello) and 65,536 established flows. Filled, they
+would take more than the 256 MiB the Rust router's chart gives its container, and the kernel
+would kill the router. So the router reads its cgroup's limit once at start and lowers each
+bound until the baseline plus both tables' worst case take at most ``MEMORY_USABLE_FRACTION``
+of it (per worker, when ``--workers N`` processes share it). No limit (``max``), or no cgroup v2,
+keeps the defaults; a bound is never raised above its default. ``bounds_for`` is the pure rule;
+``read_memory_limit`` is the one read of the file.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from quic.frames import QUIC_MAX_CRYPTO_BYTES
+from router import constants as c
+
+PENDING_FLOW_WORST_BYTES = (
+    c.QUIC_MAX_PENDING_BYTES_PER_FLOW + QUIC_MAX_CRYPTO_BYTES + c.QUIC_PENDING_FLOW_OVERHEAD_BYTES
+)
+"""A pending flow at its worst: its held datagrams, its CRYPTO reassembly, its objects (~52 KiB)."""
+
+MIB = 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryBounds:
+    """The bounds chosen for one router process, and the limit they were sized to."""
+
+    max_pending_flows: int = c.QUIC_MAX_PENDING_FLOWS
+    max_flows: int = c.QUIC_MAX_FLOWS
+    limit_bytes: int | None = None
+    """The cgroup's ``memory.max``; None: no limit (the defaults)."""
+    workers: int = 1
+    """Router processes sharing the limit."""
+
+    def describe(self, source: str) -> str:
+        """The start line saying what was chosen and why (``source``: where the limit was read)."""
+        bounds = f"QUIC pending flows <= {self.max_pending_flows}, QUIC flows <= {self.max_flows}"
+        if self.limit_bytes is None:
+            return f"memory limit: none ({source}); {bounds} (the defaults)"
+        share = f" per worker of {self.workers}" if self.workers > 1 else ""
+        return f"memory limit: {self.limit_bytes / MIB:.0f} MiB ({source}); {bounds}{share}"
+
+
+def bounds_for(limit_bytes: int | None, workers: int = 1) -> MemoryBounds:
+    """The bounds whose worst case, with the baseline, fits ``MEMORY_USABLE_FRACTION`` of
+    ``limit_bytes`` split over ``workers``; the defaults when there is no limit."""
+    if limit_bytes is None:
+        return MemoryBounds(workers=workers)
+    per_worker = limit_bytes * c.MEMORY_USABLE_FRACTION / max(1, workers)
+    above_baseline = max(0.0, per_worker - c.MEMORY_BASELINE_BYTES)
+    pending = int(above_baseline * c.MEMORY_PENDING_SHARE) // PENDING_FLOW_WORST_BYTES
+    flows = int(above_baseline * (1 - c.MEMORY_PENDING_SHARE)) // c.QUIC_FLOW_WORST_BYTES
+    return MemoryBounds(
+        max_pending_flows=min(c.QUIC_MAX_PENDING_FLOWS, max(c.MIN_QUIC_PENDING_FLOWS, pending)),
+        max_flows=min(c.QUIC_MAX_FLOWS, max(c.MIN_QUIC_FLOWS, flows)),
+        limit_bytes=limit_bytes,
+        workers=workers,
+    )
+
+
+class MemoryLimitError(ValueError):
+    """``memory.max`` held something other than ``max`` or a number of bytes."""
+
+
+def parse_memory_max(text: str) -> int | None:
+    """cgroup v2's ``memory.max``: ``max`` (None: no limit) or a positive number of bytes."""
+    value = text.strip()
+    if value == "max":
+        return None
+    if not value.isdigit() or int(value) == 0:
+        raise MemoryLimitError(f"expected 'max' or a number of bytes, got {value[:40]!r}")
+    return int(value)
+
+
+def memory_max_path(environ: Mapping[str, str] | None = None) -> str:
+    """The file to read: ``CGROUP_MEMORY_MAX_PATH_ENV`` when set, else the container's cgroup's."""
+    env = os.environ if environ is None else environ
+    return env.get(c.CGROUP_MEMORY_MAX_PATH_ENV) or c.CGROUP_MEMORY_MAX_PATH
+
+
+def read_memory_limit(path: str) -> int | None:
+    """The limit in ``path``; None when the file is absent (cgroup v1, no cgroup namespace).
+    Raises ``MemoryLimitError`` for unreadable or malformed contents."""
+    try:
+        with open(path, encoding="ascii") as file:
+            text = file.read(64)
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise MemoryLimitError(f"cannot read {path}: {exc}") from None
+    return parse_memory_max(text)
+
+
+def bounds_at_start(environ: Mapping[str, str] | None = None) -> tuple[MemoryBounds, str]:
+    """The bounds for this process (``WORKER_COUNT_ENV`` says how many share the limit) and the
+    start line saying what was chosen and why; an unreadable limit keeps the defaults."""
+    env = os.environ if environ is None else environ
+    count = env.get(c.WORKER_COUNT_ENV, "")
+    workers = int(count) if count.isdigit() and int(count) > 0 else 1
+    path = memory_max_path(env)
+    try:
+        limit = read_memory_limit(path)
+    except MemoryLimitError as exc:
+        bounds = MemoryBounds(workers=workers)
+        return bounds, bounds.describe(f"{exc}; kept")
+    bounds = bounds_for(limit, workers)
+    return bounds, bounds.describe(path if os.path.exists(path) else f"no {path}")
