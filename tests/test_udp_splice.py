@@ -380,9 +380,11 @@ async def _exchange(pki: DemoPki, request: bytes, answer: bytes) -> tuple[bytes,
         snapshot = TargetSnapshot.of([Target("stargate-0", POD_HOST, 1, pod_port)])
         # The sweeper drains the splice's counts into the metrics every sweep: none may run during
         # the exchange (a slow one, under ASan, took longer than QUIC_FLOW_SWEEP_INTERVAL_MS), or
-        # take_counts below would see only what moved since the last sweep.
+        # take_counts below would see only what moved since the last sweep. The sweep runs four times
+        # within the shortest idle timeout a flow may have (three PTOs and the grace): long here.
         quiet = UdpRouterSettings(extensions=choose().with_splice(True), sweep_interval_s=60.0,
-                                  limits=FlowLimits(pending_flow_timeout_s=240.0, idle_timeout_s=600.0))
+                                  limits=FlowLimits(pending_flow_timeout_s=240.0, idle_timeout_s=600.0,
+                                                    probe_timeout_s=80.0))
         async with running_udp_router(lambda: snapshot, quiet) as (router, port):
             assert router._splicer is not None
             yield port
