@@ -8,7 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from router.outcomes import QuicDropReason
-from router.udp.flow_table import Flow, FlowLimits, PendingFlow, UdpFlowTable
+from router.udp.flow_limits import FlowLimits
+from router.udp.flow_table import Flow, PendingFlow, UdpFlowTable
 from router.udp.verdicts import Unrouted, Verdict, classify_on_flow
 from tests.support.initial_packets import long_header_packet as long_header
 

@@ -7,13 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from router.outcomes import QuicDropReason
-from router.udp.flow_table import (
-    Flow,
-    FlowLimits,
-    FlowTableError,
-    PendingFlow,
-    UdpFlowTable,
-)
+from router.udp.flow_limits import FlowLimits, FlowTableError
+from router.udp.flow_table import Flow, PendingFlow, UdpFlowTable
 from router.udp.refusals import ByteBudget
 from router.udp.verdicts import Verdict, classify_unrouted
 from tests.support.initial_packets import long_header_packet as _long

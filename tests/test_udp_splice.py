@@ -25,7 +25,8 @@ from router import constants as c
 from router.demo.pki import DemoPki
 from router.extensions import PYTHON, Extensions, choose
 from router.udp import batching, native
-from router.udp.flow_table import Flow, FlowLimits
+from router.udp.flow_limits import FlowLimits
+from router.udp.flow_table import Flow
 from router.udp.settings import UdpRouterSettings
 from tests.support.quic_exchange import quic_exchange
 from tests.support.udp_router import has_datagram, running_udp_router

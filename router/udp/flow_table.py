@@ -1,30 +1,19 @@
 """The QUIC router's flow table: who is pending, who is spliced to which pod, and for how long.
 
-Sans-IO on purpose: no sockets, no clock. Every method that depends on time takes ``now``
-(seconds, any monotonic origin), so bounds and expiry are tested on plain values. The
-asyncio edge (``edge``) owns the sockets and keeps an opaque ``handle`` per
-flow (its pod-side transport) and an opaque ``sniffer`` per pending flow.
+Sans-IO: no sockets, no clock; time is ``now`` (seconds, any monotonic origin). The edge owns
+the sockets and keeps an opaque ``handle`` per flow and ``sniffer`` per pending flow.
 
-A flow is one client connection, spliced to one pod. It is found by its client address and,
-as QUIC finds a connection, by its connection IDs: one client socket (a quinn ``Endpoint``)
-may hold several connections, each to its own pod. An address's first flow takes every
-datagram of that address as long as it is the only one there (the common case costs one dict
-lookup); once two flows have met at an address they are *shared*, and their datagrams are told
-apart by connection ID wherever they go (``demux``): a long header by the client's original
-DCID, a pod CID or the client's SCID, a short header by the pod CID it carries.
-
-The pod's connection IDs are learned from the Source Connection ID of its long-header packets
-and indexed (``flow_for_cid``), independent of the address: a datagram from another address
-whose Destination Connection ID is a learned one belongs to that flow (NAT rebinding,
-migration), even where other flows already are (one endpoint's connections move together).
-This index is the one question a registry shared across processes would answer on a miss.
-CIDs the pod issues later in (encrypted) NEW_CONNECTION_ID frames cannot be seen by an L4
-router, so a client that migrates *and* switches to such a CID at the same time is not followed.
-
-A pending flow is keyed by address and the DCID of its first Initial: a new connection from an
-address with flows is a new pending flow beside them, never a threat to them. A flow ends when
-silent longer than its connection's own idle timeout allows (``FlowLimits.flow_idle_timeout_s``,
-from the client's ``max_idle_timeout``), never later than ``idle_timeout_s``.
+A flow is one client connection spliced to one pod, found as QUIC finds a connection: one client
+socket (a quinn ``Endpoint``) may hold several, each to its own pod. An address's first flow takes
+its every datagram while alone there (one dict lookup); once two flows have met at an address they
+are *shared*, told apart by connection ID wherever they go (``demux``). The pod's connection IDs,
+learned from the SCID of its long headers, are indexed apart from addresses (``flow_for_cid``): a
+datagram from another address carrying one belongs to that flow (NAT rebinding, migration), also
+where other flows are; a registry shared across processes would answer this same question on a
+miss. CIDs the pod issues later in encrypted NEW_CONNECTION_ID frames stay unseen: a client that
+migrates *and* switches to one at once is not followed. A pending flow is keyed by address and
+its first Initial's DCID: a new connection beside an address's flows, never a threat to them. A
+silent flow ends at its connection's own idle timeout (``FlowLimits.flow_idle_timeout_s``).
 """
 
 from __future__ import annotations
@@ -38,6 +27,7 @@ from typing import Any, Generic, TypeVar
 from quic.packet import QuicPacketError, long_header_scid, short_header_dcid
 from router import constants as c
 from router.outcomes import QuicDropReason
+from router.udp.flow_limits import FlowLimits, FlowTableError
 
 Address = tuple[Any, ...]
 """A socket address as asyncio reports it: ``(host, port)`` or ``(host, port, flow, scope)``."""
@@ -47,51 +37,6 @@ PendingKey = tuple[Address, bytes]
 
 S = TypeVar("S")
 H = TypeVar("H")
-
-
-class FlowTableError(ValueError):
-    """Limits that cannot bound anything (zero or negative); names the offending field."""
-
-
-@dataclass(frozen=True, slots=True)
-class FlowLimits:
-    """Every bound of the table, so a spoofed-source flood costs bounded memory."""
-
-    max_pending_flows: int = c.QUIC_MAX_PENDING_FLOWS
-    max_pending_flows_per_address: int = c.QUIC_MAX_PENDING_FLOWS_PER_ADDRESS
-    max_pending_datagrams_per_flow: int = c.QUIC_MAX_PENDING_DATAGRAMS_PER_FLOW
-    max_pending_bytes_per_flow: int = c.QUIC_MAX_PENDING_BYTES_PER_FLOW
-    pending_flow_timeout_s: float = c.QUIC_PENDING_FLOW_TIMEOUT_MS / 1000
-    max_flows: int = c.QUIC_MAX_FLOWS
-    idle_timeout_s: float = c.DEFAULT_RELAY_IDLE_TIMEOUT_MS / 1000
-    """``--relay-idle-timeout-ms``: the longest any flow may be silent."""
-    max_learned_cids_per_flow: int = c.QUIC_MAX_LEARNED_CIDS_PER_FLOW
-    rejection_memory_s: float = c.QUIC_REJECTION_MEMORY_MS / 1000
-    max_remembered_rejections: int = c.QUIC_MAX_REMEMBERED_REJECTIONS
-    answers_per_rejection: int = c.QUIC_ANSWERS_PER_REJECTION
-    probe_timeout_s: float = c.QUIC_IDLE_PROBE_TIMEOUT_MS / 1000
-    """The PTO a connection's idle timeout is at least three of (RFC 9000 section 10.1)."""
-    idle_grace_s: float = c.QUIC_IDLE_GRACE_MS / 1000
-
-    def __post_init__(self) -> None:
-        for name in self.__dataclass_fields__:
-            if not getattr(self, name) > 0:
-                raise FlowTableError(f"{name} must be > 0, got {getattr(self, name)!r}")
-
-    def flow_idle_timeout_s(self, client_max_idle_ms: int) -> float:
-        """How long a flow may be silent: RFC 9000 section 10.1 ends its connection after
-        min(both ends' ``max_idle_timeout``), but no sooner than three PTOs; the client's value
-        bounds that from above. A client that advertises none (0) keeps ``idle_timeout_s``,
-        which bounds every flow."""
-        if client_max_idle_ms <= 0:
-            return self.idle_timeout_s
-        own = max(client_max_idle_ms / 1000, 3 * self.probe_timeout_s) + self.idle_grace_s
-        return min(own, self.idle_timeout_s)
-
-    @property
-    def shortest_flow_idle_s(self) -> float:
-        """The shortest silence any flow may be ended after (the sweep runs a few times within it)."""
-        return min(self.idle_timeout_s, 3 * self.probe_timeout_s + self.idle_grace_s)
 
 
 @dataclass(slots=True, eq=False)
@@ -217,20 +162,11 @@ class UdpFlowTable(Generic[S, H]):
         """The flow a client long header's DCID names: the original DCID of a flow at ``address``,
         or a learned pod CID (of a flow anywhere: then its client moved here)."""
         flow = self._by_cid.get(dcid) if dcid else None
-        if flow is not None:
-            return flow
-        for flow in self.flows_at(address):
-            if dcid in flow.client_dcids:
-                return flow
-        return None
+        return flow or next((f for f in self.flows_at(address) if dcid in f.client_dcids), None)
 
     def flow_for_client_scid(self, address: Address, scid: bytes) -> Flow[H] | None:
         """The flow at ``address`` whose client chose ``scid`` as its own connection ID."""
-        if scid:
-            for flow in self.flows_at(address):
-                if flow.client_scid == scid:
-                    return flow
-        return None
+        return next((f for f in self.flows_at(address) if f.client_scid == scid), None) if scid else None
 
     @property
     def cid_lengths(self) -> tuple[int, ...]:
@@ -279,8 +215,7 @@ class UdpFlowTable(Generic[S, H]):
 
     def _take_pending(self, pending: PendingFlow[S]) -> None:
         del self._pending[pending.key]
-        left = self._pending_at[pending.address] - 1
-        if left:
+        if left := self._pending_at[pending.address] - 1:
             self._pending_at[pending.address] = left
         else:
             del self._pending_at[pending.address]

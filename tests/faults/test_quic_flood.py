@@ -44,7 +44,7 @@ from router.hostname import HostnameTemplate
 from router.metrics import RouterMetrics
 from router.outcomes import QuicDropReason
 from router.udp.edge import UdpRouter
-from router.udp.flow_table import FlowLimits
+from router.udp.flow_limits import FlowLimits
 from router.udp.settings import UdpRouterSettings
 from tests.faults.quic_flood_forge import SNI_UNKNOWN, FloodForge, check_replies, first_hello
 from tests.faults.quic_flood_harness import (

@@ -24,7 +24,7 @@ from router.demo.pki import DemoPki
 from router.demo.quic_pods import QUIC_V1, bound_port, client_configuration, quic_whoami, start_quic_pod
 from router.metrics import RouterMetrics
 from router.udp.edge import UdpRouter
-from router.udp.flow_table import FlowLimits
+from router.udp.flow_limits import FlowLimits
 from router.udp.settings import UdpRouterSettings
 from tests.support.udp_router import running_udp_router
 
