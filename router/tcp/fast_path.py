@@ -46,9 +46,9 @@ from router.outcomes import GrpcOutcome, ProtocolLabel, Termination
 from router.routing import Refusal
 from router.tcp.client_intake import ClientIntake, Intake
 from router.tcp.dial import DialError, dial_error, start_dial
+from router.tcp.ending import RelayResult
 from router.tcp.first_bytes import FirstBytes, Peeked, Rejected
-from router.tcp.native_relay import NativeRelay
-from router.tcp.relay_common import RelayResult
+from router.tcp.relay import Relay
 
 if TYPE_CHECKING:
     from router.tcp._relay import Engine
@@ -129,7 +129,7 @@ class _Connection:
     __slots__ = ("accepted", "decided", "head", "path", "peeked", "relay", "target")
 
     def __init__(
-        self, path: FastPath, head: Head, peeked: Peeked, target: Target, decided: float, relay: NativeRelay
+        self, path: FastPath, head: Head, peeked: Peeked, target: Target, decided: float, relay: Relay
     ) -> None:
         self.path, self.head, self.peeked = path, head, peeked
         self.target, self.decided, self.relay = target, decided, relay
@@ -305,7 +305,7 @@ class FastPath:
         conn, peer, head, peeked = dial.conn, dial.peer, dial.head, dial.peeked
         record = head.record
         settings = edge.settings
-        relay = NativeRelay(
+        relay = Relay(
             self._loop, self._engine, conn, pod, settings.use_splice is not False, settings.relay_idle_timeout_s,
             series.count_bytes,
         )
