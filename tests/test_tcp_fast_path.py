@@ -296,7 +296,7 @@ def test_a_hello_in_pieces_goes_on_in_a_task(run: Runner) -> None:
 
 def test_client_slots_are_held_by_fast_connections_and_follow_one_into_its_task(run: Runner) -> None:
     """A per-client limit of 2 on the fast path (bare fds, the slot held by the connection's
-    ``Head``): a third connection is refused with an alert; a connection that leaves the path
+    ``Connection``): a third connection is refused with an alert; a connection that leaves the path
     for a task (its hello in pieces) takes its slot along; every slot is back at the end."""
 
     async def main() -> None:
@@ -444,7 +444,7 @@ def test_a_bug_costs_one_connection_never_the_listener(
     async def main() -> None:
         async with echo_pod() as pod_port, edge(pod_port) as (router, metrics, port):
             if failing == "decide":
-                monkeypatch.setattr(router, "decide", first_fails(router.decide))
+                monkeypatch.setattr(router.connections, "decide", first_fails(router.connections.decide))
             else:
                 monkeypatch.setattr(Relay, "start", first_fails(Relay.start))
             reader, writer = await connect_with_hello(port)
