@@ -24,6 +24,7 @@ import uvloop
 import router.tcp.native_relay as native_relay_module
 import router.tcp.pump as pump_module
 import router.tcp.relay as relay_module
+import router.tcp.relay_policy as relay_policy
 from router.constants import NO_EXTENSIONS_ENV, RELAY_CHUNK_BYTES, RELAY_REPORT_BYTES, SPLICE_PIPE_BYTES
 from router.outcomes import Termination
 from router.tcp.relay import SPLICE_AVAILABLE, RelayResult, live_relays, relay
@@ -280,7 +281,7 @@ def test_slow_reader_bounds_what_the_relay_holds(run: Runner, use_splice: bool) 
 def test_quiet_connection_gives_back_pipes_and_buffers(
     run: Runner, use_splice: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(relay_module, "RELAY_RELEASE_QUIET_S", 0.05)  # the policy reads it, for both pumps
+    monkeypatch.setattr(relay_policy, "RELAY_RELEASE_QUIET_S", 0.05)  # the policy reads it, for both pumps
     monkeypatch.setattr(pump_module, "SPLICE_AFTER_BYTES", 0)  # pipes from the first byte on, both pumps
 
     async def scenario() -> None:
@@ -543,7 +544,7 @@ def test_the_pump_is_the_one_asked_for(
         task = link.start(native=native)
         await thread(link.client_peer.sendall, b"ping")
         assert await thread(recv_exactly, link.pod_peer, 4) == b"ping"
-        running = list(relay_module.LIVE)
+        running = list(relay_policy.LIVE)
         assert len(running) == 1
         assert (running[0].engine is not None) == (expected == "c")
         engine = native_relay_module.engine_for(asyncio.get_running_loop(), True)

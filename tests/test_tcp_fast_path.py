@@ -29,7 +29,7 @@ from router.metrics import RouterMetrics
 from router.outcomes import GrpcOutcome, ProtocolLabel, Termination
 from router.tcp import native_relay
 from router.tcp.edge import TcpRouter, TcpRouterSettings
-from router.tcp.relay import Relay
+from router.tcp.relay_policy import Relay
 from tests.faults.tcp_peers import SynDroppingPod
 from tests.support.tls import ssl_client_hello_records
 

@@ -42,7 +42,7 @@ from router.tcp.connection import Connection, Connections, read_now
 from router.tcp.dial import DialError, dial_error, start_dial
 from router.tcp.ending import RelayResult
 from router.tcp.first_bytes import Peeked, Rejected
-from router.tcp.relay import Relay
+from router.tcp.relay_policy import Relay
 
 if TYPE_CHECKING:
     from router.tcp._relay import Engine
