@@ -3,7 +3,7 @@
 Why C: on a short connection the Python pump (``pump``, ``poller``) costs a readiness callback
 and a few objects per wake-up and direction; the C engine pumps every ready relay of a loop in
 one call (a connection's CPU 0.855x on the bench, ~15 us less; bench/README). Only the pumping
-is in C: the policy (``relay.Relay``) is the same for either engine, so a connection ends the
+is in C: the policy (``relay_policy.Relay``) is the same for either engine, so a connection ends the
 same way, with the same counts, on either. ``engine_for`` is the one place the choice is made.
 """
 

@@ -12,11 +12,11 @@ Why it looks like this:
   touches the poller when it flips between waiting for its source and waiting for its sink,
   so a busy connection costs no ``epoll_ctl`` per chunk, and a slow reader holds the relay to
   one pipe / one chunk per direction (the source is simply not read meanwhile). Pipes and
-  buffers are created on first use; the policy (``relay``) has quiet ones given back.
+  buffers are created on first use; the policy (``relay_policy``) has quiet ones given back.
 
 ``PythonPump`` presents one relay's two directions as the C engine (``_relay.c``) presents its
-``Relay``: the same calls (``relay.Pump``) and the same callbacks, so the one policy drives
-either. The pump's limits are read here, once, for both engines (``engine_limits``).
+``Relay``: the same calls (``relay_policy.Pump``) and the same callbacks, so the one policy
+drives either. The pump's limits are read here, once, for both engines (``engine_limits``).
 """
 
 from __future__ import annotations
@@ -43,11 +43,6 @@ from router.tcp.ending import close_fd
 from router.tcp.poller import POLL_BATCH, poller_for
 
 Mode = Literal["splice", "buffered"]
-EndCallback = Callable[["PythonPump", int, int, int, int, int], object]
-"""The C engine's ``on_end``: (relay, errno or 0, failing direction, first end of stream, client->pod done,
-pod->client done)."""
-ErrorCallback = Callable[["PythonPump", BaseException, int], object]
-"""A failure of this pump: (relay, the exception, failing direction)."""
 
 _SPLICE_FLAGS: Final = getattr(os, "SPLICE_F_MOVE", 0) | getattr(os, "SPLICE_F_NONBLOCK", 0)
 _F_SETPIPE_SZ: Final = getattr(fcntl, "F_SETPIPE_SZ", 1031)
@@ -292,9 +287,12 @@ class Direction:
 
 
 class PythonPump:
-    """One relay's two directions, driven as the C engine's ``Relay`` is (``relay.Pump``): it
-    calls ``on_end`` when both directions are done, ``on_error`` when one fails, ``on_bytes``
-    every ~``RELAY_REPORT_BYTES`` and at its end, ``on_acquired`` when it takes a pipe."""
+    """One relay's two directions, driven as the C engine's ``Relay`` is (``relay_policy.Pump``).
+
+    It calls back as the engine does: ``on_end`` (this pump, 0, -1, first end of stream: 0 the
+    client's, 1, 1) once both directions are done, ``on_bytes`` every ~``RELAY_REPORT_BYTES`` and at
+    its end, ``on_acquired`` when it takes a pipe; and ``on_error`` (this pump, the exception, the
+    failing direction: 0 client->pod, 1 pod->client) where the engine would pass an errno."""
 
     __slots__ = ("c2p", "first_eof", "on_acquired", "on_bytes", "on_end", "on_error", "over", "p2c", "poller")
 
@@ -304,8 +302,8 @@ class PythonPump:
         client: socket.socket,
         pod: socket.socket,
         splice: bool,
-        on_end: EndCallback,
-        on_error: ErrorCallback,
+        on_end: Callable[[PythonPump, int, int, int, int, int], object],
+        on_error: Callable[[PythonPump, BaseException, int], object],
         on_bytes: Callable[[int, int], object] | None,
         on_acquired: Callable[[], object],
     ) -> None:
@@ -359,7 +357,7 @@ class PythonPump:
         if self.on_bytes is not None and (up or down):
             self.on_bytes(up, down)
 
-    # -- what the policy asks (``relay.Pump``) -------------------------------------------------
+    # -- what the policy asks (``relay_policy.Pump``) ------------------------------------------
     def probe(self) -> tuple[int, int, float]:
         c2p, p2c = self.c2p, self.p2c
         return c2p.sent, p2c.sent, max(c2p.last, p2c.last)
