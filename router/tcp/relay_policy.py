@@ -99,6 +99,7 @@ def live_relays() -> tuple[RelayState, ...]:
 
 
 def describe(exc: BaseException) -> str:
+    """A failed relay's ``error``: the errno's name (``ECONNRESET``), else the exception."""
     if isinstance(exc, OSError) and exc.errno is not None:
         return errno.errorcode.get(exc.errno, str(exc.errno))
     return f"{type(exc).__name__}: {exc}"
