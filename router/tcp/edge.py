@@ -100,10 +100,6 @@ class TcpRouter:
         )
 
     @property
-    def settings(self) -> TcpRouterSettings:
-        return self._settings
-
-    @property
     def clients(self) -> ClientIntake:
         return self._clients
 
