@@ -39,7 +39,7 @@ from router.constants import (
     SPLICE_AFTER_BYTES,
     SPLICE_PIPE_BYTES,
 )
-from router.tcp.ending import close_fd
+from router.tcp.ending import close_sockets
 from router.tcp.poller import POLL_BATCH, poller_for
 
 Mode = Literal["splice", "buffered"]
@@ -392,7 +392,6 @@ class PythonPump:
         del self.c2p.relay, self.p2c.relay
 
     def close_fds(self, reset: bool, /) -> None:
-        """``abort``, then close both fds (their socket objects were given up); ``reset``: RST."""
+        """``abort``, then close both sockets (idempotent); ``reset`` makes the peers see RST."""
         self.abort()
-        close_fd(self.c2p.src_fd, reset=reset)
-        close_fd(self.c2p.dst_fd, reset=reset)
+        close_sockets(self.c2p.src, self.c2p.dst, reset=reset)

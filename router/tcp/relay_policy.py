@@ -77,7 +77,10 @@ class RelayState:
 
 
 class Pump(Protocol):
-    """A running relay's pump, on either engine (``_relay.Relay``, ``pump.PythonPump``)."""
+    """A running relay's pump, on either engine (``_relay.Relay``, ``pump.PythonPump``).
+
+    ``abort`` stops it (the last bytes reported), ``close_fds`` stops it and closes both sides
+    (the C engine their fd numbers, the Python pump its socket objects)."""
 
     def abort(self) -> None: ...
     def close_fds(self, reset: bool, /) -> None: ...
@@ -288,9 +291,12 @@ class Relay:
         then the sockets close; ``reset`` makes both peers see RST instead of FIN."""
         self._stop_timers()
         handle, client, pod = self.handle, self.client, self.pod
+        if handle is not None and self.engine is None:
+            handle.close_fds(reset)  # the Python pump closes its socket objects, these same two
+            return
         if handle is not None and side_fd(client) >= 0 and side_fd(pod) >= 0:
-            # Both still open: the pump closes them (the C engine's close takes them out of its
-            # epoll set without an epoll_ctl each). The sockets' objects give their fds up first.
+            # Both still open: the C engine closes them (which takes them out of its epoll set
+            # without an epoll_ctl each). The sockets' objects give their fds up first.
             self.client, self.pod = given_up(client), given_up(pod)
             handle.close_fds(reset)
             return
