@@ -57,9 +57,12 @@ def test_without_the_c_relay_the_python_pump_is_chosen_and_requiring_it_says_why
     monkeypatch.setitem(sys.modules, "router.tcp._relay", None)
     assert not native_relay.is_built()
 
+    assert not choose({}).tcp_pump
+    with pytest.raises(NativeUnavailable, match="not built"):
+        Extensions(tcp_pump=True).require()
+
     async def main() -> None:
         loop = asyncio.get_running_loop()
-        assert native_relay.engine_for(loop, None) is None
         assert native_relay.engine_for(loop, False) is None
         with pytest.raises(native_relay.NativeUnavailable, match="not built"):
             native_relay.engine_for(loop, True)

@@ -29,6 +29,7 @@ from router.metrics import RouterMetrics
 from router.outcomes import GrpcOutcome, ProtocolLabel, Termination
 from router.tcp import native_relay
 from router.tcp.edge import TcpRouter, TcpRouterSettings
+from router.tcp.relay_policy import Relay
 from tests.faults.tcp_peers import SynDroppingPod
 from tests.support.tls import ssl_client_hello_records
 
@@ -156,18 +157,18 @@ def test_an_accept_batch_is_dialled_together_then_relayed(run: Runner, monkeypat
     from router.tcp import fast_path
 
     steps: list[str] = []
-    original_dial, original_start = fast_path.FastPath._dial, native_relay.NativeRelay.start
+    original_dial, original_start = fast_path.FastPath._dial, Relay.start
 
     def dial(self: fast_path.FastPath, target: Target) -> Any:
         steps.append("dial")
         return original_dial(self, target)
 
-    def start(self: native_relay.NativeRelay, initial: bytes) -> Any:
+    def start(self: Relay, initial: bytes) -> Any:
         steps.append("start")
         return original_start(self, initial)
 
     monkeypatch.setattr(fast_path.FastPath, "_dial", dial)
-    monkeypatch.setattr(native_relay.NativeRelay, "start", start)
+    monkeypatch.setattr(Relay, "start", start)
 
     async def main() -> None:
         async with echo_pod() as pod_port:
@@ -295,7 +296,7 @@ def test_a_hello_in_pieces_goes_on_in_a_task(run: Runner) -> None:
 
 def test_client_slots_are_held_by_fast_connections_and_follow_one_into_its_task(run: Runner) -> None:
     """A per-client limit of 2 on the fast path (bare fds, the slot held by the connection's
-    ``Head``): a third connection is refused with an alert; a connection that leaves the path
+    ``Connection``): a third connection is refused with an alert; a connection that leaves the path
     for a task (its hello in pieces) takes its slot along; every slot is back at the end."""
 
     async def main() -> None:
@@ -443,9 +444,9 @@ def test_a_bug_costs_one_connection_never_the_listener(
     async def main() -> None:
         async with echo_pod() as pod_port, edge(pod_port) as (router, metrics, port):
             if failing == "decide":
-                monkeypatch.setattr(router, "decide", first_fails(router.decide))
+                monkeypatch.setattr(router.connections, "decide", first_fails(router.connections.decide))
             else:
-                monkeypatch.setattr(native_relay.NativeRelay, "start", first_fails(native_relay.NativeRelay.start))
+                monkeypatch.setattr(Relay, "start", first_fails(Relay.start))
             reader, writer = await connect_with_hello(port)
             try:  # closed unanswered: a FIN before the relay, a RST once it held both sockets
                 assert await asyncio.wait_for(reader.read(), 5.0) == b""
