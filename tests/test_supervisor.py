@@ -20,14 +20,8 @@ from router.config import SocketAddress, config_from_args
 from router.demo.grpc_pods import RunningPod, call_whoami, start_pod
 from router.demo.pki import make_pki
 from router.demo.quic_pods import bound_port, quic_whoami, start_quic_pod
-from router.supervisor import (
-    LineSplitter,
-    concrete_address,
-    describe_exit,
-    rewrite_listening_line,
-    stop_budget_s,
-    worker_argv,
-)
+from router.supervisor import concrete_address
+from router.worker_process import LineSplitter, describe_exit, rewrite_listening_line, stop_budget_s, worker_argv
 from router.worker_scrape import ProbeError, WorkerClient
 from tests.support.router_process import RouterProcess, router_args, write_endpoints
 
