@@ -41,8 +41,9 @@ from prometheus_client import CollectorRegistry, Counter, ProcessCollector, gene
 from discovery.backoff import Backoff
 from router import constants as c
 from router.bind_failure import binding
-from router.config import CONFIG_ERROR_PREFIX, CONFIG_ERROR_STATUS, RouterConfig, SocketAddress
+from router.config import RouterConfig
 from router.debug_endpoints import supervisor_routes
+from router.flag_values import CONFIG_ERROR_PREFIX, CONFIG_ERROR_STATUS, SocketAddress
 from router.health import (
     ProbeHttpServer,
     QueryRoute,

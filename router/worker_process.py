@@ -16,7 +16,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from router import constants as c
-from router.config import RouterConfig, SocketAddress
+from router.config import RouterConfig
+from router.flag_values import SocketAddress
 from router.worker_scrape import HostPort
 
 _WORKER_LISTENING = re.compile(

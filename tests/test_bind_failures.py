@@ -20,7 +20,8 @@ import pytest
 
 from router.app import RouterApp
 from router.bind_failure import REASONS, BindFailure, binding, reason
-from router.config import CONFIG_ERROR_PREFIX, ConfigError, SocketAddress, config_from_args
+from router.config import config_from_args
+from router.flag_values import CONFIG_ERROR_PREFIX, ConfigError, SocketAddress
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "deploy" / "examples" / "endpoints.yaml"

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from router import constants as c
-from router.config import ConfigError, build_parser, config_from_args, parse_socket_address
+from router.config import build_parser, config_from_args
+from router.flag_values import ConfigError, parse_socket_address
 from router.inert_flags import InertFlags
 from tests.support.upstream_chart import chart_container
 

@@ -16,10 +16,11 @@ import grpc
 import pytest
 
 from router import constants as c
-from router.config import SocketAddress, config_from_args
+from router.config import config_from_args
 from router.demo.grpc_pods import RunningPod, call_whoami, start_pod
 from router.demo.pki import make_pki
 from router.demo.quic_pods import bound_port, quic_whoami, start_quic_pod
+from router.flag_values import SocketAddress
 from router.supervisor import concrete_address
 from router.worker_process import LineSplitter, describe_exit, rewrite_listening_line, stop_budget_s, worker_argv
 from router.worker_scrape import ProbeError, WorkerClient

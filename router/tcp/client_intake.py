@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from discovery.targets import host_port
 from router.client_limits import ClientSlots
-from router.config import IPNetwork
+from router.flag_values import IPNetwork
 from router.tcp.first_bytes import PEEK_READ_BYTES
 from router.tcp.poller import poller_for, recv
 from wire.proxy_protocol import ProxyHeaderError, ProxyHeaderReader, client_address

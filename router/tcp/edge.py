@@ -21,8 +21,8 @@ from typing import Any
 from discovery.targets import TargetSnapshot
 from router import constants as c
 from router.access_log import AccessLog
-from router.config import IPNetwork
 from router.extensions import Extensions, choose
+from router.flag_values import IPNetwork
 from router.hostname import HostnameTemplate
 from router.metrics import ProtocolSeries, RouterMetrics
 from router.outcomes import GrpcOutcome, ProtocolLabel, Termination
