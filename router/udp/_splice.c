@@ -5,7 +5,7 @@
  * address, until detach or close. The pod sockets and the public socket stay Python's: never
  * closed here. The attributes written on the flow objects are named once, in attribute_table
  * (exported as ATTRIBUTES, checked against router/udp/flow_table.py's Flow by
- * tests/test_c_attributes.py). Flows point back at the splice through their links, so the splice
+ * tests/process/test_c_attributes.py). Flows point back at the splice through their links, so the splice
  * has GC support: a splice dropped without close() is collected with its flows.
  * What it must never do: block (every socket call is MSG_DONTWAIT, epoll_wait does not wait), keep
  * a borrowed reference past a call that may run Python code (a call that does is made while the
@@ -600,7 +600,7 @@ release_all(Splicer *self)
 
 /* GC: the splice holds its flows, whose links (the router's PodLink) hold the splice: a splice
  * dropped without close() is a cycle, which the collector finds through here and breaks with
- * Splicer_clear (tests/test_udp_splice_calls.py). */
+ * Splicer_clear (tests/udp/test_udp_splice_calls.py). */
 static int
 Splicer_traverse(Splicer *self, visitproc visit, void *arg)
 {
