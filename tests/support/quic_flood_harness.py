@@ -249,16 +249,21 @@ def dropped_counts(metrics: RouterMetrics) -> dict[str, float]:
     return {r: metrics.registry.get_sample_value(name, {"reason": r}) or 0.0 for r in QuicDropReason}
 
 
+FLOOD_STRETCH = 8
+"""How much longer than its datagrams a flood may last while too few real handshakes ran beside it."""
+
+
 async def send_flood(
     flood: FloodSockets, forge: FloodForge, rng: random.Random, port: int, datagrams: int, legit: Legit,
     min_handshakes: int, rate_per_s: int, burst: int, backlog: Callable[[int], int] | None = None,
 ) -> tuple[int, float]:
     """Send forged datagrams to the router at ``rate_per_s``, ``burst`` at a time, for at least
-    ``datagrams`` and until ``min_handshakes`` real ones ran beside them (at most 3x longer);
+    ``datagrams`` and until ``min_handshakes`` real ones ran beside them (at most ``FLOOD_STRETCH``
+    times longer: a loaded machine completes fewer handshakes per second);
     with ``backlog`` (sent -> not yet read) also never more than WINDOW ahead of the router.
     Returns (datagrams sent, seconds)."""
     started, sent, i = time.perf_counter(), 0, -1
-    while i + 1 < datagrams or (legit.total < min_handshakes and i + 1 < 3 * datagrams):
+    while i + 1 < datagrams or (legit.total < min_handshakes and i + 1 < FLOOD_STRETCH * datagrams):
         i += 1
         sock, kinds = flood.pick(rng)
         try:
