@@ -48,7 +48,7 @@ from bench.tcp_scenarios import ECHO_BYTES, RATE_CLIENTS, RATE_CONCURRENCY
 
 CALLBACK_HOOKS = '''
     from router import access_log, logging_setup
-    from router.tcp import acceptor, edge, fast_path, native_relay, poller, relay, relay_common
+    from router.tcp import acceptor, connection, edge, fast_path, poller, relay_policy
 
     hook(acceptor.Acceptor, "_on_acceptable", "accept batches (accept4, socket objects, the fast path)")
     hook(fast_path.FastPath, "serve", "  of which: the fast path's read and decision")
@@ -56,16 +56,15 @@ CALLBACK_HOOKS = '''
     hook(edge.TcpRouter, "_serve", "connection task steps")
     hook(edge, "read_now", "  of which: first read and peek (recv, ClientHello)")
     hook(fast_path, "read_now", "  of which: first read and peek (recv, ClientHello)")
-    hook(edge.TcpRouter, "decide", "  of which: routing decision")
+    hook(connection.Connections, "decide", "  of which: routing decision")
     hook(edge, "dial", "  of which: dial (socket, connect)")
     hook(fast_path, "start_dial", "  of which: dial (socket, connect)")
     hook(edge, "relay", "  of which: relay set-up and end (first send, result)")
-    hook(native_relay.NativeRelay, "start", "  of which: relay set-up and end (first send, result)")
+    hook(relay_policy.Relay, "start", "  of which: relay set-up and end (first send, result)")
     hook(access_log.AccessLog, "end", "  of which: access line and end metrics")
     hook(poller.FdPoller, "_dispatch", "relay pumps (epoll dispatch: recv, send, shutdown)")  # C pump: untimed
-    hook(relay._Relay, "finish", "  of which: relay finish (close both sockets)")
-    hook(native_relay.NativeRelay, "finish", "  of which: relay finish (close both sockets, the end's accounting)")
-    hook(relay_common, "_arm_young", "relay timers armed (deferred, shared)")
+    hook(relay_policy.Relay, "finish", "  of which: relay finish (close both sockets, the end's accounting)")
+    hook(relay_policy, "_arm_young", "relay timers armed (deferred, shared)")
     hook(logging_setup._RouterLogHandler, "_flush_batch", "log batch flush (write)")
 '''
 """The TCP edge's callbacks timed by ``--callbacks`` (``bench.callback_hooks``)."""

@@ -1,6 +1,6 @@
 """Time from an EndpointSlice change to a routing change, through the real router process.
 
-A loopback Kubernetes API (tests/fake_kube_api.py) serves the Stargate slice; the router
+A loopback Kubernetes API (tests/support/fake_kube_api.py) serves the Stargate slice; the router
 watches it with kubernetes-asyncio. Each round moves pod ``stargate-0`` to the other of
 two grpcio servers (a rescheduled pod: same name, new IP), then makes fresh gRPC calls
 through the router until the new server answers. Also the file source, for comparison.
@@ -29,7 +29,7 @@ import grpc
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from router.demo.grpc_pods import RunningPod, call_whoami, start_pod
-from tests.fake_kube_api import FakeKubeApi, make_endpoint, make_slice
+from tests.support.fake_kube_api import FakeKubeApi, make_endpoint, make_slice
 from tests.support.router_process import RouterProcess, write_endpoints
 
 AUTHORITY = "stargate-0.stargate.external"

@@ -46,7 +46,7 @@
 #define HMAC_KEY_BYTES  64                 /* SHA-256's block: the longest HMAC key taken as it is */
 
 /* The attributes of Python objects this file reads by name (owner, name): the one list of them,
- * exported as ATTRIBUTES and checked against the Python side by tests/test_c_attributes.py. */
+ * exported as ATTRIBUTES and checked against the Python side by tests/process/test_c_attributes.py. */
 enum { QUIC_PACKET_ERROR, ATTRIBUTE_COUNT };
 static const char *const attribute_table[ATTRIBUTE_COUNT][2] = {
     [QUIC_PACKET_ERROR] = { "quic.packet", "QuicPacketError" },
@@ -334,7 +334,7 @@ open_initial(PyObject *self, PyObject *args)
  * unusual shape (CRYPTO out of order or overlapping, another packet coalesced after this one,
  * a hello spread over datagrams) goes back to quic/initial_sniffer.py, which reads it the
  * reference way and raises the precise error. So a success must be exactly the Python path's
- * answer (tests/test_quic_initial_native.py checks that on hostile bytes); a None costs only time. */
+ * answer (tests/quic/test_quic_initial_native.py checks that on hostile bytes); a None costs only time. */
 
 typedef struct {
     const unsigned char *p;

@@ -8,7 +8,7 @@ decides whether it is used: each reading takes ``native`` (this module's ``EXTEN
 for the Python reading, the reference) from its caller, and the router chooses once at start
 (``router.extensions``). The C path only ever answers what the Python reading would answer, or
 declines, and then the Python reading answers and names whatever is wrong
-(tests/test_quic_initial_native.py, the fuzzer's ``initial_native`` and ``long_header_native``
+(tests/quic/test_quic_initial_native.py, the fuzzer's ``initial_native`` and ``long_header_native``
 targets compare the two).
 """
 

@@ -24,10 +24,11 @@ from discovery.settings import DiscoverySettings
 from discovery.targets import EMPTY_SNAPSHOT, TargetSnapshot
 from router.access_log import AccessLog
 from router.bind_failure import BindFailure, binding
-from router.config import ConfigError, RouterConfig
+from router.config import RouterConfig
 from router.constants import GC_YOUNG_THRESHOLD
 from router.debug_endpoints import router_routes
 from router.extensions import Extensions, choose
+from router.flag_values import ConfigError
 from router.health import HealthServer
 from router.hostname import HostnameTemplate, TemplateError
 from router.memory_bounds import MemoryBounds, bounds_at_start

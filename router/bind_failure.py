@@ -14,7 +14,7 @@ import errno
 import os
 from collections.abc import Iterator, Mapping
 
-from router.config import ConfigError, SocketAddress
+from router.flag_values import ConfigError, SocketAddress
 
 REASONS: Mapping[int, str] = {
     errno.EADDRINUSE: "address already in use",

@@ -21,7 +21,8 @@ from discovery.constants import SERVICE_NAME_LABEL
 from discovery.endpoint_slices import targets_from_slices
 from discovery.settings import DiscoverySettings
 from discovery.targets import Target, TargetSnapshot
-from router.config import ConfigError, RouterConfig, build_parser, config_from_args
+from router.config import RouterConfig, build_parser, config_from_args
+from router.flag_values import ConfigError
 from router.hostname import HostnameTemplate, TemplateError
 
 PROG = "stargate-router check"

@@ -16,15 +16,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from router.config import (
-    CONFIG_ERROR_PREFIX,
-    CONFIG_ERROR_STATUS,
-    ConfigError,
-    RouterConfig,
-    build_parser,
-    config_from_args,
-)
+from router.config import RouterConfig, build_parser, config_from_args
 from router.constants import WORKER_ENV
+from router.flag_values import CONFIG_ERROR_PREFIX, CONFIG_ERROR_STATUS, ConfigError
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,40 +8,26 @@ turns that into exit status 2, like argparse does for unknown flags.
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from discovery.targets import host_port
 from router import constants as c
-from router.inert_flags import InertFlags
-
-IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
-"""A trusted source network of ``--proxy-protocol-trusted-cidrs``."""
-
-
-class ConfigError(ValueError):
-    """A bad flag value; the message starts with the flag's name."""
-
-
-CONFIG_ERROR_PREFIX = "stargate-router: error: "
-"""How the CLI's one stderr line for a ``ConfigError`` starts (as argparse's usage errors do); the
-``--workers`` supervisor knows its workers' such lines by it."""
-
-CONFIG_ERROR_STATUS = 2
-"""The exit status after that line (argparse's for a usage error); the ``--workers`` supervisor does
-not restart a worker that exits so: the same flags would fail the same way."""
-
-
-@dataclass(frozen=True, slots=True)
-class SocketAddress:
-    host: str
-    port: int
-
-    def __str__(self) -> str:
-        return host_port(self.host, self.port)
+from router.flag_values import (
+    ConfigError,
+    IPNetwork,
+    SocketAddress,
+    boolean,
+    log_level,
+    non_negative_ms,
+    parse_cidrs,
+    parse_socket_address,
+    per_client_limit,
+    port_name,
+    positive_ms,
+)
+from router.inert_flags import InertFlags, add_inert_flags, parse_inert_flags
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,148 +157,8 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         help="raw-quic or webtransport: both route by SNI; webtransport counts the QUIC listener's flows "
         "as webtransport_sessions_total",
     )
-    _add_inert_flags(p)
+    add_inert_flags(p)
     return p
-
-
-def _add_inert_flags(p: argparse.ArgumentParser) -> None:
-    """The Rust router's certificate and keep-alive flags: accepted, no effect at L4 (``router.inert_flags``)."""
-    add = p.add_argument
-    add("--tls-cert-path", default=None, help=f"accepted, no effect: TLS ends at the pod (env {c.TLS_CERT_PATH_ENV})")
-    add("--tls-key-path", default=None, help=f"accepted, no effect: the router holds no key (env {c.TLS_KEY_PATH_ENV})")
-    add(
-        "--quic-insecure", nargs="?", const="true", default=None,
-        help=f"accepted, no effect: QUIC ends at the pod (true/false; env {c.QUIC_INSECURE_ENV})",
-    )
-    add(
-        "--upstream-tls-cert-path", default=None,
-        help=f"accepted with --tunnel-protocol webtransport, no effect (env {c.UPSTREAM_TLS_CERT_PATH_ENV})",
-    )
-    add(
-        "--relay-keep-alive-ms", default=str(c.DEFAULT_RELAY_KEEP_ALIVE_MS),
-        help="accepted, no effect: the tunnel's endpoints keep QUIC alive (0 disables)",
-    )
-
-
-def parse_socket_address(flag: str, value: str) -> SocketAddress:
-    """``host:port`` or ``[v6]:port`` with a numeric host; port 0 allowed (tests)."""
-    host, sep, port_text = value.rpartition(":")
-    if not sep or not host:
-        raise ConfigError(f"{flag}: expected HOST:PORT, got {value!r}")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    try:
-        ipaddress.ip_address(host)
-    except ValueError:
-        if host != "localhost":
-            raise ConfigError(f"{flag}: {host!r} is not an IP address") from None
-    if not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
-        raise ConfigError(f"{flag}: port must be 0-65535, got {port_text!r}")
-    return SocketAddress(host, int(port_text))
-
-
-def _positive_ms(flag: str, value: str) -> float:
-    try:
-        ms = int(value)
-    except ValueError:
-        raise ConfigError(f"{flag}: expected a whole number of milliseconds, got {value!r}") from None
-    if ms <= 0:
-        raise ConfigError(f"{flag}: must be positive, got {ms}")
-    return ms / 1000.0
-
-
-def _non_negative_ms(flag: str, value: str) -> float:
-    if value.strip() == "0":
-        return 0.0
-    return _positive_ms(flag, value)
-
-
-def _port_name(flag: str, value: str) -> str:
-    if not value or len(value) > 15:
-        raise ConfigError(f"{flag}: a port name is 1-15 characters, got {value!r}")
-    return value
-
-
-def _boolean(flag: str, value: str) -> bool:
-    text = value.strip().lower()
-    if text in ("true", "1", "yes", "on"):
-        return True
-    if text in ("false", "0", "no", "off"):
-        return False
-    raise ConfigError(f"{flag}: expected true or false, got {value!r}")
-
-
-def _per_client_limit(flag: str, value: str) -> int:
-    text = value.strip()
-    if not text.isdigit() or int(text) > c.MAX_PER_CLIENT_LIMIT:
-        raise ConfigError(f"{flag}: expected 0 (no limit) to {c.MAX_PER_CLIENT_LIMIT}, got {value!r}")
-    return int(text)
-
-
-def parse_cidrs(flag: str, value: str) -> tuple[IPNetwork, ...]:
-    """Comma-separated IPv4/IPv6 networks (a bare address is a /32 or /128); () when they cover
-    every address, so the edge skips the check."""
-    networks: list[IPNetwork] = []
-    for item in (part.strip() for part in value.split(",")):
-        if not item:
-            continue
-        try:
-            networks.append(ipaddress.ip_network(item, strict=True))
-        except ValueError as exc:
-            raise ConfigError(f"{flag}: {item!r} is not a CIDR ({exc})") from None
-    if not networks:
-        raise ConfigError(f"{flag}: expected at least one CIDR, got {value!r}")
-    if any(n.prefixlen == 0 for n in networks if n.version == 4) and any(
-        n.prefixlen == 0 for n in networks if n.version == 6
-    ):
-        return ()
-    return tuple(networks)
-
-
-def _from_env(flag_value: str | None, env: Mapping[str, str], name: str) -> str | None:
-    """The flag's value, else its environment variable's (an empty one counts as unset), as clap reads them."""
-    if flag_value is not None:
-        return flag_value
-    return env.get(name) or None
-
-
-def parse_inert_flags(ns: argparse.Namespace, env: Mapping[str, str], tunnel_protocol: str) -> InertFlags:
-    """The Rust router's certificate and keep-alive flags, validated as it validates them."""
-    insecure_text = _from_env(ns.quic_insecure, env, c.QUIC_INSECURE_ENV)
-    flag = "--quic-insecure" if ns.quic_insecure is not None else f"--quic-insecure (env {c.QUIC_INSECURE_ENV})"
-    quic_insecure = insecure_text is not None and _boolean(flag, insecure_text)
-    upstream = _from_env(ns.upstream_tls_cert_path, env, c.UPSTREAM_TLS_CERT_PATH_ENV)
-    if upstream is not None and tunnel_protocol != c.WEBTRANSPORT:
-        raise ConfigError(
-            f"--upstream-tls-cert-path: requires --tunnel-protocol {c.WEBTRANSPORT} (it is {tunnel_protocol})"
-        )
-    keep_alive = ns.relay_keep_alive_ms.strip()
-    if not keep_alive.isdigit():
-        raise ConfigError(
-            "--relay-keep-alive-ms: expected a whole number of milliseconds (0 disables), "
-            f"got {ns.relay_keep_alive_ms!r}"
-        )
-    return InertFlags(
-        tls_cert_path=_from_env(ns.tls_cert_path, env, c.TLS_CERT_PATH_ENV),
-        tls_key_path=_from_env(ns.tls_key_path, env, c.TLS_KEY_PATH_ENV),
-        quic_insecure=quic_insecure,
-        upstream_tls_cert_path=upstream,
-        relay_keep_alive_ms=int(keep_alive),
-    )
-
-
-def _log_level(value: str) -> str:
-    """A level name (Python's or the Rust router's ``trace``/``warn``). A Rust env-filter such as
-    ``info,kube=warn`` is accepted for drop-in compatibility: its bare default level is used."""
-    from router.logging_setup import LOG_LEVELS
-
-    level = value.strip().lower()
-    if "," in level or "=" in level:
-        bare = [d for d in level.split(",") if d and "=" not in d]
-        level = bare[-1] if bare else c.DEFAULT_LOG_LEVEL
-    if level not in LOG_LEVELS:
-        raise ConfigError(f"--log-level: expected one of {', '.join(LOG_LEVELS)}, got {value!r}")
-    return level
 
 
 def config_from_args(
@@ -342,7 +188,7 @@ def config_from_args(
     kubeconfig = Path(ns.kubeconfig) if ns.kubeconfig else None
     if kubeconfig is not None and not os.access(kubeconfig, os.R_OK):
         raise ConfigError(f"--kubeconfig: cannot read {str(kubeconfig)!r}")
-    watch_idle_s = _positive_ms("--kube-watch-idle-timeout-ms", ns.kube_watch_idle_timeout_ms)
+    watch_idle_s = positive_ms("--kube-watch-idle-timeout-ms", ns.kube_watch_idle_timeout_ms)
     if watch_idle_s * 1000 < c.MIN_KUBE_WATCH_IDLE_TIMEOUT_MS:
         raise ConfigError(
             f"--kube-watch-idle-timeout-ms: must be at least {c.MIN_KUBE_WATCH_IDLE_TIMEOUT_MS}, "
@@ -350,7 +196,7 @@ def config_from_args(
         )
     if ns.log_format not in ("text", "json"):
         raise ConfigError(f"--log-format: expected text or json, got {ns.log_format!r}")
-    log_level = _log_level(ns.log_level or env.get(c.LOG_LEVEL_ENV) or c.DEFAULT_LOG_LEVEL)
+    level = log_level(ns.log_level or env.get(c.LOG_LEVEL_ENV) or c.DEFAULT_LOG_LEVEL)
     if not ns.workers.isdigit() or not 1 <= int(ns.workers) <= 64:
         raise ConfigError(f"--workers: expected 1-64, got {ns.workers!r}")
     cid_length: int | None = None
@@ -377,25 +223,25 @@ def config_from_args(
         target_namespace=namespace,
         target_service_name=ns.target_service_name,
         advertised_hostname_template=template,
-        grpc_port_name=_port_name("--grpc-port-name", ns.grpc_port_name),
-        quic_port_name=_port_name("--quic-port-name", ns.quic_port_name),
-        connect_timeout_s=_positive_ms("--connect-timeout-ms", ns.connect_timeout_ms),
-        relay_idle_timeout_s=_positive_ms("--relay-idle-timeout-ms", ns.relay_idle_timeout_ms),
-        peek_timeout_s=_positive_ms("--peek-timeout-ms", ns.peek_timeout_ms),
+        grpc_port_name=port_name("--grpc-port-name", ns.grpc_port_name),
+        quic_port_name=port_name("--quic-port-name", ns.quic_port_name),
+        connect_timeout_s=positive_ms("--connect-timeout-ms", ns.connect_timeout_ms),
+        relay_idle_timeout_s=positive_ms("--relay-idle-timeout-ms", ns.relay_idle_timeout_ms),
+        peek_timeout_s=positive_ms("--peek-timeout-ms", ns.peek_timeout_ms),
         endpoints_file=endpoints_file,
         kubeconfig=kubeconfig,
         kube_watch_idle_timeout_s=watch_idle_s,
         round_robin_paths=paths,
-        shutdown_delay_s=_non_negative_ms("--shutdown-delay-ms", ns.shutdown_delay_ms),
-        drain_timeout_s=_non_negative_ms("--drain-timeout-ms", ns.drain_timeout_ms),
+        shutdown_delay_s=non_negative_ms("--shutdown-delay-ms", ns.shutdown_delay_ms),
+        drain_timeout_s=non_negative_ms("--drain-timeout-ms", ns.drain_timeout_ms),
         log_format=ns.log_format,
-        log_level=log_level,
+        log_level=level,
         workers=int(ns.workers),
         quic_cid_length=cid_length,
-        accept_proxy_protocol=_boolean("--accept-proxy-protocol", ns.accept_proxy_protocol),
+        accept_proxy_protocol=boolean("--accept-proxy-protocol", ns.accept_proxy_protocol),
         proxy_protocol_trusted_cidrs=parse_cidrs("--proxy-protocol-trusted-cidrs", ns.proxy_protocol_trusted_cidrs),
-        max_connections_per_client=_per_client_limit("--max-connections-per-client", ns.max_connections_per_client),
-        max_quic_flows_per_client=_per_client_limit("--max-quic-flows-per-client", ns.max_quic_flows_per_client),
+        max_connections_per_client=per_client_limit("--max-connections-per-client", ns.max_connections_per_client),
+        max_quic_flows_per_client=per_client_limit("--max-quic-flows-per-client", ns.max_quic_flows_per_client),
         access_log=ns.access_log == "on",
         tcp_defer_accept=ns.tcp_defer_accept == "on",
         debug_endpoints=bool(ns.debug_endpoints),

@@ -8,7 +8,7 @@ A parser's limits live beside that parser instead (the peek, ClientHello and PRO
 ``wire/``, the CRYPTO and Initial bounds in ``quic/``), and protocol codes as enums in their codec
 (``wire.tls.TlsAlert``, ``wire.grpc.GrpcStatus``, ``quic.packet.QuicErrorCode``). It imports
 nothing from the project; ``wire/``, ``quic/`` and ``discovery/`` must not import it (or anything
-in ``router/``): ``tests/test_layering.py`` checks them."""
+in ``router/``): ``tests/process/test_layering.py`` checks them."""
 
 from __future__ import annotations
 

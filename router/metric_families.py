@@ -5,7 +5,7 @@ prometheus_client's children take a lock and check that they are observable on e
 updates and scrapes its series on one thread, its event loop, so a number needs no lock. These
 families keep prometheus_client's API where the router uses it (``labels``, ``inc``, ``dec``,
 ``set``, ``set_function``, ``observe``) and produce the same exposition, ``_created`` series
-included (``tests/test_metric_families.py`` compares them with prometheus_client's own).
+included (``tests/process/test_metric_families.py`` compares them with prometheus_client's own).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ import asyncio
 import aiohttp
 
 from router import constants as c
-from router.config import SocketAddress
+from router.flag_values import SocketAddress
 
 HostPort = tuple[str, int]
 

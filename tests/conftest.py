@@ -14,7 +14,7 @@ import pytest
 from router import constants as c
 from router.demo.pki import DemoPki, make_pki
 from router.udp import native
-from tests.fake_kube_api import FakeKubeApi
+from tests.support.fake_kube_api import FakeKubeApi
 
 
 @pytest.fixture(scope="session")

@@ -10,5 +10,5 @@ writes when it refuses one, without terminating TLS.
 - ``proxy_protocol``: PROXY v1/v2 headers from a balancer.
 
 Bytes in, facts (or bytes) out; each parser raises only its own error type and keeps its limits
-beside it. Imports nothing from ``router``, ``quic`` or ``discovery`` (``tests/test_layering.py``).
+beside it. Imports nothing from ``router``, ``quic`` or ``discovery`` (``tests/process/test_layering.py``).
 """

@@ -60,7 +60,7 @@ class Acceptor:
             if hasattr(socket, "SO_REUSEPORT"):
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
             # Accepted sockets inherit TCP_NODELAY from the listener on Linux: one setsockopt, not one
-            # per connection (tests/test_tcp_socket_options.py checks the kernel still does).
+            # per connection (tests/tcp/test_tcp_socket_options.py checks the kernel still does).
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             if defer_accept_s > 0 and hasattr(socket, "TCP_DEFER_ACCEPT"):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_DEFER_ACCEPT, defer_accept_s)

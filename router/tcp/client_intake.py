@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from discovery.targets import host_port
 from router.client_limits import ClientSlots
-from router.config import IPNetwork
+from router.flag_values import IPNetwork
 from router.tcp.first_bytes import PEEK_READ_BYTES
 from router.tcp.poller import poller_for, recv
 from wire.proxy_protocol import ProxyHeaderError, ProxyHeaderReader, client_address
@@ -96,7 +96,7 @@ class ClientIntake:
         self.accept_proxy_protocol = accept_proxy_protocol
         self._trusted = TrustedSources(trusted)
         self.slots = ClientSlots(max_per_client)
-        """Held per connection (its socket; the fast path's ``Head``); released when it ends."""
+        """Held per connection (its socket; on the fast path its ``Connection``); released when it ends."""
         self._unlimited = not self.slots.table.enabled
 
     async def identify(self, conn: socket.socket, peer: Peer) -> Intake:
@@ -110,7 +110,7 @@ class ClientIntake:
 
     def identify_peer(self, owner: object, peer: Peer) -> Intake:
         """``identify`` without a PROXY header: the client is the peer (nothing to wait for).
-        ``owner`` holds the slot (the connection's socket, or the fast path's ``Head``)."""
+        ``owner`` holds the slot (the connection's socket, or on the fast path its ``Connection``)."""
         intake = Intake(peer, b"")
         return intake if self._unlimited else self._limited(owner, intake)
 

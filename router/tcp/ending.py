@@ -5,20 +5,27 @@ came first closed it), a socket failed, or the idle timer fired. For a failure t
 does not say whose socket it was: ``ECONNRESET`` is raised by a read of the reset socket but
 also by a write to it, so the TCP state decides first. A socket that received a RST is in
 ``TCP_CLOSE`` while its peer is still established; only when the states cannot tell (both
-closed, or no ``TCP_INFO``) does the errno and the failing operation decide.
+closed, or no ``TCP_INFO``) does the errno and the failing operation decide. The relay's result
+(``RelayResult``) and the closing itself (a FIN, or a RST: ``close_sockets``) are here too.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import os
 import socket
+import struct
+from dataclasses import dataclass
+from enum import StrEnum
 from typing import Final, Literal
 
 from router.outcomes import Termination
 
 Side = Literal["client", "pod"]
 
+LINGER_RESET: Final = struct.pack("ii", 1, 0)
+"""``SO_LINGER`` on, 0 s: closing sends RST instead of FIN."""
 TCP_CLOSE: Final = 7
 """``tcpi_state`` of a socket that was reset (or fully closed): ``TCP_CLOSE`` in linux/tcp_states.h."""
 
@@ -28,6 +35,30 @@ PEER_FAILURE_ERRNOS: Final = frozenset({
 })
 """Errors a peer (or the path to it) causes; anything else is the router's own failure (``ENOTCONN``:
 a half-close of a socket whose peer already reset it)."""
+
+
+class RelayOutcome(StrEnum):
+    """How a relay ended."""
+
+    COMPLETED = "completed"
+    """Both directions reached end of stream."""
+    RELAY_ERROR = "relay_error"
+    """A socket failed (or the relay was cancelled): both peers were reset."""
+    IDLE_TIMEOUT = "idle_timeout"
+    """Neither side sent anything for the idle timeout."""
+
+
+@dataclass(frozen=True, slots=True)
+class RelayResult:
+    """How a relay ended; byte counts are bytes delivered to each destination."""
+
+    client_to_pod_bytes: int
+    pod_to_client_bytes: int
+    outcome: RelayOutcome
+    error: str | None
+    termination: Termination
+    """Who ended it and how: first FIN, whose reset, or the idle timer."""
+
 
 _RESET: Final = {"client": Termination.CLIENT_RESET, "pod": Termination.POD_RESET}
 _CLOSE: Final = {"client": Termination.CLIENT_CLOSE, "pod": Termination.POD_CLOSE}
@@ -70,3 +101,46 @@ def failure_termination(
     if client_closed != pod_closed:
         return Termination.CLIENT_RESET if client_closed else Termination.POD_RESET
     return _RESET[writing] if code == errno.EPIPE else _RESET[reading]
+
+
+def close_sockets(*socks: socket.socket, reset: bool) -> None:
+    """Close a relay's sockets (idempotent); ``reset`` makes the peers see RST, not FIN."""
+    for sock in socks:
+        if sock.fileno() < 0:
+            continue
+        if reset:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, LINGER_RESET)
+        sock.close()
+
+
+def close_fd(fd: int, *, reset: bool) -> None:
+    """``close_sockets`` for a bare socket fd (closed exactly once: the caller forgets it)."""
+    if reset:
+        with contextlib.suppress(OSError):  # else closed without the RST
+            close_sockets(socket.socket(fileno=fd), reset=True)
+            return
+    os.close(fd)
+
+
+def side_fd(side: socket.socket | int) -> int:
+    """A relay side's fd: a bare fd, or its socket's (-1 once closed either way)."""
+    return side if isinstance(side, int) else side.fileno()
+
+
+def given_up(side: socket.socket | int) -> socket.socket | int:
+    """The side once its fd is the engine's to close (a socket object detached, a bare fd -1)."""
+    if isinstance(side, int):
+        return -1
+    side.detach()
+    return side
+
+
+def closed_side(side: socket.socket | int, *, reset: bool) -> socket.socket | int:
+    """The side once closed (idempotent; a bare fd is closed once, then -1)."""
+    if isinstance(side, int):
+        if side >= 0:
+            close_fd(side, reset=reset)
+        return -1
+    close_sockets(side, reset=reset)
+    return side

@@ -6,12 +6,13 @@ nothing but waiting (2-4% of a connection's CPU on the bench, 0.96-0.98x; bench/
 the accept callback itself reads the hello, routes, starts the dial and hands both fds to the C
 pump (``native_relay``), which waits for the connect if it is still in progress; the pump's end
 callback counts and writes the access line. Nothing else differs: the same parse, decision,
-dial, relay, metrics, termination causes and access line as ``edge.TcpRouter._serve``. The
+dial, relay, metrics, termination causes and access line as ``edge.TcpRouter._serve``, each
+step written once in ``connection``. The
 connection and the pod are bare fds here (``_relay.accept`` and ``_relay.dial``: no socket
 objects, whose constructor asks ``getsockname`` and whose mode an ``ioctl`` sets), the client's
-slot is held by the connection's ``Head``, and the engine closes both fds at the end.
+slot is held by its ``Connection``, and the engine closes both fds at the end.
 
-Anything else leaves this path as soon as it is seen, with what was read so far (``Head``), for
+Anything else leaves this path as soon as it is seen, with what was read so far (its ``Connection``), for
 the edge's task to go on from (``adopt``: a socket object, and the slot moved to it): first
 bytes not all there yet, h2c (its SETTINGS exchange and filter), a malformed hello, a client
 over its limit, a routing refusal; a dial that fails is answered by a task too. It is used only
@@ -29,179 +30,97 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import logging
 import os
 import socket
-import time
-from collections.abc import Coroutine
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Callable, Coroutine
+from typing import TYPE_CHECKING, Any
 
 from discovery.targets import Target
-from router.access_record import AccessRecord, Outcome
-from router.metric_families import CounterSeries
-from router.metrics import ProtocolSeries
-from router.outcomes import GrpcOutcome, ProtocolLabel, Termination
+from router.outcomes import ProtocolLabel, Termination
 from router.routing import Refusal
-from router.tcp.client_intake import ClientIntake, Intake
+from router.tcp.connection import Connection, Connections, read_now
 from router.tcp.dial import DialError, dial_error, start_dial
-from router.tcp.first_bytes import PEEK_READ_BYTES, FirstBytes, Peeked, Rejected
-from router.tcp.native_relay import NativeRelay
-from router.tcp.relay_common import RelayResult
+from router.tcp.ending import RelayResult
+from router.tcp.first_bytes import Peeked, Rejected
+from router.tcp.relay_policy import Relay
 
 if TYPE_CHECKING:
     from router.tcp._relay import Engine
-    from router.tcp.edge import TcpRouterSettings
-
-log = logging.getLogger("router.tcp_router")  # pinned: operators filter logs by this name (the edge's)
 
 
-@dataclass(slots=True, eq=False)
-class Head:
-    """A connection's state so far, for the edge's task to go on from (hashed by identity: it
-    holds the client's slot on this path)."""
+class _Connection(Connection):
+    """A connection on this path, from its accept to its relay's end."""
 
-    started: float
-    record: AccessRecord
-    progress: Peeked
-    first: FirstBytes
-    intake: Intake | None = None
-    """Who the client is, once identified."""
-    peeked: Peeked | None = None
-    """The peek's result, once complete."""
-    failure: Rejected | None = None
-    """The first bytes were refused: the task answers."""
-
-    @property
-    def who(self) -> dict[str, str]:
-        """The log fields naming the client (made only for a line that is written)."""
-        return self.intake.log_fields() if self.intake is not None else {"peer": self.record.client}
-
-
-class Edge(Protocol):
-    """What this path uses of ``edge.TcpRouter``."""
-
-    @property
-    def settings(self) -> TcpRouterSettings: ...
-    @property
-    def clients(self) -> ClientIntake: ...
-    def series(self, protocol: ProtocolLabel) -> ProtocolSeries: ...
-    def outcome_series(self, protocol: ProtocolLabel, outcome: GrpcOutcome) -> CounterSeries: ...
-    def open_connection(self, peer: tuple[Any, ...]) -> Head: ...
-    def decide(self, peeked: Peeked) -> Target: ...
-    def count(self, protocol: ProtocolLabel, outcome: GrpcOutcome) -> None: ...
-    def spawn(self, work: Coroutine[Any, Any, None]) -> None: ...
-    async def refuse_dial(self, conn: socket.socket, head: Head, peeked: Peeked, rej: Rejected) -> None: ...
-    def relay_ended(self, protocol: ProtocolLabel, record: AccessRecord, result: RelayResult) -> None: ...
-    def relay_cut(self, protocol: ProtocolLabel, record: AccessRecord) -> None: ...
-    def end(
-        self, record: AccessRecord, progress: Peeked, outcome: Outcome, termination: Termination,
-        answered: tuple[int, int] = (0, 0),
-    ) -> None: ...
-
-
-def read_now(conn: socket.socket | int, first: FirstBytes) -> Peeked | None:
-    """Feed ``first`` what the socket (or bare socket fd) holds already, without waiting; None if
-    nothing came yet."""
-    try:
-        data = os.read(conn, PEEK_READ_BYTES) if isinstance(conn, int) else conn.recv(PEEK_READ_BYTES)
-    except (BlockingIOError, InterruptedError):
-        return None
-    return first.feed(data)
-
-
-@dataclass(slots=True)
-class _Dial:
-    """A connection decided and waiting for its batch's dials (``FastPath.launch``)."""
+    __slots__ = ("conn", "path", "relay")
 
     conn: int
-    peer: tuple[Any, ...]
-    head: Head
-    peeked: Peeked
-    target: Target
-    decided: float
-
-
-class _Connection:
-    """One connection on this path, from its dial to its relay's end."""
-
-    __slots__ = ("accepted", "decided", "head", "path", "peeked", "relay", "target")
-
-    def __init__(
-        self, path: FastPath, head: Head, peeked: Peeked, target: Target, decided: float, relay: NativeRelay
-    ) -> None:
-        self.path, self.head, self.peeked = path, head, peeked
-        self.target, self.decided, self.relay = target, decided, relay
-        self.accepted = False
-
-    def connected(self) -> None:
-        """The pod answered: counted as accepted, as the task's path counts it after its dial."""
-        self.accepted = True
-        path = self.path
-        series = path.series
-        series.dial.observe(time.monotonic() - self.decided)
-        path.accepted.inc()
-        series.active.inc()
-        if log.isEnabledFor(logging.DEBUG):
-            log.debug(
-                "routing %s connection to %s", ProtocolLabel.TLS, self.target.pod_name,
-                extra={**self.head.who, "hostname": self.peeked.hostname, "pod": self.target.pod_name,
-                       "outcome": GrpcOutcome.ACCEPTED},
-            )
+    """The client's bare fd, until the relay holds it."""
+    path: FastPath
+    relay: Relay
 
     def ended(self, result: RelayResult) -> None:
         path = self.path
         path.forget(self)
-        path.series.active.dec()
-        edge = path.edge
-        edge.relay_ended(ProtocolLabel.TLS, self.head.record, result)
-        edge.clients.slots.release(self.head)
+        self.series.active.dec()
+        life = self.life
+        life.relay_ended(self, result)
+        life.clients.slots.release(self)
         self.relay.unlink()
 
     def dial_failed(self, code: int) -> None:
         """Not connected (refused, unreachable, the connect timeout): the task answers the client."""
         path = self.path
         path.forget(self)
-        self.head.record.probe = None
-        conn = path.adopt(self.relay.take_client(), self.head)
+        self.record.probe = None
+        conn = path.adopt(self.relay.take_client(), self)
         self.relay.unlink()
-        rej = Rejected(Refusal.DIAL_FAILED, str(dial_error(self.target, code)), self.target.pod_name)
-        path.edge.spawn(path.edge.refuse_dial(conn, self.head, self.peeked, rej))
+        target = self.target
+        path.spawn(self.life.refuse_dial(conn, self, Rejected(
+            Refusal.DIAL_FAILED, str(dial_error(target, code)), target.pod_name)))
 
     def cut(self) -> None:
         """The drain ran out: cut as the task's path cuts (RST once relaying, else a close)."""
-        path, record = self.path, self.head.record
-        path.forget(self)
-        edge = path.edge
+        self.path.forget(self)
+        life = self.life
         if self.accepted:
             self.relay.close(reset=True)
-            edge.relay_cut(ProtocolLabel.TLS, record)
-            edge.series(ProtocolLabel.TLS).active.dec()
+            life.relay_cut(self)
+            self.series.active.dec()
         else:
             self.relay.close(reset=False)
-            record.probe = None
-            edge.end(record, self.head.progress, None, Termination.DRAIN)
-        edge.clients.slots.release(self.head)
+            self.record.probe = None
+            life.end(self, None, Termination.DRAIN)
+        life.clients.slots.release(self)
         self.relay.unlink()
 
 
 class FastPath:
     """TLS connections relayed without a task (see the module's docstring)."""
 
-    __slots__ = ("_connections", "_dials", "_engine", "_loop", "_native_dial", "accepted", "edge", "idle",
-                 "native_accept", "series")
+    __slots__ = ("_connect_timeout_s", "_connections", "_dials", "_engine", "_idle_timeout_s", "_loop",
+                 "_native_dial", "_splice", "idle", "life", "native_accept", "spawn")
 
-    def __init__(self, edge: Edge, loop: asyncio.AbstractEventLoop, engine: Engine) -> None:
-        self.edge = edge
-        self.series = edge.series(ProtocolLabel.TLS)
-        self.accepted = edge.outcome_series(ProtocolLabel.TLS, GrpcOutcome.ACCEPTED)
+    def __init__(
+        self,
+        life: Connections,
+        spawn: Callable[[Coroutine[Any, Any, None]], None],
+        loop: asyncio.AbstractEventLoop,
+        engine: Engine,
+        *,
+        splice: bool,
+        idle_timeout_s: float,
+        connect_timeout_s: float,
+    ) -> None:
+        self.life, self.spawn = life, spawn
+        """``spawn``: runs a connection's coroutine as one of the edge's tasks (a refusal's answer)."""
         self._loop, self._engine = loop, engine
+        self._splice, self._idle_timeout_s, self._connect_timeout_s = splice, idle_timeout_s, connect_timeout_s
         from router.tcp._relay import accept, dial  # built: this path exists only with the C relay
 
         self._native_dial = dial
         self.native_accept = accept
         """The listener's accept for this path: bare non-blocking fds (``Acceptor.start``)."""
-        self._dials: list[_Dial] = []
+        self._dials: list[tuple[_Connection, Peeked]] = []
         """Decided, to dial at the accept batch's end (``launch``)."""
         self._connections: dict[_Connection, None] = {}
         self.idle = asyncio.Event()
@@ -221,72 +140,65 @@ class FastPath:
         for connection in list(self._connections):
             connection.cut()
 
-    def serve(self, conn: int, peer: tuple[Any, ...]) -> Head | None:
+    def serve(self, conn: int, peer: tuple[Any, ...]) -> Connection | None:
         """Queue the dial of ``conn`` (a bare fd from ``native_accept``) if it is the usual TLS
         connection (``launch`` relays it); else what was read, for the task (``adopt``)."""
-        head = self.edge.open_connection(peer)
+        connection = _Connection(self.life, peer)
+        connection.path, connection.conn = self, conn
         try:
-            return self._serve(conn, peer, head)
+            return self._serve(connection)
         except Exception:  # a bug must cost one connection, never the listener (as in the task)
-            self._failed(conn, peer, head)
+            self._failed(connection)
             return None
 
-    def _failed(self, conn: int, peer: tuple[Any, ...], head: Head) -> None:
+    def _failed(self, connection: _Connection) -> None:
         """A bug before the relay took the sockets: this connection is closed and its line ended."""
-        log.exception("unexpected error serving %s", peer)
-        os.close(conn)
-        self.edge.end(head.record, head.progress, None, Termination.ROUTER_ERROR)
-        self.edge.clients.slots.release(head)
+        os.close(connection.conn)
+        self.life.failed(connection)
+        self.life.clients.slots.release(connection)
 
-    def adopt(self, conn: int, head: Head) -> socket.socket:
+    def adopt(self, conn: int, connection: Connection) -> socket.socket:
         """A socket object for a connection leaving this path (the task goes on with it); its
-        client's slot, held by ``head`` here, moves to it."""
+        client's slot, held by ``connection`` here, moves to it."""
         sock = socket.socket(fileno=conn)
         sock.setblocking(False)  # the fd is non-blocking already; the object must know it
-        self.edge.clients.slots.move(head, sock)
+        self.life.clients.slots.move(connection, sock)
         return sock
 
-    def _serve(self, conn: int, peer: tuple[Any, ...], head: Head) -> Head | None:
-        edge = self.edge
-        intake = head.intake = edge.clients.identify_peer(head, (peer[0], peer[1]))
+    def _serve(self, connection: _Connection) -> Connection | None:
+        life, peer = self.life, connection.peer
+        connection.intake = life.clients.identify_peer(connection, (peer[0], peer[1]))
         try:
-            peeked = head.peeked = read_now(conn, head.first)
+            peeked = connection.peeked = read_now(connection.conn, connection.first)
         except Rejected as rej:
-            head.failure = rej
-            return head
-        if peeked is None or peeked.protocol is not ProtocolLabel.TLS or not intake.within_limit:
-            return head
+            connection.failure = rej
+            return connection
+        if peeked is None or peeked.protocol is not ProtocolLabel.TLS:
+            return connection
         try:
-            target = edge.decide(peeked)
+            life.decide(connection, peeked)
         except Rejected:
-            return head  # the task decides again (the same snapshot), refuses and answers
-        record = head.record
-        record.protocol, record.hostname = ProtocolLabel.TLS, peeked.hostname
-        record.decided_at = decided = time.monotonic()
-        series = self.series
-        series.decision.observe(decided - head.started)
-        record.pod, record.pod_address = target.pod_name, target.grpc_endpoint
-        self._dials.append(_Dial(conn, peer, head, peeked, target, decided))
+            return connection  # the task decides again (the same snapshot), refuses and answers
+        self._dials.append((connection, peeked))
         return None
 
     def launch(self) -> None:
         """Dial every connection ``serve`` queued, then start their relays (see the module's docstring)."""
         dials, self._dials = self._dials, []
-        ready: list[tuple[_Dial, socket.socket | int, bool]] = []
-        edge = self.edge
-        for dial in dials:
+        ready: list[tuple[_Connection, Peeked, socket.socket | int, bool]] = []
+        for connection, peeked in dials:
             try:
-                pod, connected = self._dial(dial.target)
+                pod, connected = self._dial(connection.target)
             except DialError as exc:
-                refused = Rejected(Refusal.DIAL_FAILED, str(exc), dial.target.pod_name)
-                edge.spawn(edge.refuse_dial(self.adopt(dial.conn, dial.head), dial.head, dial.peeked, refused))
+                refused = Rejected(Refusal.DIAL_FAILED, str(exc), connection.target.pod_name)
+                self.spawn(self.life.refuse_dial(self.adopt(connection.conn, connection), connection, refused))
                 continue
             except Exception:  # a bug must cost one connection, never the batch
-                self._failed(dial.conn, dial.peer, dial.head)
+                self._failed(connection)
                 continue
-            ready.append((dial, pod, connected))
-        for dial, pod, connected in ready:
-            self._start(dial, pod, connected)
+            ready.append((connection, peeked, pod, connected))
+        for connection, peeked, pod, connected in ready:
+            self._start(connection, peeked, pod, connected)
 
     def _dial(self, target: Target) -> tuple[socket.socket | int, bool]:
         """``start_dial`` in C (the pod's bare fd: no socket object), as long as the address is an
@@ -298,17 +210,12 @@ class FastPath:
         except ValueError:  # not an IP literal: Python's resolver
             return start_dial(target)
 
-    def _start(self, dial: _Dial, pod: socket.socket | int, connected: bool) -> None:
+    def _start(self, connection: _Connection, peeked: Peeked, pod: socket.socket | int, connected: bool) -> None:
         """Hand a dialed connection to the C pump (which waits for the connect if need be)."""
-        edge, series = self.edge, self.series
-        conn, peer, head, peeked = dial.conn, dial.peer, dial.head, dial.peeked
-        record = head.record
-        settings = edge.settings
-        relay = NativeRelay(
-            self._loop, self._engine, conn, pod, settings.use_splice is not False, settings.relay_idle_timeout_s,
-            series.count_bytes,
+        relay = connection.relay = Relay(
+            self._loop, self._engine, connection.conn, pod, self._splice, self._idle_timeout_s,
+            connection.series.count_bytes,
         )
-        connection = _Connection(self, head, peeked, dial.target, dial.decided, relay)
         relay.on_result = connection.ended
         self._connections[connection] = None
         self.idle.clear()
@@ -318,20 +225,16 @@ class FastPath:
                 handle = relay.start(peeked.buffered)
             else:
                 handle = relay.start_connecting(
-                    peeked.buffered, settings.connect_timeout_s, connection.connected, connection.dial_failed
+                    peeked.buffered, self._connect_timeout_s, connection.connected, connection.dial_failed
                 )
         except Exception:  # a bug, once both sockets are the relay's: both closed, the line ended
-            log.exception("unexpected error serving %s", peer)
             self.forget(connection)
             relay.close(reset=True)
             if connection.accepted:
-                series.active.dec()
-            outcome = GrpcOutcome.RELAY_ERROR if connection.accepted else None
-            edge.end(record, head.progress, outcome, Termination.ROUTER_ERROR)
-            edge.clients.slots.release(head)
+                connection.series.active.dec()
+            self.life.failed(connection)
+            self.life.clients.slots.release(connection)
             relay.unlink()
-            return None
+            return
         if connection in self._connections:  # not over already
-            record.probe = handle.probe
-        return None
-
+            connection.record.probe = handle.probe

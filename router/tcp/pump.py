@@ -1,9 +1,22 @@
-"""One direction of the relay: the pump that reads one socket and writes the other.
+"""The Python pump: the relay's bytes moved by readiness callbacks, one engine of two.
 
-Why it looks like this (see ``relay`` for the whole): each direction pumps "write what is
-pending, then read more" in one readiness callback and only touches the poller when it flips
-between waiting for its source and waiting for its sink; it holds at most one pipe (splice
-mode) or one chunk (buffered mode), created on first use and given back when quiet.
+Why it looks like this:
+
+* Readiness callbacks on raw fds, not streams: no transport buffers, no per-chunk ``bytes``,
+  and it runs the same on asyncio and uvloop. The fds are watched through one epoll set per
+  loop (``poller``), which costs a watch one ``epoll_ctl`` instead of uvloop's handle set-up.
+* Linux ``os.splice`` through one pipe per direction moves bytes without copying them into
+  Python. While the h2c SETTINGS-ACK stripper needs to see client bytes, client->pod runs
+  buffered and switches to splice once the filter reports done.
+* Each direction pumps "write what is pending, then read more" in one callback and only
+  touches the poller when it flips between waiting for its source and waiting for its sink,
+  so a busy connection costs no ``epoll_ctl`` per chunk, and a slow reader holds the relay to
+  one pipe / one chunk per direction (the source is simply not read meanwhile). Pipes and
+  buffers are created on first use; the policy (``relay_policy``) has quiet ones given back.
+
+``PythonPump`` presents one relay's two directions as the C engine (``_relay.c``) presents its
+``Relay``: the same calls (``relay_policy.Pump``) and the same callbacks, so the one policy
+drives either. The pump's limits are read here, once, for both engines (``engine_limits``).
 """
 
 from __future__ import annotations
@@ -12,10 +25,12 @@ import asyncio
 import contextlib
 import errno
 import fcntl
+import math
 import os
 import socket
+import time
 from collections.abc import Callable
-from typing import Final, Protocol
+from typing import Final, Literal
 
 from router.constants import (
     RELAY_CHUNK_BYTES,
@@ -24,45 +39,41 @@ from router.constants import (
     SPLICE_AFTER_BYTES,
     SPLICE_PIPE_BYTES,
 )
-from router.tcp.poller import FdPoller
-from router.tcp.relay_common import Mode
+from router.tcp.ending import close_sockets
+from router.tcp.poller import POLL_BATCH, poller_for
+
+Mode = Literal["splice", "buffered"]
 
 _SPLICE_FLAGS: Final = getattr(os, "SPLICE_F_MOVE", 0) | getattr(os, "SPLICE_F_NONBLOCK", 0)
 _F_SETPIPE_SZ: Final = getattr(fcntl, "F_SETPIPE_SZ", 1031)
 _F_GETPIPE_SZ: Final = getattr(fcntl, "F_GETPIPE_SZ", 1032)
 EMPTY: Final = memoryview(b"")
 NONE, READ, WRITE = 0, 1, 2
+_monotonic: Final = time.monotonic
+"""The clock of both engines (the C engine's ``CLOCK_MONOTONIC``)."""
 _SCRATCH_VIEW: Final = memoryview(bytearray(RELAY_CHUNK_BYTES))
 """The buffered path's one read buffer, shared by all relays (the event loop is single-threaded)."""
 
 
-class RelayOwner(Protocol):
-    """What a direction tells the relay that owns it."""
-
-    loop: asyncio.AbstractEventLoop
-    poller: FdPoller
-
-    def fail(self, exc: BaseException, direction: Direction | None = None) -> None: ...
-    def report(self) -> None: ...
-    def direction_done(self) -> None: ...
-    def other_done(self, direction: Direction) -> bool: ...
-    def acquired(self) -> None: ...
+def engine_limits() -> dict[str, int]:
+    """The C engine's limits: this pump's (read when an engine is made, so both engines pump alike)."""
+    return {"chunk_bytes": RELAY_CHUNK_BYTES, "splice_after_bytes": SPLICE_AFTER_BYTES,
+            "pipe_bytes": SPLICE_PIPE_BYTES, "report_bytes": RELAY_REPORT_BYTES,
+            "rounds": RELAY_ROUNDS_PER_WAKEUP, "events_per_dispatch": POLL_BATCH}
 
 
 class Direction:
     """One way of the relay: reads ``src``, writes ``dst``, holds at most one pipe or chunk."""
 
     __slots__ = (
-        "done", "dst", "dst_fd", "filter", "filter_done", "last", "loop", "out", "pending",
-        "pipe_cap", "pipe_r", "pipe_w", "poller", "relay", "reported", "sent", "splice", "src", "src_fd",
-        "to_splice", "want",
+        "done", "dst", "dst_fd", "filter", "filter_done", "last", "out", "pending", "pipe_cap", "pipe_r",
+        "pipe_w", "poller", "relay", "reported", "sent", "splice", "src", "src_fd", "to_splice", "want",
     )
 
     def __init__(
-        self, relay: RelayOwner, src: socket.socket, dst: socket.socket, to_splice: bool, now: float
+        self, relay: PythonPump, src: socket.socket, dst: socket.socket, to_splice: bool, now: float
     ) -> None:
         self.relay = relay
-        self.loop = relay.loop
         self.poller = relay.poller
         self.src, self.dst = src, dst
         self.src_fd, self.dst_fd = src.fileno(), dst.fileno()
@@ -83,7 +94,7 @@ class Direction:
     # -- the pump (readiness callback) ---------------------------------------------------
     def pump(self) -> None:
         """Move bytes until the source is empty or the sink is full, then wait for that."""
-        self.last = self.loop.time()
+        self.last = _monotonic()
         try:
             if self.splice:
                 self._pump_splice()
@@ -94,7 +105,7 @@ class Direction:
 
     def write_initial(self) -> None:
         """Write the bytes the peek read, then wait for more (no read now: they came together)."""
-        self.last = self.loop.time()
+        self.last = _monotonic()
         try:
             if self._flush():
                 self.set_want(READ)
@@ -250,7 +261,7 @@ class Direction:
         with contextlib.suppress(PermissionError):
             fcntl.fcntl(self.pipe_w, _F_SETPIPE_SZ, SPLICE_PIPE_BYTES)
         self.pipe_cap = fcntl.fcntl(self.pipe_w, _F_GETPIPE_SZ)
-        self.relay.acquired()
+        self.relay.on_acquired()
         return True
 
     def held(self) -> int:
@@ -273,3 +284,114 @@ class Direction:
 
     def mode(self) -> Mode:
         return "splice" if self.splice else "buffered"
+
+
+class PythonPump:
+    """One relay's two directions, driven as the C engine's ``Relay`` is (``relay_policy.Pump``).
+
+    It calls back as the engine does: ``on_end`` (this pump, 0, -1, first end of stream: 0 the
+    client's, 1, 1) once both directions are done, ``on_bytes`` every ~``RELAY_REPORT_BYTES`` and at
+    its end, ``on_acquired`` when it takes a pipe; and ``on_error`` (this pump, the exception, the
+    failing direction: 0 client->pod, 1 pod->client) where the engine would pass an errno."""
+
+    __slots__ = ("c2p", "first_eof", "on_acquired", "on_bytes", "on_end", "on_error", "over", "p2c", "poller")
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        client: socket.socket,
+        pod: socket.socket,
+        splice: bool,
+        on_end: Callable[[PythonPump, int, int, int, int, int], object],
+        on_error: Callable[[PythonPump, BaseException, int], object],
+        on_bytes: Callable[[int, int], object] | None,
+        on_acquired: Callable[[], object],
+    ) -> None:
+        self.poller = poller_for(loop)
+        now = _monotonic()
+        self.c2p = Direction(self, client, pod, splice, now)
+        self.p2c = Direction(self, pod, client, splice, now)
+        self.on_end, self.on_error, self.on_bytes, self.on_acquired = on_end, on_error, on_bytes, on_acquired
+        self.first_eof = -1
+        self.over = False
+
+    def start(
+        self,
+        initial: bytes,
+        client_filter: Callable[[bytes], bytes] | None,
+        client_filter_done: Callable[[], bool] | None,
+    ) -> None:
+        """Write ``initial`` (through the filter) and start reading both sides."""
+        c2p = self.c2p
+        c2p.filter, c2p.filter_done = client_filter, client_filter_done
+        if client_filter is not None or initial:
+            c2p.splice = False  # buffered until the filter is done and the peeked bytes are out
+        if initial:
+            c2p.set_pending(client_filter(initial) if client_filter is not None else initial)
+        if c2p.pending:
+            c2p.write_initial()  # usually written at once, no poller round
+        elif not self.over:
+            c2p.set_want(READ)
+        if not self.over:
+            self.p2c.set_want(READ)
+
+    # -- what a direction tells its relay ----------------------------------------------------
+    def fail(self, exc: BaseException, direction: Direction) -> None:
+        self.on_error(self, exc, 1 if direction is self.p2c else 0)
+
+    def other_done(self, direction: Direction) -> bool:
+        return (self.p2c if direction is self.c2p else self.c2p).done
+
+    def direction_done(self) -> None:
+        c2p, p2c = self.c2p, self.p2c
+        if self.first_eof < 0:
+            self.first_eof = 0 if c2p.done else 1
+        if c2p.done and p2c.done:
+            self.on_end(self, 0, -1, self.first_eof, 1, 1)
+
+    def report(self) -> None:
+        """Hand the unreported byte deltas to ``on_bytes``."""
+        c2p, p2c = self.c2p, self.p2c
+        up, down = c2p.sent - c2p.reported, p2c.sent - p2c.reported
+        c2p.reported, p2c.reported = c2p.sent, p2c.sent
+        if self.on_bytes is not None and (up or down):
+            self.on_bytes(up, down)
+
+    # -- what the policy asks (``relay_policy.Pump``) ------------------------------------------
+    def probe(self) -> tuple[int, int, float]:
+        c2p, p2c = self.c2p, self.p2c
+        return c2p.sent, p2c.sent, max(c2p.last, p2c.last)
+
+    def next_release(self, quiet_s: float, /) -> float:
+        return min([d.last + quiet_s for d in (self.c2p, self.p2c) if d.held() and not d.pending], default=math.inf)
+
+    def release_quiet(self, now: float, quiet_s: float, /) -> None:
+        for d in (self.c2p, self.p2c):
+            if not d.pending and d.held() and now - d.last >= quiet_s:
+                d.release()
+
+    def state(self) -> tuple[Mode, Mode, int, int, int, int, int]:
+        c2p, p2c = self.c2p, self.p2c
+        return c2p.mode(), p2c.mode(), c2p.pending, p2c.pending, c2p.held() + p2c.held(), c2p.sent, p2c.sent
+
+    def done(self) -> tuple[bool, bool]:
+        return self.c2p.done, self.p2c.done
+
+    def is_connecting(self) -> bool:
+        return False
+
+    def abort(self) -> None:
+        """Stop (idempotent): the fds are no longer watched, the last bytes are reported, and the
+        directions let go of this pump (no cycle left for the collector)."""
+        if self.over:
+            return
+        self.over = True
+        self.c2p.close()
+        self.p2c.close()
+        self.report()
+        del self.c2p.relay, self.p2c.relay
+
+    def close_fds(self, reset: bool, /) -> None:
+        """``abort``, then close both sockets (idempotent); ``reset`` makes the peers see RST."""
+        self.abort()
+        close_sockets(self.c2p.src, self.c2p.dst, reset=reset)

@@ -5,7 +5,7 @@
  * address, until detach or close. The pod sockets and the public socket stay Python's: never
  * closed here. The attributes written on the flow objects are named once, in attribute_table
  * (exported as ATTRIBUTES, checked against router/udp/flow_table.py's Flow by
- * tests/test_c_attributes.py). Flows point back at the splice through their links, so the splice
+ * tests/process/test_c_attributes.py). Flows point back at the splice through their links, so the splice
  * has GC support: a splice dropped without close() is collected with its flows.
  * What it must never do: block (every socket call is MSG_DONTWAIT, epoll_wait does not wait), keep
  * a borrowed reference past a call that may run Python code (a call that does is made while the
@@ -42,8 +42,8 @@
  *
  * A pod socket error (ECONNREFUSED after an ICMP) is queued as (flow, errno) for Python to end
  * the flow. A full socket buffer drops, as UDP drops. The flows' byte counts and activity times
- * are written to the Python flow objects once per call (client_bytes, client_seen_at,
- * last_active; pod_bytes, last_active).
+ * are written to the Python flow objects once per call (client_bytes, last_active; pod_bytes,
+ * last_active).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -136,10 +136,9 @@ typedef struct {
 
 /* The attributes of Python objects this file reads or writes by name (owner, name): the one list of
  * them, exported as ATTRIBUTES, interned at import into `attribute`. */
-enum { LAST_ACTIVE, CLIENT_SEEN_AT, CLIENT_BYTES, POD_BYTES, ATTRIBUTE_COUNT };
+enum { LAST_ACTIVE, CLIENT_BYTES, POD_BYTES, ATTRIBUTE_COUNT };
 static const char *const attribute_table[ATTRIBUTE_COUNT][2] = {
     [LAST_ACTIVE] = { "router.udp.flow_table.Flow", "last_active" },
-    [CLIENT_SEEN_AT] = { "router.udp.flow_table.Flow", "client_seen_at" },
     [CLIENT_BYTES] = { "router.udp.flow_table.Flow", "client_bytes" },
     [POD_BYTES] = { "router.udp.flow_table.Flow", "pod_bytes" },
 };
@@ -289,8 +288,7 @@ write_counts(Splicer *self, double now, int client_side)
             continue;
         rc = PyObject_SetAttr(slot->flow, attribute[LAST_ACTIVE], when);
         if (rc == 0 && client_side) {
-            rc = PyObject_SetAttr(slot->flow, attribute[CLIENT_SEEN_AT], when);
-            if (rc == 0 && slot->client_bytes)
+            if (slot->client_bytes)
                 rc = add_to_attribute(slot->flow, attribute[CLIENT_BYTES], slot->client_bytes);
             slot->client_bytes = 0;
         } else if (rc == 0) {
@@ -607,7 +605,7 @@ release_all(Splicer *self)
 
 /* GC: the splice holds its flows, whose links (the router's PodLink) hold the splice: a splice
  * dropped without close() is a cycle, which the collector finds through here and breaks with
- * Splicer_clear (tests/test_udp_splice_calls.py). */
+ * Splicer_clear (tests/udp/test_udp_splice_calls.py). */
 static int
 Splicer_traverse(Splicer *self, visitproc visit, void *arg)
 {

@@ -71,7 +71,7 @@ class ClientDemux(FlowEndings):
 
     def _to_pod(self, flow: Flow[Link], data: bytes, now: float) -> None:
         """Into the flow's outbox, sent with every outbox touched in this loop iteration."""
-        flow.last_active = flow.client_seen_at = now
+        flow.last_active = now
         flow.client_bytes += len(data)
         link = flow.handle
         if link.sock is not None:

@@ -80,8 +80,6 @@ class Flow(Generic[H]):
     """The client's own connection ID (its long headers carry it); b"" when it chose none."""
     shared: bool = False
     """It has met another flow at an address: its datagrams are told apart by CID from then on."""
-    client_seen_at: float = 0.0
-    """When the client last sent a datagram on this flow (pod traffic does not count)."""
     access: Any = None
     """The edge's access record of this flow (opaque here)."""
     client_bytes: int = 0
@@ -261,8 +259,7 @@ class UdpFlowTable(Generic[S, H]):
             raise FlowTableError(f"address {pending.address!r} has no such pending flow")
         self._take_pending(pending)
         idle = self.limits.idle_timeout_s if idle_timeout_s is None else idle_timeout_s
-        flow: Flow[H] = Flow(pending.address, pod_name, handle, now, idle, client_scid=pending.scid,
-                             client_seen_at=now)
+        flow: Flow[H] = Flow(pending.address, pod_name, handle, now, idle, client_scid=pending.scid)
         if pending.dcid:
             flow.client_dcids.append(pending.dcid)
         self._place(flow)

@@ -24,9 +24,9 @@ import pytest
 
 from router.demo.grpc_pods import WHOAMI
 from router.tcp.first_bytes import PEEK_READ_BYTES
-from tests.faults.router_probes import moved, outcome_counts
-from tests.faults.tcp_peers import CountingPod, read_to_eof
+from tests.support.router_probes import moved, outcome_counts
 from tests.support.router_process import RouterProcess, router_args, write_endpoints
+from tests.support.tcp_peers import CountingPod, read_to_eof
 from tests.support.tls import (
     alpn_extension,
     append_extension,

@@ -21,10 +21,10 @@ import pytest
 from discovery import constants as dc
 from router import constants as c
 from router.demo.grpc_pods import RunningPod, start_pod
-from tests.fake_kube_api import FakeKubeApi, make_endpoint, make_slice
-from tests.faults.router_probes import WhoAmIProbe, timed_whoami
+from tests.support.fake_kube_api import FakeKubeApi, make_endpoint, make_slice
 from tests.support.names import host
 from tests.support.polling import eventually
+from tests.support.router_probes import WhoAmIProbe, timed_whoami
 from tests.support.router_process import RouterProcess
 
 NAMESPACE = "stargate"

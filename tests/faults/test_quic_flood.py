@@ -46,8 +46,11 @@ from router.outcomes import QuicDropReason
 from router.udp.edge import UdpRouter
 from router.udp.flow_limits import FlowLimits
 from router.udp.settings import UdpRouterSettings
-from tests.faults.quic_flood_forge import SNI_UNKNOWN, FloodForge, check_replies, first_hello
-from tests.faults.quic_flood_harness import (
+from tests.support.initial_packets import protected_initial
+from tests.support.names import host as sni
+from tests.support.polling import eventually
+from tests.support.quic_flood_forge import SNI_UNKNOWN, FloodForge, check_replies, first_hello
+from tests.support.quic_flood_harness import (
     HANDSHAKE_TIMEOUT_S,
     LEGIT_PORTS,
     ROUTER_HOST,
@@ -63,11 +66,8 @@ from tests.faults.quic_flood_harness import (
     send_flood,
     whoami,
 )
-from tests.faults.router_probes import CHART_PEAK_RSS_KIB, peak_rss_kib, rss_kib
-from tests.support.initial_packets import protected_initial
-from tests.support.names import host as sni
-from tests.support.polling import eventually
 from tests.support.quic_frames import crypto_frame
+from tests.support.router_probes import CHART_PEAK_RSS_KIB, peak_rss_kib, rss_kib
 from tests.support.router_process import RouterProcess, router_args, write_endpoints
 from tests.support.udp_router import running_udp_router
 from wire.client_hello import MAX_TLS_CLIENT_HELLO_BYTES

@@ -26,7 +26,8 @@ import pytest
 
 from router import constants as c
 from router.demo.grpc_pods import RunningPod, start_pod
-from tests.faults.router_probes import (
+from tests.support.h2 import grpc_status_of, h2c_grpc_request
+from tests.support.router_probes import (
     CHART_PEAK_RSS_KIB,
     WhoAmIProbe,
     cpu_seconds,
@@ -41,7 +42,8 @@ from tests.faults.router_probes import (
     settle_fds,
     timed_whoami,
 )
-from tests.faults.tcp_peers import (
+from tests.support.router_process import RouterProcess, router_args, write_endpoints
+from tests.support.tcp_peers import (
     BlackholePod,
     IntegrityPods,
     ResettingProxy,
@@ -52,8 +54,6 @@ from tests.faults.tcp_peers import (
     integrity_client,
     read_to_eof,
 )
-from tests.support.h2 import grpc_status_of, h2c_grpc_request
-from tests.support.router_process import RouterProcess, router_args, write_endpoints
 from tests.support.tls import alpn_extension, client_hello, sni_extension
 from wire.grpc import GrpcStatus
 from wire.h2_frames import H2_PREFACE

@@ -1,7 +1,7 @@
 """The upstream chart's backend-router container, run as the kubelet would, in a network namespace.
 
 Run as ``python -m tests.support.chart_scenario`` INSIDE a fresh network namespace (``unshare
---net``, loopback up: ``tests/test_upstream_chart.py`` starts it), because the chart's args bind
+--net``, loopback up: ``tests/process/test_upstream_chart.py`` starts it), because the chart's args bind
 0.0.0.0:50071/50072/8080 and must run unchanged. In that namespace: the loopback fake Kubernetes
 API serving EndpointSlices of the chart's Service (``--target-service-name``) in its namespace,
 two pods (real grpcio h2c servers and aioquic servers on 127.0.0.2 and 127.0.0.3, ports named
@@ -35,7 +35,7 @@ from router import constants as c
 from router.demo.grpc_pods import RunningPod, call_whoami, start_pod
 from router.demo.pki import make_pki
 from router.demo.quic_pods import bound_port, quic_whoami, start_quic_pod
-from tests.fake_kube_api import FakeKubeApi, make_endpoint, make_slice
+from tests.support.fake_kube_api import FakeKubeApi, make_endpoint, make_slice
 from tests.support.upstream_chart import ChartContainer, chart_arg, chart_container
 
 PODS = (("stargate-0", "127.0.0.2"), ("stargate-1", "127.0.0.3"))

@@ -4,7 +4,7 @@
 each against ``RouterMetrics().render()`` (the router's own exposition), plus the few series of
 other exporters the alerts read (``EXTERNAL_SERIES``). ``promtool()`` is Debian's (package
 ``prometheus``): tests that need it skip without it locally and fail under CI, which installs it.
-Used by tests/test_monitoring.py and tests/test_alerts.py.
+Used by tests/deploy/test_monitoring.py and tests/deploy/test_alerts.py.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-/* A fault harness for router/udp/_send_ring.h, compiled and run by tests/test_udp_send_ring.py.
+/* A fault harness for router/udp/_send_ring.h, compiled and run by tests/udp/test_udp_send_ring.py.
  *
  * The ring's io_uring_enter goes through a stand-in (SEND_RING_ENTER) that lets the kernel take and
  * run every queued sendmsg, hides their completions, then fails the wait for them with EBADF, as a
