@@ -34,6 +34,7 @@ def _scenarios() -> dict[str, Scenario]:
         "udp_relay": quic_scenarios.udp_relay,
         "udp_download": quic_scenarios.udp_download,
         "udp_echo": quic_scenarios.udp_echo,
+        "udp_demux": quic_scenarios.udp_demux,
         "memory_tcp": memory_scenarios.memory_tcp,
         "memory_udp": memory_scenarios.memory_udp,
         "workers": tcp_scenarios.workers_speedup,

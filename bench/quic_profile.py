@@ -43,14 +43,16 @@ NGINX_ROUND_CONNECTIONS = 16_000
 """nginx's worker_connections in ``--rounds``: 8,000 UDP sessions, ~30 rounds of 4 s of handshakes."""
 
 CALLBACK_HOOKS = '''
-    from router.udp import edge, pod_link, pod_to_client, verdicts
+    from router.udp import demux, edge, pod_link, pod_to_client, verdicts
     from quic import initial_sniffer
+    from quic.packet import long_header_cids
 
     def client_kind(router, data, addr):
         table = router._table
         if table.flow(addr) is not None:
             return "client datagram, routed flow"
-        return "client datagram, pending flow" if table.pending(addr) else "client datagram, new address"
+        pending = table.pending(addr, long_header_cids(data)[0])
+        return "client datagram, pending flow" if pending else "client datagram, new address"
 
     hook(edge.UdpRouter, "_from_client", "", client_kind)
     hook(edge.UdpRouter, "_send_outboxes", "client datagrams sent to pods (per loop iteration)")
@@ -62,8 +64,8 @@ CALLBACK_HOOKS = '''
     hook(initial_sniffer.InitialSniffer, "feed", "  of which: InitialSniffer.feed")
     hook(initial_sniffer.InitialSniffer, "_sniff_first", "    of which: sniff_first (C: keys, opening, hello)")
     hook(edge.UdpRouter, "_route", "  of which: routing decision and flow setup")
-    hook(edge, "classify_unrouted", "  of which: classify_unrouted")
-    hook(edge, "classify_on_flow", "  of which: classify_on_flow")
+    hook(demux, "classify_unrouted", "  of which: classify_unrouted")
+    hook(demux, "classify_on_flow", "  of which: classify_on_flow")
     hook(pod_to_client.ClientReplies, "_send", "  of which: send to client")
     # Names the sniffer and the edge imported: hooked where they are looked up.
     hook(initial_sniffer, "client_initial_keys", "    of which: Initial keys")

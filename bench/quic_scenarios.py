@@ -13,7 +13,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
-from bench import udp_peers
+from bench import demux_load, udp_peers
 from bench.context import POD, POD_HOST, SNI, BenchContext, try_start
 from bench.procs import Agent, BenchError, Nginx, Router, call_all, cpu_exact, cpu_seconds
 from bench.quic_load import (
@@ -48,6 +48,8 @@ DATAGRAM_BYTES = 1200
 HANDSHAKE_CLIENTS = 2
 HANDSHAKE_CONCURRENCY = 4
 """Per client process; aioquic handshakes are CPU-bound in Python at both ends."""
+DEMUX_CONNECTIONS = 10
+"""Connections of the ``udp_demux`` load: a worker's quinn endpoint holding one per pod it serves."""
 GSO_SEGMENTS = 10
 """Datagrams per GSO send of the GSO-sending peer (the pod in ``udp_download_gso``, the clients in
 ``udp_relay_gso``): a bulk sender's batch (quinn and s2n-quic send GSO batches; aioquic one
@@ -301,5 +303,57 @@ def _echo_case(pod: Agent, clients: Agent, addr: tuple[str, int], pid: int | Non
         clients.call(retire_udp_flows)
         time.sleep(0.1)  # the last window drains
         return echoes / elapsed, cpu, refills
+
+    return case
+
+
+def udp_demux(ctx: BenchContext) -> list[Row]:
+    """``DEMUX_CONNECTIONS`` connections on one client address, which the router tells apart by the
+    DCID of each datagram, against the same connections each from its own address (one flow per
+    address: no look at the DCID). Both blasts come from the Python client (``demux_load``), at the
+    same offered rate, to the echoing pod: the figure is the router's CPU per datagram."""
+    pod, clients, endpoints, _flights, seconds, peers = _udp_setup(ctx, echo=True)
+    addr, pid = endpoints["router"]
+    ctx.log(f"udp demux: {DEMUX_CONNECTIONS} connections on one address vs one address each, {seconds}s per case")
+    results = interleaved(ctx.rounds, {
+        name: _demux_case(pod, clients, addr, pid, shared, seconds)
+        for name, shared in (("one_address", True), ("own_addresses", False))})
+
+    def med(name: str, i: int) -> float | None:
+        return median([r[i] for r in results.get(name, []) if r[i] is not None])
+
+    note = (f"Python client, {DATAGRAM_BYTES} B short headers offered at ~{med('one_address', 2) or 0:,.0f} pkt/s, "
+            f"echoed by the pod ({peers})")
+    return [
+        Row(f"udp_demux_{DEMUX_CONNECTIONS}conn_pps", f"datagrams delivered to the pod, {DEMUX_CONNECTIONS} "
+            "connections on one client address", "pkt/s", med("one_address", 0), "one address each",
+            med("own_addresses", 0), None, note=note),
+        Row(f"udp_demux_{DEMUX_CONNECTIONS}conn_cpu", f"middle-box CPU per datagram (its echo included), "
+            f"{DEMUX_CONNECTIONS} connections on one client address", "CPU us/pkt", med("one_address", 1),
+            "one address each", med("own_addresses", 1), None, higher_is_better=False),
+    ]
+
+
+def _demux_case(pod: Agent, clients: Agent, addr: tuple[str, int], pid: int | None, shared: bool,
+                seconds: float) -> Callable[[], tuple[float, float | None, float]]:
+    def case() -> tuple[float, float | None, float]:
+        flights = client_initials(SNI, DEMUX_CONNECTIONS)  # new connections every case
+        pod.call(udp_sink_forget_sources)
+        clients.call(demux_load.open_connections, addr, flights, shared)
+        deadline = time.monotonic() + 30.0
+        while pod.call(udp_sink_stats)[2] < DEMUX_CONNECTIONS:  # each connection's flow reached the pod
+            if time.monotonic() > deadline:
+                raise BenchError(f"only {pod.call(udp_sink_stats)[2]} of {DEMUX_CONNECTIONS} connections opened")
+            clients.call(demux_load.resend_initials, flights)
+            time.sleep(0.2)
+        time.sleep(0.2)  # the echoed Initials teach the router each connection's CID
+        before = pod.call(udp_sink_stats)[0]
+        cpu_before = cpu_seconds(pid) if pid is not None else 0.0
+        sent, elapsed = clients.call(demux_load.blast, seconds, DATAGRAM_BYTES)
+        time.sleep(0.2)
+        delivered = pod.call(udp_sink_stats)[0] - before
+        cpu = (cpu_seconds(pid) - cpu_before) / max(delivered, 1) * 1e6 if pid is not None else None
+        clients.call(demux_load.retire)
+        return delivered / elapsed, cpu, sent / elapsed
 
     return case

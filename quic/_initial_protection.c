@@ -437,8 +437,33 @@ initial_crypto(span payload, uint64_t max_crypto, span pieces[MAX_CRYPTO_PIECES]
 }
 
 /* wire/client_hello.py's parse_client_hello over a complete message; 0 if it would raise. */
+/* wire/client_hello.py's _parse_max_idle_timeout over the quic_transport_parameters extension's body
+ * (RFC 9000 section 18): every parameter's id and length well-formed, max_idle_timeout (0x01) at most
+ * once and one varint filling its value. 1 with *idle set (0 when absent), 0 if it would raise. */
 static int
-client_hello(span hello, PyObject **server_name, PyObject **alpn)
+max_idle_timeout(span body, uint64_t *idle)
+{
+    size_t pos = 0;
+    int found = 0;
+    *idle = 0;
+    while (pos < body.n) {
+        uint64_t id, length;
+        if (!varint(body, &pos, &id) || !varint(body, &pos, &length) || length > body.n - pos)
+            return 0;
+        span value = { body.p + pos, (size_t)length };
+        pos += (size_t)length;
+        if (id != 0x01)
+            continue;
+        size_t at = 0;
+        if (found || !varint(value, &at, idle) || at != value.n)
+            return 0;
+        found = 1;
+    }
+    return 1;
+}
+
+static int
+client_hello(span hello, PyObject **server_name, PyObject **alpn, uint64_t *max_idle)
 {
     size_t pos = 4, n;
     span v, extensions;
@@ -451,6 +476,7 @@ client_hello(span hello, PyObject **server_name, PyObject **alpn)
         return 0; /* cipher_suites */
     if (!vector(hello, &pos, 1, &v) || v.n < 1)
         return 0; /* legacy_compression_methods */
+    *max_idle = 0;
     *server_name = Py_NewRef(Py_None);
     *alpn = PyTuple_New(0);
     if (*alpn == NULL)
@@ -527,21 +553,24 @@ client_hello(span hello, PyObject **server_name, PyObject **alpn)
             Py_DECREF(names);
             if (*alpn == NULL)
                 return -1;
+        } else if (type == 57 && !max_idle_timeout(body, max_idle)) { /* quic_transport_parameters */
+            return 0;
         }
     }
     return 1;
 }
 
 PyDoc_STRVAR(sniff_initial_doc,
-             "sniff_initial(payload, max_crypto, max_hello) -> (server_name, alpn) | None\n\n"
+             "sniff_initial(payload, max_crypto, max_hello) -> (server_name, alpn, max_idle_timeout_ms) | None\n\n"
              "The ClientHello facts of an opened first Initial payload when its CRYPTO frames, in order from\n"
              "offset 0 and within ``max_crypto``, hold a whole, well-formed ClientHello of at most\n"
              "``max_hello`` bytes; None for anything else (the caller then takes the reference path).");
 
-/* The ClientHello facts of a first Initial payload read the usual way: 1 with *server_name and *alpn
+/* The ClientHello facts of a first Initial payload read the usual way: 1 with *server_name, *alpn and *max_idle
  * (new references), 0 for "not simple" (the reference path reads it), -1 with a Python error set. */
 static int
-payload_facts(span payload, uint64_t max_crypto, uint64_t max_hello, PyObject **server_name, PyObject **alpn)
+payload_facts(span payload, uint64_t max_crypto, uint64_t max_hello, PyObject **server_name, PyObject **alpn,
+              uint64_t *max_idle)
 {
     span pieces[MAX_CRYPTO_PIECES], hello;
     int count, found = 0;
@@ -568,7 +597,7 @@ payload_facts(span payload, uint64_t max_crypto, uint64_t max_hello, PyObject **
     size_t total = 4 + (((size_t)hello.p[1] << 16) | ((size_t)hello.p[2] << 8) | hello.p[3]);
     if (hello.p[0] == 1 && total <= max_hello && total <= hello.n) {
         hello.n = total;
-        found = client_hello(hello, server_name, alpn);
+        found = client_hello(hello, server_name, alpn, max_idle);
     }
     PyMem_Free(joined);
     if (found <= 0) {
@@ -591,10 +620,12 @@ sniff_initial(PyObject *self, PyObject *args)
         return NULL;
     }
     PyObject *server_name, *alpn, *result = NULL;
-    int found = payload_facts((span){ payload.buf, (size_t)payload.len }, max_crypto, max_hello, &server_name, &alpn);
+    uint64_t max_idle;
+    int found = payload_facts((span){ payload.buf, (size_t)payload.len }, max_crypto, max_hello, &server_name, &alpn,
+                              &max_idle);
     PyBuffer_Release(&payload);
     if (found > 0)
-        result = Py_BuildValue("(NN)", server_name, alpn);
+        result = Py_BuildValue("(NNK)", server_name, alpn, (unsigned long long)max_idle);
     else if (found == 0)
         result = Py_NewRef(Py_None);
     return result;
@@ -606,10 +637,10 @@ PyDoc_STRVAR(sniff_first_doc,
              "    -> (packet_number, facts, opened) | None\n\n"
              "A flow's first Initial, at the start of ``datagram``, in one call: its client keys (the key schedule's\n"
              "inputs as ``initial_keys`` takes them), its opening, then what ``sniff_initial`` reads of its payload.\n"
-             "``facts`` is (server_name, alpn) and ``opened`` None when the payload held the whole ClientHello the\n"
-             "usual way; else ``facts`` is None and ``opened`` (key, iv, hp, payload) for the reference walk and\n"
-             "the flow's next datagrams. None if the packet does not authenticate; QuicPacketError for positions the\n"
-             "caller should not have passed.");
+             "``facts`` is (server_name, alpn, max_idle_timeout_ms) and ``opened`` None when the payload held the\n"
+             "whole ClientHello the usual way; else ``facts`` is None and ``opened`` (key, iv, hp, payload) for the\n"
+             "reference walk and the flow's next datagrams. None if the packet does not authenticate;\n"
+             "QuicPacketError for positions the caller should not have passed.");
 
 static PyObject *
 sniff_first(PyObject *self, PyObject *args)
@@ -644,9 +675,11 @@ sniff_first(PyObject *self, PyObject *args)
         goto done;
     }
     span plain = { (const unsigned char *)PyBytes_AS_STRING(payload), (size_t)PyBytes_GET_SIZE(payload) };
-    int found = payload_facts(plain, max_crypto, max_hello, &server_name, &alpn);
+    uint64_t max_idle;
+    int found = payload_facts(plain, max_crypto, max_hello, &server_name, &alpn, &max_idle);
     if (found > 0)
-        result = Py_BuildValue("(L(NN)O)", (long long)packet_number, server_name, alpn, Py_None);
+        result = Py_BuildValue("(L(NNK)O)", (long long)packet_number, server_name, alpn, (unsigned long long)max_idle,
+                               Py_None);
     else if (found == 0)
         result = Py_BuildValue("(LO(y#y#y#O))", (long long)packet_number, Py_None, key, (Py_ssize_t)KEY_BYTES, iv,
                                (Py_ssize_t)IV_BYTES, hp, (Py_ssize_t)HP_BYTES, payload);
@@ -663,7 +696,7 @@ done:
 }
 
 PyDoc_STRVAR(client_hello_facts_doc,
-             "client_hello_facts(handshake, max_hello) -> (server_name, alpn) | None\n\n"
+             "client_hello_facts(handshake, max_hello) -> (server_name, alpn, max_idle_timeout_ms) | None\n\n"
              "The facts of one whole, well-formed ClientHello handshake message of at most ``max_hello``\n"
              "bytes (TLS over TCP's peek); None for anything else: wire.client_hello then walks it itself.");
 
@@ -684,9 +717,10 @@ client_hello_facts(PyObject *self, PyObject *args)
         result = Py_NewRef(Py_None);
         goto done;
     }
-    int found = client_hello(hello, &server_name, &alpn);
+    uint64_t max_idle;
+    int found = client_hello(hello, &server_name, &alpn, &max_idle);
     if (found >= 0)
-        result = found ? PyTuple_Pack(2, server_name, alpn) : Py_NewRef(Py_None);
+        result = found ? Py_BuildValue("(OOK)", server_name, alpn, (unsigned long long)max_idle) : Py_NewRef(Py_None);
 done:
     Py_XDECREF(server_name);
     Py_XDECREF(alpn);

@@ -54,8 +54,8 @@ from wire.client_hello import (
 
 def sniff_first_payload(
     payload: bytes, max_crypto: int, native: InitialProtection | None
-) -> tuple[str | None, tuple[str, ...]] | None:
-    """The ClientHello facts (server name, ALPN) of a flow's first opened Initial payload, in C
+) -> tuple[str | None, tuple[str, ...], int] | None:
+    """The ClientHello facts (server name, ALPN, max_idle_timeout) of a flow's first opened Initial payload, in C
     (``native``), when its CRYPTO frames hold a whole well-formed hello in order from offset 0 (the
     usual case); None otherwise, or without ``native``: then ``InitialSniffer`` walks it the
     reference way (``quic.frames``, ``wire.client_hello``), which also names whatever is wrong."""

@@ -239,6 +239,22 @@ def long_header_scid(datagram: bytes) -> bytes | None:
     return datagram[at + 1 : at + 1 + length]
 
 
+def long_header_cids(datagram: bytes) -> tuple[bytes, bytes]:
+    """(DCID, SCID) of a long header by the invariants alone (RFC 8999 section 5.1), any version;
+    (b"", b"") for anything too short to hold them or not a long header. What tells one client
+    connection from another on a shared address, without building a ``LongHeader``."""
+    n = len(datagram)
+    if n < _LONG_HEADER_MIN or not datagram[0] & LONG_FORM:
+        return b"", b""
+    at = 6 + datagram[5]
+    if at >= n:
+        return b"", b""
+    stop = at + 1 + datagram[at]
+    if stop > n:
+        return b"", b""
+    return datagram[6:at], datagram[at + 1 : stop]
+
+
 def short_header_dcid(datagram: bytes, cid_length: int) -> bytes:
     """The DCID of a short-header (1-RTT) packet, whose length only the receiver knows."""
     if not 0 <= cid_length <= MAX_CID_LENGTH:

@@ -35,7 +35,7 @@ from router.memory_bounds import MemoryBounds, bounds_at_start
 from router.metrics import RouterMetrics
 from router.tcp.edge import TcpRouter, TcpRouterSettings
 from router.udp.edge import UdpRouter
-from router.udp.flow_table import FlowLimits
+from router.udp.flow_limits import FlowLimits
 from router.udp.settings import UdpRouterSettings
 
 log = logging.getLogger("router.app")  # pinned: operators filter logs by this name

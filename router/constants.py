@@ -171,6 +171,10 @@ QUIC_MAX_PENDING_BYTES_PER_FLOW: Final = 32 * 1024
 QUIC_MAX_PENDING_FLOWS: Final = 4_096
 """Pending (not yet routed) flows at once; beyond this new Initials are dropped and counted."""
 
+QUIC_MAX_PENDING_FLOWS_PER_ADDRESS: Final = 1
+"""Connections one client address may have half-read at once: a usual hello is routed on arrival, so
+a second one waits at most a retransmit, and one address's flood costs what it did before."""
+
 QUIC_PENDING_FLOW_TIMEOUT_MS: Final = 3_000
 """A pending flow whose ClientHello is still incomplete after this is dropped."""
 
@@ -183,9 +187,12 @@ QUIC_MAX_LEARNED_CIDS_PER_FLOW: Final = 16
 QUIC_FLOW_SWEEP_INTERVAL_MS: Final = 500
 """How often pending deadlines, idle flows and batched byte counters are swept/flushed."""
 
-QUIC_FLOW_TAKEOVER_QUIET_MS: Final = 2_000
-"""A new connection naming another pod takes a flow's address only if its client sent nothing this
-long: live ones ACK far more often, so a spoofed Initial cannot cut a busy flow (a reused port waits)."""
+QUIC_IDLE_PROBE_TIMEOUT_MS: Final = 1_000
+"""The PTO a flow's idle expiry allows three of (RFC 9000 10.1): RFC 9002 6.2.2's before any RTT sample
+(333 ms + 4 x 166.5 ms + max_ack_delay 25 ms ~ 1 s), above a PTO's srtt + 4 rttvar on paths under ~500 ms."""
+
+QUIC_IDLE_GRACE_MS: Final = 1_000
+"""Added to a flow's idle expiry: the sweep's lateness and a close's last datagrams in flight."""
 
 # -- Memory: the QUIC tables' bounds sized to the container's limit (router/memory_bounds.py)
 CGROUP_MEMORY_MAX_PATH: Final = "/sys/fs/cgroup/memory.max"
@@ -233,8 +240,6 @@ QUIC_MAX_REMEMBERED_REJECTIONS: Final = 4_096
 QUIC_ANSWERS_PER_REJECTION: Final = 3
 """CONNECTION_CLOSE answers per refused attempt: the first plus two for lost ones, then silence."""
 
-REASON_ADDRESS_IN_USE: Final = "client address in use by a live connection"
-"""QUIC CONNECTION_CLOSE reason for a new connection from the address of a live flow to another pod."""
 
 # -- QUIC / UDP: sockets and batched I/O (GRO reads, GSO sends) ---------------
 QUIC_SOCKET_BUFFER_BYTES: Final = 4 * 1024 * 1024

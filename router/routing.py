@@ -42,8 +42,6 @@ class Refusal(StrEnum):
     """The pod was chosen but could not be reached (TCP connect, UDP socket)."""
     MALFORMED = "malformed"
     """The first bytes are neither a ClientHello nor an h2c request the router can read."""
-    ADDRESS_IN_USE = "address_in_use"
-    """(QUIC) a new connection from the address of a live flow to another pod."""
     CLIENT_LIMIT = "client_limit"
     """The client (its IP, after PROXY protocol; IPv6 per /64) is at its per-client limit."""
 
@@ -84,9 +82,6 @@ REFUSAL_ANSWERS: Final[Mapping[Refusal, RefusalAnswer]] = MappingProxyType({
         WebTransportOutcome.UPSTREAM_CONNECT_ERROR,
     ),
     Refusal.MALFORMED: RefusalAnswer(GrpcOutcome.PROTOCOL_ERROR, None, None, TlsAlert.DECODE_ERROR, None),
-    Refusal.ADDRESS_IN_USE: RefusalAnswer(
-        None, QuicOutcome.TARGET_UNAVAILABLE, None, None, c.REASON_ADDRESS_IN_USE,
-    ),
     Refusal.CLIENT_LIMIT: RefusalAnswer(  # TLS has no "try later" alert: internal_error, as for a busy pod
         GrpcOutcome.CLIENT_LIMIT, QuicOutcome.CLIENT_LIMIT,
         GrpcStatus.UNAVAILABLE, TlsAlert.INTERNAL_ERROR, c.REASON_TOO_MANY_CONNECTIONS,

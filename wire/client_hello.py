@@ -1,8 +1,9 @@
 """Bounded TLS ClientHello walker, shared by TLS-over-TCP and QUIC Initial peeking.
 
 Sans-IO: one complete handshake message in, a small frozen fact out. The router only
-needs the SNI host_name (to pick a pod) and ALPN (for logs), but it walks every field so
-that a malformed hello is refused rather than half-trusted. Untrusted input can only
+needs the SNI host_name (to pick a pod), ALPN (for logs) and, in a QUIC client's hello, the
+transport parameter ``max_idle_timeout`` (when a silent flow's connection must have ended),
+but it walks every field so that a malformed hello is refused rather than half-trusted. Untrusted input can only
 raise :class:`ClientHelloError`; every read goes through a bounds-checked reader.
 """
 
@@ -28,6 +29,15 @@ class HandshakeType(IntEnum):
 class ExtensionType(IntEnum):
     SERVER_NAME = 0
     ALPN = 16
+    QUIC_TRANSPORT_PARAMETERS = 57
+    """RFC 9001 section 8.2: the QUIC transport parameters, a list of (varint id, varint length, value)."""
+
+
+class TransportParameter(IntEnum):
+    """QUIC transport parameter IDs read here (RFC 9000 section 18.2)."""
+
+    MAX_IDLE_TIMEOUT = 0x01
+    """A varint of milliseconds; 0 (or absent) means no idle timeout."""
 
 
 class NameType(IntEnum):
@@ -46,6 +56,8 @@ class ClientHelloInfo(NamedTuple):
     """host_name from server_name (ASCII, undecodable bytes replaced); None if absent."""
     alpn: tuple[str, ...]
     """ALPN protocol names in client order; () if the extension is absent."""
+    max_idle_timeout_ms: int = 0
+    """The QUIC client's ``max_idle_timeout`` transport parameter (ms); 0 if absent or 0 (none)."""
 
 
 class _Reader:
@@ -88,6 +100,14 @@ class _Reader:
             raise ClientHelloError(f"truncated {what}")
         self._pos = start + n
         return _Reader(data, start, start + n)
+
+    def varint(self, what: str) -> int:
+        """A QUIC variable-length integer (RFC 9000 section 16): 1, 2, 4 or 8 bytes by its top bits."""
+        pos = self._pos
+        if pos >= self._end:
+            raise ClientHelloError(f"truncated {what}")
+        n = 1 << (self._data[pos] >> 6)
+        return self.uint(n, what) & ((1 << (8 * n - 2)) - 1)
 
     def take_rest(self) -> bytes:
         return self.take(self.remaining, "rest")
@@ -138,6 +158,7 @@ def parse_client_hello(handshake: bytes) -> ClientHelloInfo:
         raise ClientHelloError("empty legacy_compression_methods")
     server_name: str | None = None
     alpn: tuple[str, ...] = ()
+    max_idle_timeout_ms = 0
     if r.remaining:  # extensions are optional in a TLS 1.2 hello
         extensions = r.vector(2, "extensions")
         r.expect_end("extensions")
@@ -145,6 +166,7 @@ def parse_client_hello(handshake: bytes) -> ClientHelloInfo:
         data, pos, end = extensions._data, extensions._pos, extensions._end
         # Plain ints, looked up once: an enum member lookup per extension cost ~15% of the walk.
         sni_type, alpn_type = int(ExtensionType.SERVER_NAME), int(ExtensionType.ALPN)
+        parameters_type = int(ExtensionType.QUIC_TRANSPORT_PARAMETERS)
         seen: set[int] = set()
         while pos < end:
             if end - pos < 4:
@@ -161,7 +183,9 @@ def parse_client_hello(handshake: bytes) -> ClientHelloInfo:
                 server_name = _parse_server_name(_Reader(data, start, pos))
             elif ext_type == alpn_type:
                 alpn = _parse_alpn(_Reader(data, start, pos))
-    return ClientHelloInfo(server_name=server_name, alpn=alpn)
+            elif ext_type == parameters_type:
+                max_idle_timeout_ms = _parse_max_idle_timeout(_Reader(data, start, pos))
+    return ClientHelloInfo(server_name, alpn, max_idle_timeout_ms)
 
 
 def _parse_server_name(body: _Reader) -> str | None:
@@ -195,3 +219,20 @@ def _parse_alpn(body: _Reader) -> tuple[str, ...]:
     if not out:
         raise ClientHelloError("empty ALPN protocol list")
     return tuple(out)
+
+
+def _parse_max_idle_timeout(body: _Reader) -> int:
+    """RFC 9000 section 18: every transport parameter's id and length well-formed; ``max_idle_timeout``
+    at most once, one varint filling its value. Other parameters are skipped, unread."""
+    idle: int | None = None
+    while body.remaining:
+        parameter = body.varint("transport parameter id")
+        length = body.varint("transport parameter length")
+        value = _Reader(body.take(length, "transport parameter value"))
+        if parameter != TransportParameter.MAX_IDLE_TIMEOUT:
+            continue
+        if idle is not None:
+            raise ClientHelloError("duplicate max_idle_timeout transport parameter")
+        idle = value.varint("max_idle_timeout")
+        value.expect_end("max_idle_timeout")
+    return idle or 0

@@ -10,7 +10,7 @@
  * What it must never do: block (every socket call is MSG_DONTWAIT, epoll_wait does not wait), keep
  * a borrowed reference past a call that may run Python code (a call that does is made while the
  * splice is busy, so nothing re-entered can free what it walks), send one client address's
- * datagrams to another flow's pod, or trust a caller's fds, sizes or addresses: every entry point
+ * datagrams to a pod its connection IDs do not name, or trust a caller's fds, sizes or addresses: every entry point
  * checks its own arguments (a pod fd must be an open UDP socket, a size must fit the arrays it sizes).
  *
  * Optional: built at install when a C compiler is there; without it the router runs the same
@@ -26,7 +26,12 @@
  *     otherwise one sendmmsg per flow per batch); any other datagram (a new address, another
  *     long header, an empty one) is returned as (bytes, address) for the Python edge, and so are
  *     the later datagrams of that flow in the same call, so a flow's datagrams never overtake
- *     each other.
+ *     each other. Several flows may share a client address (one client socket, several QUIC
+ *     connections: router/udp/flow_table.py): an address with one flow costs one lookup, as
+ *     ever; once two flows have met at an address (attach, rekey) they are shared, and each of
+ *     their datagrams goes to the flow whose last learned pod CID it carries as its DCID (a
+ *     short list, walked only then); one that names none goes to Python, with the rest of that
+ *     address's datagrams of the call.
  *   pod -> client: an epoll set holds the attached pod sockets; each readable one is read with
  *     recvmmsg and its datagrams leave the public socket to the flow's client address in one
  *     sendmmsg across flows. A pod socket with UDP_GRO on may hand over a pod's GSO batch (or
@@ -37,8 +42,8 @@
  *
  * A pod socket error (ECONNREFUSED after an ICMP) is queued as (flow, errno) for Python to end
  * the flow. A full socket buffer drops, as UDP drops. The flows' byte counts and activity times
- * are written to the Python flow objects once per call (client_bytes, client_seen_at,
- * last_active; pod_bytes, last_active).
+ * are written to the Python flow objects once per call (client_bytes, last_active; pod_bytes,
+ * last_active).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -84,7 +89,7 @@ typedef struct {
     socklen_t name_len;
 } Datagram;
 
-typedef struct {
+typedef struct Slot {
     PyObject *flow;             /* the Python flow (strong reference) */
     PyObject *key;              /* its client address key in by_key */
     struct sockaddr_in6 client; /* where pod datagrams go (sockaddr_in fits too) */
@@ -99,6 +104,8 @@ typedef struct {
     int scid_len;                      /* -1: none yet */
     int no_gso;                        /* the kernel refused a GSO send to this pod (a segment over the
                                           route's MTU): its runs go datagram by datagram from then on */
+    struct Slot *next_here;            /* the next flow at its client address (by_key names the first) */
+    int shared;                        /* it has met another flow at an address: chosen by DCID from then on */
 } Slot;
 
 typedef struct {
@@ -114,7 +121,7 @@ typedef struct {
     Slot **by_fd;
     Py_ssize_t by_fd_len;
     Py_ssize_t flows;
-    PyObject *by_key;   /* client address key -> pod fd */
+    PyObject *by_key;   /* client address key -> pod fd of the address's first flow */
     PyObject *failures; /* list of (flow, errno) */
     Slot **touched;     /* the flows this call counted: each once, so never more than are attached */
     Py_ssize_t touched_len, touched_cap;
@@ -129,10 +136,9 @@ typedef struct {
 
 /* The attributes of Python objects this file reads or writes by name (owner, name): the one list of
  * them, exported as ATTRIBUTES, interned at import into `attribute`. */
-enum { LAST_ACTIVE, CLIENT_SEEN_AT, CLIENT_BYTES, POD_BYTES, ATTRIBUTE_COUNT };
+enum { LAST_ACTIVE, CLIENT_BYTES, POD_BYTES, ATTRIBUTE_COUNT };
 static const char *const attribute_table[ATTRIBUTE_COUNT][2] = {
     [LAST_ACTIVE] = { "router.udp.flow_table.Flow", "last_active" },
-    [CLIENT_SEEN_AT] = { "router.udp.flow_table.Flow", "client_seen_at" },
     [CLIENT_BYTES] = { "router.udp.flow_table.Flow", "client_bytes" },
     [POD_BYTES] = { "router.udp.flow_table.Flow", "pod_bytes" },
 };
@@ -282,8 +288,7 @@ write_counts(Splicer *self, double now, int client_side)
             continue;
         rc = PyObject_SetAttr(slot->flow, attribute[LAST_ACTIVE], when);
         if (rc == 0 && client_side) {
-            rc = PyObject_SetAttr(slot->flow, attribute[CLIENT_SEEN_AT], when);
-            if (rc == 0 && slot->client_bytes)
+            if (slot->client_bytes)
                 rc = add_to_attribute(slot->flow, attribute[CLIENT_BYTES], slot->client_bytes);
             slot->client_bytes = 0;
         } else if (rc == 0) {
@@ -684,6 +689,90 @@ grow_for(Splicer *self, int fd)
     return 0;
 }
 
+/* -- several flows on one client address ------------------------------------------------------ */
+
+/* The first flow at the client address `key`, or NULL (an error set only if the lookup failed). */
+static Slot *
+first_at(Splicer *self, PyObject *key)
+{
+    PyObject *fd = PyDict_GetItemWithError(self->by_key, key); /* borrowed */
+    return fd ? slot_for_fd(self, (int)PyLong_AsLong(fd)) : NULL;
+}
+
+/* Put `slot` at its client address (slot->key): alone, by_key naming it; or after the flows there,
+ * all of them shared from then on. 0, or -1 with an error set (and `slot` nowhere). */
+static int
+place(Splicer *self, Slot *slot)
+{
+    slot->next_here = NULL;
+    Slot *last = first_at(self, slot->key);
+    if (!last) {
+        if (PyErr_Occurred())
+            return -1;
+        PyObject *fd = PyLong_FromLong(slot->fd);
+        int rc = fd ? PyDict_SetItem(self->by_key, slot->key, fd) : -1;
+        Py_XDECREF(fd);
+        return rc;
+    }
+    slot->shared = last->shared = 1;
+    while (last->next_here) {
+        last = last->next_here;
+        last->shared = 1;
+    }
+    last->next_here = slot;
+    return 0;
+}
+
+/* Take `slot` from its client address; the next flow there, if any, becomes the first. Never
+ * fails: without memory for the next one's entry the address is dropped from by_key, and its
+ * flows' datagrams go to Python (which still knows them) instead of to a wrong pod. */
+static void
+unplace(Splicer *self, Slot *slot)
+{
+    Slot *first = first_at(self, slot->key);
+    PyErr_Clear();
+    if (first == slot) {
+        PyObject *fd = slot->next_here ? PyLong_FromLong(slot->next_here->fd) : NULL;
+        if (!fd || PyDict_SetItem(self->by_key, slot->key, fd) < 0) {
+            PyErr_Clear();
+            if (PyDict_DelItem(self->by_key, slot->key) < 0)
+                PyErr_Clear();
+        }
+        Py_XDECREF(fd);
+    } else {
+        for (Slot *s = first; s; s = s->next_here) {
+            if (s->next_here == slot) {
+                s->next_here = slot->next_here;
+                break;
+            }
+        }
+    }
+    slot->next_here = NULL;
+}
+
+static int to_learned_cid(Slot *slot, const unsigned char *data, unsigned int length);
+
+/* The flow at a shared address (`first` and the flows after it) whose last learned pod CID a
+ * client datagram carries as its DCID: where a short header's DCID starts (byte 1, its length
+ * the CID's), or a long header's (byte 6, its length at byte 5); NULL when it names none. */
+static Slot *
+named_here(Slot *first, const unsigned char *data, unsigned int length)
+{
+    if (length == 0)
+        return NULL;
+    for (Slot *s = first; s; s = s->next_here) {
+        if (s->scid_len <= 0)
+            continue;
+        if (data[0] & 0x80) {
+            if (to_learned_cid(s, data, length))
+                return s;
+        } else if (length >= 1 + (unsigned int)s->scid_len && memcmp(data + 1, s->scid, (size_t)s->scid_len) == 0) {
+            return s;
+        }
+    }
+    return NULL;
+}
+
 static PyObject *
 Splicer_attach(Splicer *self, PyObject *args)
 {
@@ -699,14 +788,9 @@ Splicer_attach(Splicer *self, PyObject *args)
     socklen_t client_len;
     if (parse_address(self, address, &client, &client_len) < 0)
         return NULL;
-    PyObject *key = key_of((struct sockaddr *)&client);
-    int taken = key ? PyDict_Contains(self->by_key, key) : -1;
-    if (taken != 0) {
-        if (taken > 0)
-            PyErr_Format(PyExc_ValueError, "client address %R is attached already", address);
-        Py_XDECREF(key);
+    PyObject *key = key_of((struct sockaddr *)&client); /* its address may have flows: it joins them */
+    if (!key)
         return NULL;
-    }
     int type = 0;
     socklen_t type_len = sizeof type;
     int status = getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &type_len); /* also: no fd too big to index */
@@ -722,32 +806,28 @@ Splicer_attach(Splicer *self, PyObject *args)
         Py_DECREF(key);
         return PyErr_NoMemory();
     }
-    PyObject *fd_object = PyLong_FromLong(fd);
-    Slot *slot = fd_object ? PyMem_Calloc(1, sizeof(Slot)) : NULL;
+    Slot *slot = PyMem_Calloc(1, sizeof(Slot));
     struct epoll_event event = { .events = EPOLLIN, .data.fd = fd };
     if (!slot || epoll_ctl(self->epoll_fd, EPOLL_CTL_ADD, fd, &event) < 0) {
-        if (slot && !PyErr_Occurred())
+        if (slot)
             PyErr_SetFromErrno(PyExc_OSError);
-        else if (!PyErr_Occurred())
+        else
             PyErr_NoMemory();
         PyMem_Free(slot);
-        Py_XDECREF(fd_object);
         Py_DECREF(key);
         return NULL;
     }
-    if (PyDict_SetItem(self->by_key, key, fd_object) < 0) {
+    slot->fd = fd;
+    slot->key = key;
+    if (place(self, slot) < 0) {
         epoll_ctl(self->epoll_fd, EPOLL_CTL_DEL, fd, NULL);
         PyMem_Free(slot);
-        Py_DECREF(fd_object);
         Py_DECREF(key);
         return NULL;
     }
-    Py_DECREF(fd_object);
-    slot->fd = fd;
     slot->scid_len = -1;
     slot->client = client;
     slot->client_len = client_len;
-    slot->key = key;
     slot->flow = Py_NewRef(flow);
     self->by_fd[fd] = slot;
     self->flows++;
@@ -762,8 +842,7 @@ Splicer_detach(Splicer *self, PyObject *arg)
         return NULL;
     Slot *slot = fd >= 0 && fd <= INT_MAX ? slot_for_fd(self, (int)fd) : NULL; /* no fd is truncated into another */
     if (slot) {
-        if (PyDict_DelItem(self->by_key, slot->key) < 0)
-            PyErr_Clear();
+        unplace(self, slot);
         free_slot(self, slot);
     }
     Py_RETURN_NONE;
@@ -790,21 +869,20 @@ Splicer_rekey(Splicer *self, PyObject *args)
         return NULL;
     int same = PyObject_RichCompareBool(key, slot->key, Py_EQ); /* bytes: no Python code runs */
     if (same == 0) {
-        /* another flow's address stays that flow's: moving onto it would send its client's datagrams
-         * here (router/udp/flow_table.py's migrate refuses it first) */
-        int taken = PyDict_Contains(self->by_key, key);
-        PyObject *fd_object = taken == 0 ? PyLong_FromLong(fd) : NULL;
-        if (!fd_object || PyDict_SetItem(self->by_key, key, fd_object) < 0) {
-            if (taken > 0)
-                PyErr_Format(PyExc_ValueError, "client address %R is attached already", address);
-            Py_XDECREF(fd_object);
+        /* a new address, or another flow's: then it joins the flows there, told apart by DCID, as
+         * router/udp/flow_table.py's migrate does (one endpoint's connections follow it there) */
+        PyObject *old_key = slot->key;
+        unplace(self, slot);
+        slot->key = key;
+        if (place(self, slot) < 0) { /* out of memory: back where it was */
+            slot->key = old_key;
+            if (place(self, slot) < 0)
+                PyErr_Clear();
+            PyErr_NoMemory();
             Py_DECREF(key);
             return NULL;
         }
-        Py_DECREF(fd_object);
-        if (PyDict_DelItem(self->by_key, slot->key) < 0)
-            PyErr_Clear();
-        Py_SETREF(slot->key, key);
+        Py_DECREF(old_key);
     } else {
         Py_DECREF(key); /* its own address (or a failed compare): the entry stays */
         if (same < 0)
@@ -887,15 +965,15 @@ client_pieces(Splicer *self, PyObject *slow, Piece *pieces, int n)
             looked_up = pieces[i].name;
             found = slot_for_address(self, (const struct sockaddr *)looked_up);
         }
-        Slot *slot = found;
+        Slot *slot = found && found->shared ? named_here(found, data, length) : found;
         if (slot && length > 0 && slot->slow_call != self->call &&
             (!(data[0] & 0x80) || to_learned_cid(slot, data, length))) {
             slots[i] = slot;
             continue;
         }
         slots[i] = NULL;
-        if (slot)
-            slot->slow_call = self->call; /* the rest of this flow's datagrams follow it */
+        for (Slot *s = found && found->shared ? found : slot; s; s = s->shared ? s->next_here : NULL)
+            s->slow_call = self->call; /* the rest of this flow's (a shared address's) datagrams follow it */
         PyObject *address = tuple_of((const struct sockaddr *)pieces[i].name);
         PyObject *item = address ? Py_BuildValue("(y#N)", (const char *)data, (Py_ssize_t)length, address) : NULL;
         if (!item || PyList_Append(slow, item) < 0) {

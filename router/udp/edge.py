@@ -13,12 +13,13 @@ flow in one send (``pod_link``), pod replies read back to back leave in one send
 (socket closed, access line, client slot, outcome, the sweep's expiries) is ``flow_endings``,
 the router's base class.
 
-Refusals (missing/unknown SNI, pod not ready, draining) are answered with an Initial
-CONNECTION_CLOSE so the worker fails fast, and an unknown version with a Version Negotiation,
-under the rules of ``refusals``. A new connection from the address of an established flow is
-sniffed as a contender beside it; ``UdpFlowTable.contend`` decides whether it shares the flow,
-takes the address over, or is refused (``Refusal.ADDRESS_IN_USE``). A client IP holding
-``--max-quic-flows-per-client`` pending and routed flows is refused (``Refusal.CLIENT_LIMIT``).
+Which flow a client datagram belongs to is ``demux`` (a base class): several connections may
+share one client address, told apart by their connection IDs as QUIC does. Refusals
+(missing/unknown SNI, pod not ready, draining) are answered with an Initial CONNECTION_CLOSE so
+the worker fails fast, and an unknown version with a Version Negotiation, under the rules of
+``refusals``. A client IP holding ``--max-quic-flows-per-client`` pending and routed flows is
+refused (``Refusal.CLIENT_LIMIT``). A flow silent longer than its connection's own idle timeout
+(from the client's ``max_idle_timeout``) is ended by the sweep (``flow_endings``).
 """
 
 from __future__ import annotations
@@ -26,30 +27,28 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from discovery.targets import Target, TargetSnapshot
 from quic.initial_sniffer import InitialSniffer
-from quic.packet import LongHeader, QuicPacketError
 from router.access_log import AccessLog
 from router.client_limits import ClientSlots
 from router.hostname import HostnameTemplate
 from router.metrics import ProtocolSeries, RouterMetrics
-from router.outcomes import ProtocolLabel, QuicDropReason, QuicOutcome, Termination
+from router.outcomes import ProtocolLabel, QuicOutcome, Termination
 from router.routing import Refusal, Refused, route
 from router.udp import native
+from router.udp.demux import ClientDemux
 from router.udp.flow_access import FlowAccess
-from router.udp.flow_endings import FlowEndings, Link
-from router.udp.flow_table import Address, Contention, Flow, PendingFlow, UdpFlowTable
+from router.udp.flow_endings import Link
+from router.udp.flow_table import Address, Flow, PendingFlow, UdpFlowTable
 from router.udp.listener import SocketOut, open_listener, open_socket
 from router.udp.pod_link import Outboxes, PodLink, connect_udp
 from router.udp.pod_to_client import ClientReplies
 from router.udp.refusals import QuicRefusals, peer
 from router.udp.settings import UdpRouterSettings
-from router.udp.verdicts import Verdict, classify_on_flow, classify_unrouted
 from wire.client_hello import ClientHelloInfo
 
 if TYPE_CHECKING:
@@ -60,7 +59,7 @@ log = logging.getLogger("router.udp_router")  # pinned: operators filter logs by
 PROTOCOL = ProtocolLabel.QUIC
 
 
-class UdpRouter(FlowEndings):
+class UdpRouter(ClientDemux):
     """Routes QUIC flows by ClientHello SNI to the named pod and splices their datagrams."""
 
     def __init__(
@@ -123,7 +122,7 @@ class UdpRouter(FlowEndings):
             loop.add_reader(splicer.epoll_fd, splicer.pump_pods, loop.time, self._learn_pod_cid, self._splice_failed)
             sockname = sock.getsockname()
         s = self.settings  # ending flows in time: ``flow_endings``
-        interval = min(s.sweep_interval_s, s.limits.idle_timeout_s / 4, s.limits.pending_flow_timeout_s / 4)
+        interval = min(s.sweep_interval_s, s.limits.shortest_flow_idle_s / 4, s.limits.pending_flow_timeout_s / 4)
         self._sweeper = loop.create_task(self._sweep_forever(interval), name="quic-flow-sweeper")
         return str(sockname[0]), int(sockname[1])
 
@@ -175,39 +174,8 @@ class UdpRouter(FlowEndings):
     def pending_flows(self) -> int:
         return self._table.pending_count
 
-    # -- the per-datagram paths -----------------------------------------------------------
     def _now(self) -> float:
         return self._clock()
-
-    def _from_client(self, data: bytes, addr: Address) -> None:
-        flow = self._table.flow(addr)
-        now = self._clock()
-        if flow is None:
-            self._from_new_address(data, addr, now)
-        elif data and data[0] & 0x80:  # a long header may start another connection from this address
-            self._from_flow_address(flow, data, addr, now)
-        else:
-            self._to_pod(flow, data, now)
-
-    def _handed_back(self, data: bytes, addr: Address) -> None:
-        """A datagram the C splice did not send: ``_from_client`` looked up per call (the flood audit wraps it)."""
-        self._from_client(data, addr)
-
-    def _splice_failed(self, flow: Flow[Link], error: int) -> None:
-        """The C splice met an error on the flow's pod socket (ECONNREFUSED: the pod is gone)."""
-        self._flow_failed(flow, OSError(error, os.strerror(error)))
-
-    def _to_pod(self, flow: Flow[Link], data: bytes, now: float) -> None:
-        """Into the flow's outbox, sent with every outbox touched in this loop iteration."""
-        flow.last_active = flow.client_seen_at = now
-        flow.client_bytes += len(data)
-        link = flow.handle
-        if link.sock is not None:
-            self._outboxes.add(link, data)
-
-    def _call_soon(self, callback: Callable[[], None]) -> None:
-        assert self._loop is not None
-        self._loop.call_soon(callback)
 
     def _learn_from_pod(self, flow: Flow[Link], datagram: bytes) -> None:
         """A pod's long header read by the pure-Python path (the C splice hands SCIDs to ``_learn_pod_cid``)."""
@@ -217,96 +185,6 @@ class UdpRouter(FlowEndings):
         """A new SCID the C splice read from the pod's long header (no datagram copy, no parse)."""
         self._table.learn_pod_cid(flow, scid, self.settings.cid_length)
 
-    def _from_new_address(self, data: bytes, addr: Address, now: float) -> None:
-        pending = self._table.pending(addr)
-        if pending is not None:
-            self._feed(pending, data, now)
-            return
-        unrouted = classify_unrouted(
-            self._table, data, addr, now, self.settings.cid_length, self.settings.extensions.initials
-        )
-        verdict, header = unrouted.verdict, unrouted.header
-        if verdict is Verdict.JOIN and unrouted.flow is not None:
-            self._join(unrouted.flow, data, addr, now)
-        elif verdict is Verdict.REANSWER and unrouted.rejection is not None:
-            self._refusals.reanswer(unrouted.rejection, len(data), addr, now)
-        elif verdict is Verdict.NEGOTIATE and header is not None:
-            self._drop(QuicDropReason.NOT_INITIAL)
-            self._refusals.negotiate_version(header.dcid, header.scid, len(data), addr, now)
-        elif verdict is Verdict.OPEN and header is not None:
-            self._open(header, data, addr, now)
-        else:
-            self._drop(unrouted.drop_reason or QuicDropReason.MALFORMED)
-
-    def _from_flow_address(self, flow: Flow[Link], data: bytes, addr: Address, now: float) -> None:
-        """A long header from a flow's address: the flow's, or another connection's Initial."""
-        unrouted = classify_on_flow(self._table, flow, data, now, self.settings.extensions.initials)
-        verdict, header = unrouted.verdict, unrouted.header
-        if verdict is Verdict.FORWARD:
-            self._to_pod(flow, data, now)
-        elif verdict is Verdict.CONTEND and (contender := self._table.pending(addr)) is not None:
-            self._feed(contender, data, now)
-        elif verdict is Verdict.REANSWER and unrouted.rejection is not None:
-            self._refusals.reanswer(unrouted.rejection, len(data), addr, now)
-        elif verdict is Verdict.OPEN and header is not None:
-            self._open(header, data, addr, now, contending=True)
-        else:
-            self._drop(unrouted.drop_reason or QuicDropReason.MALFORMED)
-
-    def _join(self, flow: Flow[Link], data: bytes, addr: Address, now: float) -> None:
-        """A known pod CID from a new address: NAT rebinding or migration; follow the client."""
-        old = flow.address
-        if not self._table.migrate(flow, addr):
-            self._drop(QuicDropReason.NOT_INITIAL)
-            return
-        log.debug("quic flow to %s moved from %s to %s", flow.pod_name, peer(old), peer(addr))
-        flow.handle.moved(addr)
-        self._to_pod(flow, data, now)
-
-    def _open(self, header: LongHeader, data: bytes, addr: Address, now: float, contending: bool = False) -> None:
-        refusal = None if self._accepting else Refusal.TARGET_UNAVAILABLE
-        if refusal is None and not self._slots.take(header, addr[0]):  # before it costs a pending flow
-            refusal = Refusal.CLIENT_LIMIT
-        if refusal is not None:
-            answered = self._refusals.refuse(addr, header.version, header.dcid, header.scid, len(data), now, None,
-                                             refusal)
-            return self._access.refused_unopened(addr, len(data), answered, refusal, now)
-        evicted = self._table.make_room()
-        if evicted is not None:
-            self._evict(evicted)
-        sniffer = InitialSniffer(self.settings.max_crypto_bytes, native=self.settings.extensions.initials)
-        opened = self._table.open_pending(addr, sniffer, now, dcid=header.dcid, contending=contending)
-        if isinstance(opened, QuicDropReason):
-            self._slots.release(header)
-            self._drop(opened)
-            return
-        self._slots.move(header, opened)
-        self._access.open(opened, now)
-        self._feed(opened, data, now, header)
-
-    def _feed(
-        self, pending: PendingFlow[InitialSniffer], data: bytes, now: float, header: LongHeader | None = None
-    ) -> None:
-        """One more datagram of a pending flow (``header``: its first, if parsed): buffer, find the hello."""
-        if not self._table.can_buffer(pending, len(data)):
-            self._drop(QuicDropReason.PENDING_FULL)
-            if not pending.datagrams:  # opened by this very datagram: hold no slot for nothing
-                self._discard(pending, Termination.REJECTED)
-            return
-        if pending.decided:
-            self._table.buffer(pending, data)
-            return
-        try:
-            info = pending.sniffer.feed(data, header)
-        except QuicPacketError as exc:
-            log.debug("quic Initial from %s unusable: %s", peer(pending.address), exc)
-            self._drop(QuicDropReason.MALFORMED, 1 + len(pending.datagrams))
-            self._discard(pending, Termination.REJECTED)
-            return
-        self._table.buffer(pending, data)
-        if info is not None:
-            self._route(pending, info, now)
-
     # -- decisions ------------------------------------------------------------------------
     def _route(self, pending: PendingFlow[InitialSniffer], info: ClientHelloInfo, now: float) -> None:
         self._series.decision.observe(now - pending.created_at)
@@ -314,20 +192,6 @@ class UdpRouter(FlowEndings):
         # QUIC carries no request path, so no round-robin either.
         decision = route(hostname, None, self._snapshot(), self._template, None, port_of=_quic_port)
         self._access.decided(pending, hostname, decision, now)
-        old = self._table.flow(pending.address)
-        if old is not None:  # a contender: a new connection from an established flow's address
-            named = decision.pod_name if isinstance(decision, Target) else None
-            contention = self._table.contend(old, named, now)
-            if contention is Contention.SHARE:
-                self._share(pending, old, now)
-                return
-            if contention is Contention.REFUSE:
-                self._refuse_pending(pending, hostname, Refusal.ADDRESS_IN_USE, now)
-                return
-            log.debug("quic flow %s -> %s retired: a new connection took its address",
-                      peer(old.address), old.pod_name)
-            if self._table.remove(old):
-                self._finish(old, QuicOutcome.COMPLETED, Termination.FLOW_TAKEOVER)
         if isinstance(decision, Refused):
             self._refuse_pending(pending, hostname, decision.refusal, now)
             return
@@ -335,19 +199,11 @@ class UdpRouter(FlowEndings):
         # Now, inside this wake-up: the datagrams that came with the ClientHello are buffered, and
         # the rest of this batch finds the flow established (a deferred dial cost a callback, an
         # idle handle and one more epoll_pwait per flow).
-        self._dial(pending, decision, hostname)
+        self._dial(pending, decision, hostname, self._table.limits.flow_idle_timeout_s(info.max_idle_timeout_ms))
 
-    def _share(self, pending: PendingFlow[InitialSniffer], flow: Flow[Link], now: float) -> None:
-        """A contender naming the flow's own pod: its datagrams go through the flow's socket."""
-        self._table.share(pending, flow)
-        self._access.shared(pending)
-        self._slots.release(pending)  # the flow holds its client's slot already
-        self._metrics.quic_outcome(QuicOutcome.ACCEPTED)
-        for datagram in pending.datagrams:
-            self._to_pod(flow, datagram, now)
-        pending.datagrams.clear()
-
-    def _dial(self, pending: PendingFlow[InitialSniffer], target: Target, hostname: str | None) -> None:
+    def _dial(
+        self, pending: PendingFlow[InitialSniffer], target: Target, hostname: str | None, idle_timeout_s: float
+    ) -> None:
         """Open the flow's socket to the pod, then flush the buffered datagrams in order."""
         assert self._loop is not None
         started = self._clock()
@@ -361,7 +217,7 @@ class UdpRouter(FlowEndings):
         now = self._clock()
         self._series.dial.observe(now - started)
         link: Link = PodLink(self._loop, sock, self._flow_failed, self._splicer)
-        flow = self._table.establish(pending, target.pod_name, link, now)
+        flow = self._table.establish(pending, target.pod_name, link, now, idle_timeout_s)
         self._slots.move(pending, flow)
         link.flow = flow
         self._access.established(pending, flow, target.quic_endpoint)

@@ -2,9 +2,9 @@
 
 A record is opened when a new client address sends its first Initial and travels with the
 pending flow, then with the established flow (the table keeps it opaque). The edge ends it
-with the flow's outcome and termination: an idle expiry (``idle_timeout``, ``completed``), a
-takeover, a drain cut, a pod socket error, a refusal, or a pending flow that never completed
-its ClientHello. Byte counts are what the client's datagrams carried (the buffered ones of a
+with the flow's outcome and termination: an idle expiry (``quic_idle_timeout`` or
+``idle_timeout``, ``completed``), a drain cut, a pod socket error, a refusal, or a pending flow
+that never completed its ClientHello. Byte counts are what the client's datagrams carried (the buffered ones of a
 pending flow, then the flow's) and what the pod's replies (or a refusal) carried back.
 """
 
@@ -47,13 +47,6 @@ class FlowAccess:
             return
         flow.access, record.pod, record.pod_address = record, flow.pod_name, pod_address
         record.probe = lambda: (flow.client_bytes, flow.pod_bytes, flow.last_active)
-
-    def shared(self, pending: PendingFlow[Any]) -> None:
-        """A contender joined an established flow to the same pod: no flow of its own, no line."""
-        record: AccessRecord | None = pending.access
-        if record is not None and not record.ended:
-            record.ended = True
-            self.log.live.discard(record)
 
     def end_pending(
         self, pending: PendingFlow[Any], outcome: Outcome, termination: Termination, now: float, answered: int = 0,

@@ -1,7 +1,8 @@
 """How QUIC flows and attempts end: one place that closes, accounts for and forgets them.
 
-Every end goes through here, whatever caused it: a pod socket error, a takeover, a refusal, a
-full pending table (eviction), an expiry in the sweep, a drain or close. Each closes the flow's
+Every end goes through here, whatever caused it: a pod socket error, a refusal, a full pending
+table (eviction), an expiry in the sweep (a connection's own idle timeout, or the relay's), a
+drain or close. Each closes the flow's
 socket, ends its access record (``flow_access``), frees its client's slot, counts its outcome
 and wakes ``drain`` once nothing is left. The relayed-byte counters are flushed here too, from
 the sweep. ``FlowEndings`` is a base class of ``edge.UdpRouter`` rather than an object beside
@@ -65,14 +66,16 @@ class FlowEndings:
             self.sweep(self._clock())
 
     def sweep(self, now: float) -> None:
-        """Expire pending and idle flows, flush byte counters (the sweeper calls this)."""
+        """Expire pending and silent flows, flush byte counters (the sweeper calls this)."""
         expired = self._table.expire(now)
         for pending in expired.pending:
             self._drop(QuicDropReason.PENDING_TIMEOUT, max(1, len(pending.datagrams)))
             self._slots.release(pending)
             self._access.end_pending(pending, None, Termination.PEEK_TIMEOUT, now)
-        for flow in expired.flows:
-            self._finish(flow, QuicOutcome.COMPLETED, Termination.IDLE_TIMEOUT)
+        relay_idle_s = self._table.limits.idle_timeout_s
+        for flow in expired.flows:  # the client's own idle timeout ended it, or the relay's bound
+            ending = Termination.QUIC_IDLE_TIMEOUT if flow.idle_timeout_s < relay_idle_s else Termination.IDLE_TIMEOUT
+            self._finish(flow, QuicOutcome.COMPLETED, ending)
         self._note_if_empty()
         self._flush_byte_counters()
 

@@ -1,74 +1,47 @@
 """The QUIC router's flow table: who is pending, who is spliced to which pod, and for how long.
 
-Sans-IO on purpose: no sockets, no clock. Every method that depends on time takes ``now``
-(seconds, any monotonic origin), so bounds and expiry are tested on plain values. The
-asyncio edge (``edge``) owns the sockets and keeps an opaque ``handle`` per
-flow (its pod-side transport) and an opaque ``sniffer`` per pending flow.
+Sans-IO: no sockets, no clock; time is ``now`` (seconds, any monotonic origin). The edge owns
+the sockets and keeps an opaque ``handle`` per flow and ``sniffer`` per pending flow.
 
-A flow is keyed by the client address. NAT rebinding and connection migration change that
-address mid-connection, so the table also indexes the pod's connection IDs, learned from
-the Source Connection ID of the pod's long-header packets: a datagram from an unknown
-address whose Destination Connection ID is a learned one belongs to that flow. CIDs the
-pod issues later in (encrypted) NEW_CONNECTION_ID frames cannot be seen by an L4 router,
-so a client that migrates *and* switches to such a CID at the same time is not followed.
-
-A new connection from the address of an established flow (a NAT reusing a port whose mapping
-expired, a client reusing its socket) is told apart by its Initial: a DCID that is neither one
-of the flow's client DCIDs nor a learned pod CID. It is sniffed as a *contender* (a pending
-flow at the same address, bounded like any pending flow) and, once its ClientHello is read,
-``contend`` decides: same pod, it shares the flow; another pod (or refused), it takes the
-address over only if the old flow's client has been quiet for ``takeover_quiet_s``, so a live
-connection's ACKs and keepalives keep it safe from a spoofed Initial.
+A flow is one client connection spliced to one pod, found as QUIC finds a connection: one client
+socket (a quinn ``Endpoint``) may hold several, each to its own pod. An address's first flow takes
+its every datagram while alone there (one dict lookup); once two flows have met at an address they
+are *shared*, told apart by connection ID wherever they go (``demux``). The pod's connection IDs,
+learned from the SCID of its long headers, are indexed apart from addresses (``flow_for_cid``): a
+datagram from another address carrying one belongs to that flow (NAT rebinding, migration), also
+where other flows are; a registry shared across processes would answer this same question on a
+miss. CIDs the pod issues later in encrypted NEW_CONNECTION_ID frames stay unseen: a client that
+migrates *and* switches to one at once is not followed. A pending flow is keyed by address and
+its first Initial's DCID: a new connection beside an address's flows, never a threat to them. A
+silent flow ends at its connection's own idle timeout (``FlowLimits.flow_idle_timeout_s``).
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict, deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from enum import Enum
+from itertools import chain
 from typing import Any, Generic, TypeVar
 
 from quic.packet import QuicPacketError, long_header_scid, short_header_dcid
 from router import constants as c
 from router.outcomes import QuicDropReason
+from router.udp.flow_limits import FlowLimits, FlowTableError
 
 Address = tuple[Any, ...]
 """A socket address as asyncio reports it: ``(host, port)`` or ``(host, port, flow, scope)``."""
+
+PendingKey = tuple[Address, bytes]
+"""A pending flow's key: its client address and the DCID of its first Initial."""
 
 S = TypeVar("S")
 H = TypeVar("H")
 
 
-class FlowTableError(ValueError):
-    """Limits that cannot bound anything (zero or negative); names the offending field."""
-
-
-@dataclass(frozen=True, slots=True)
-class FlowLimits:
-    """Every bound of the table, so a spoofed-source flood costs bounded memory."""
-
-    max_pending_flows: int = c.QUIC_MAX_PENDING_FLOWS
-    max_pending_datagrams_per_flow: int = c.QUIC_MAX_PENDING_DATAGRAMS_PER_FLOW
-    max_pending_bytes_per_flow: int = c.QUIC_MAX_PENDING_BYTES_PER_FLOW
-    pending_flow_timeout_s: float = c.QUIC_PENDING_FLOW_TIMEOUT_MS / 1000
-    max_flows: int = c.QUIC_MAX_FLOWS
-    idle_timeout_s: float = c.DEFAULT_RELAY_IDLE_TIMEOUT_MS / 1000
-    max_learned_cids_per_flow: int = c.QUIC_MAX_LEARNED_CIDS_PER_FLOW
-    rejection_memory_s: float = c.QUIC_REJECTION_MEMORY_MS / 1000
-    max_remembered_rejections: int = c.QUIC_MAX_REMEMBERED_REJECTIONS
-    answers_per_rejection: int = c.QUIC_ANSWERS_PER_REJECTION
-    takeover_quiet_s: float = c.QUIC_FLOW_TAKEOVER_QUIET_MS / 1000
-
-    def __post_init__(self) -> None:
-        for name in self.__dataclass_fields__:
-            if not getattr(self, name) > 0:
-                raise FlowTableError(f"{name} must be > 0, got {getattr(self, name)!r}")
-
-
 @dataclass(slots=True, eq=False)
 class PendingFlow(Generic[S]):
-    """A client address whose ClientHello is incomplete; its datagrams wait here, in order."""
+    """A client connection whose ClientHello is incomplete; its datagrams wait here, in order."""
 
     address: Address
     created_at: float
@@ -78,25 +51,35 @@ class PendingFlow(Generic[S]):
     decided: bool = False
     """The pod is chosen and its socket is being opened; datagrams still queue here."""
     dcid: bytes = b""
-    """DCID of the Initial that opened it: the client's original DCID (tells a contender's datagrams)."""
+    """DCID of the Initial that opened it: the client's original DCID, half its key."""
+    scid: bytes = b""
+    """The client's SCID: its own connection ID, in every long header it sends."""
     access: Any = None
     """The edge's access record of this attempt (opaque here)."""
+
+    @property
+    def key(self) -> PendingKey:
+        return self.address, self.dcid
 
 
 @dataclass(slots=True, eq=False)
 class Flow(Generic[H]):
-    """A client address spliced to one pod through ``handle`` (the pod-side socket)."""
+    """A client connection spliced to one pod through ``handle`` (the pod-side socket)."""
 
     address: Address
     pod_name: str
     handle: H
     last_active: float
+    idle_timeout_s: float = c.DEFAULT_RELAY_IDLE_TIMEOUT_MS / 1000
+    """Silence after which the connection has ended at both ends (``FlowLimits.flow_idle_timeout_s``)."""
     cids: deque[bytes] = field(default_factory=deque)
     """Learned pod connection IDs, oldest first (bounded)."""
     client_dcids: deque[bytes] = field(default_factory=deque)
-    """Original DCIDs of the client connections spliced here (bounded like ``cids``)."""
-    client_seen_at: float = 0.0
-    """When the client last sent a datagram on this flow (pod traffic does not count)."""
+    """The client's original DCID (its Initials and 0-RTT packets carry it)."""
+    client_scid: bytes = b""
+    """The client's own connection ID (its long headers carry it); b"" when it chose none."""
+    shared: bool = False
+    """It has met another flow at an address: its datagrams are told apart by CID from then on."""
     access: Any = None
     """The edge's access record of this flow (opaque here)."""
     client_bytes: int = 0
@@ -117,34 +100,49 @@ class Rejection:
 
 @dataclass(frozen=True, slots=True)
 class Expired(Generic[S, H]):
-    """What one sweep removed: pending flows that never completed, and idle flows."""
+    """What one sweep removed: pending flows that never completed, and silent flows."""
 
     pending: tuple[PendingFlow[S], ...]
     flows: tuple[Flow[H], ...]
 
 
 class UdpFlowTable(Generic[S, H]):
-    """Pending and established flows by client address, plus a learned-CID index."""
+    """Pending and established flows by client address and connection ID, plus a CID index."""
 
     def __init__(self, limits: FlowLimits | None = None) -> None:
         self.limits = limits if limits is not None else FlowLimits()
-        self._pending: dict[Address, PendingFlow[S]] = {}
+        self._pending: dict[PendingKey, PendingFlow[S]] = {}
+        self._pending_at: dict[Address, int] = {}
+        """How many pending flows each address has (bounded per address)."""
         self._flows: dict[Address, Flow[H]] = {}
+        """Each address's first flow: the only lookup of a datagram from an unshared address."""
+        self._more: dict[Address, list[Flow[H]]] = {}
+        """An address's other flows, oldest first (only addresses with several)."""
+        self._flow_count = 0
         self._by_cid: dict[bytes, Flow[H]] = {}
         self._cid_lengths: dict[int, int] = {}
-        self._rejections: OrderedDict[Address, Rejection] = OrderedDict()
+        self._rejections: OrderedDict[PendingKey, Rejection] = OrderedDict()
         self.on_occupied: Callable[[], None] | None = None
         """Called when a pending flow or a rejection is added: something may need expiring
         (the sweeper sleeps while the table is ``idle``)."""
 
     # -- lookups (the per-datagram path: plain dict gets) ---------------------------------
     def flow(self, address: Address) -> Flow[H] | None:
+        """The address's first flow (of several: the one that takes what no CID tells apart)."""
         return self._flows.get(address)
 
-    def pending(self, address: Address) -> PendingFlow[S] | None:
-        return self._pending.get(address)
+    def flows_at(self, address: Address) -> Iterator[Flow[H]]:
+        """Every flow at ``address``, first first."""
+        first = self._flows.get(address)
+        if first is not None:
+            yield first
+            yield from self._more.get(address, ())
+
+    def pending(self, address: Address, dcid: bytes) -> PendingFlow[S] | None:
+        return self._pending.get((address, dcid))
 
     def flow_for_cid(self, cid: bytes) -> Flow[H] | None:
+        """The flow a learned pod CID belongs to, wherever its client is."""
         return self._by_cid.get(cid)
 
     def flow_for_short_header(self, datagram: bytes, cid_length: int | None) -> Flow[H] | None:
@@ -158,6 +156,16 @@ class UdpFlowTable(Generic[S, H]):
                 return flow
         return None
 
+    def flow_for_long_header(self, address: Address, dcid: bytes) -> Flow[H] | None:
+        """The flow a client long header's DCID names: the original DCID of a flow at ``address``,
+        or a learned pod CID (of a flow anywhere: then its client moved here)."""
+        flow = self._by_cid.get(dcid) if dcid else None
+        return flow or next((f for f in self.flows_at(address) if dcid in f.client_dcids), None)
+
+    def flow_for_client_scid(self, address: Address, scid: bytes) -> Flow[H] | None:
+        """The flow at ``address`` whose client chose ``scid`` as its own connection ID."""
+        return next((f for f in self.flows_at(address) if f.client_scid == scid), None) if scid else None
+
     @property
     def cid_lengths(self) -> tuple[int, ...]:
         """Lengths of the learned CIDs (usually one), to cut short-header DCIDs with."""
@@ -169,7 +177,7 @@ class UdpFlowTable(Generic[S, H]):
 
     @property
     def flow_count(self) -> int:
-        return len(self._flows)
+        return self._flow_count
 
     @property
     def idle(self) -> bool:
@@ -177,37 +185,48 @@ class UdpFlowTable(Generic[S, H]):
         return not (self._flows or self._pending or self._rejections)
 
     def flows(self) -> tuple[Flow[H], ...]:
-        return tuple(self._flows.values())
+        return tuple(chain(self._flows.values(), chain.from_iterable(self._more.values())))
 
     def pending_flows(self) -> tuple[PendingFlow[S], ...]:
         return tuple(self._pending.values())
 
     # -- pending flows ------------------------------------------------------------------
     def open_pending(
-        self, address: Address, sniffer: S, now: float, *, dcid: bytes = b"", contending: bool = False
+        self, address: Address, sniffer: S, now: float, *, dcid: bytes = b"", scid: bytes = b""
     ) -> PendingFlow[S] | QuicDropReason:
-        """Start buffering for a new address (or, ``contending``, a new connection from an
-        established flow's address), or say (a drop reason) why not."""
-        if address in self._pending or (address in self._flows and not contending):
-            raise FlowTableError(f"address {address!r} already has a flow")
-        if len(self._flows) + len(self._pending) >= self.limits.max_flows:
+        """Start buffering a new connection (its address and first DCID), or say (a drop reason) why not."""
+        if (address, dcid) in self._pending:
+            raise FlowTableError(f"address {address!r} already has a pending flow for that DCID")
+        if self._flow_count + len(self._pending) >= self.limits.max_flows:
             return QuicDropReason.FLOW_TABLE_FULL
-        if len(self._pending) >= self.limits.max_pending_flows:
+        if len(self._pending) >= self.limits.max_pending_flows or not self._pending_room(address):
             return QuicDropReason.PENDING_FULL
-        pending = PendingFlow(address, now, sniffer, dcid=dcid)
-        self._pending[address] = pending
+        pending = PendingFlow(address, now, sniffer, dcid=dcid, scid=scid)
+        self._pending[address, dcid] = pending
+        self._pending_at[address] = self._pending_at.get(address, 0) + 1
         if self.on_occupied is not None:
             self.on_occupied()
         return pending
 
-    def make_room(self) -> PendingFlow[S] | None:
+    def _pending_room(self, address: Address) -> bool:
+        return self._pending_at.get(address, 0) < self.limits.max_pending_flows_per_address
+
+    def _take_pending(self, pending: PendingFlow[S]) -> None:
+        del self._pending[pending.key]
+        if left := self._pending_at[pending.address] - 1:
+            self._pending_at[pending.address] = left
+        else:
+            del self._pending_at[pending.address]
+
+    def make_room(self, address: Address) -> PendingFlow[S] | None:
         """With the pending table full, evict its oldest undecided flow (the one a spoofed
-        flood has held longest; a legitimate one leaves within a round trip) and return it."""
-        if len(self._pending) < self.limits.max_pending_flows:
+        flood has held longest; a legitimate one leaves within a round trip) and return it;
+        nobody for an address at its own bound (its new flow is refused instead)."""
+        if len(self._pending) < self.limits.max_pending_flows or not self._pending_room(address):
             return None
         for pending in self._pending.values():  # insertion order is creation order
             if not pending.decided:
-                del self._pending[pending.address]
+                self._take_pending(pending)
                 return pending
         return None
 
@@ -228,41 +247,55 @@ class UdpFlowTable(Generic[S, H]):
         return True
 
     def discard_pending(self, pending: PendingFlow[S]) -> None:
-        if self._pending.get(pending.address) is pending:
-            del self._pending[pending.address]
+        if self._pending.get(pending.key) is pending:
+            self._take_pending(pending)
 
-    def establish(self, pending: PendingFlow[S], pod_name: str, handle: H, now: float) -> Flow[H]:
-        """Turn a pending flow into a spliced one; its datagrams stay on ``pending`` to flush."""
-        if self._pending.get(pending.address) is not pending:
-            raise FlowTableError(f"address {pending.address!r} is not pending")
-        if pending.address in self._flows:
-            raise FlowTableError(f"address {pending.address!r} still has a flow: retire it first")
-        del self._pending[pending.address]
-        flow: Flow[H] = Flow(pending.address, pod_name, handle, now, client_seen_at=now)
-        self._add_client_dcid(flow, pending.dcid)
-        self._flows[pending.address] = flow
+    def establish(
+        self, pending: PendingFlow[S], pod_name: str, handle: H, now: float, idle_timeout_s: float | None = None
+    ) -> Flow[H]:
+        """Turn a pending flow into a spliced one beside any flows of its address; its datagrams
+        stay on ``pending`` to flush."""
+        if self._pending.get(pending.key) is not pending:
+            raise FlowTableError(f"address {pending.address!r} has no such pending flow")
+        self._take_pending(pending)
+        idle = self.limits.idle_timeout_s if idle_timeout_s is None else idle_timeout_s
+        flow: Flow[H] = Flow(pending.address, pod_name, handle, now, idle, client_scid=pending.scid)
+        if pending.dcid:
+            flow.client_dcids.append(pending.dcid)
+        self._place(flow)
+        self._flow_count += 1
         return flow
 
-    def contend(self, flow: Flow[H], pod_name: str | None, now: float) -> Contention:
-        """Decide for a contender whose ClientHello names ``pod_name`` (None: refused)."""
-        if pod_name is not None and pod_name == flow.pod_name:
-            return Contention.SHARE
-        if now - flow.client_seen_at >= self.limits.takeover_quiet_s:
-            return Contention.TAKE_OVER
-        return Contention.REFUSE
-
-    def share(self, pending: PendingFlow[S], flow: Flow[H]) -> None:
-        """A contender for the flow's own pod joins it: its datagrams stay on ``pending`` to flush."""
-        self.discard_pending(pending)
-        self._add_client_dcid(flow, pending.dcid)
-
-    def _add_client_dcid(self, flow: Flow[H], dcid: bytes) -> None:
-        if dcid and dcid not in flow.client_dcids:
-            flow.client_dcids.append(dcid)
-            if len(flow.client_dcids) > self.limits.max_learned_cids_per_flow:
-                flow.client_dcids.popleft()
-
     # -- established flows ----------------------------------------------------------------
+    def _place(self, flow: Flow[H]) -> None:
+        """Put ``flow`` at its address, after the flows already there (which it then shares)."""
+        first = self._flows.get(flow.address)
+        if first is None:
+            self._flows[flow.address] = flow
+            return
+        others = self._more.setdefault(flow.address, [])
+        others.append(flow)
+        first.shared = flow.shared = True
+        for other in others:
+            other.shared = True
+
+    def _unplace(self, flow: Flow[H]) -> bool:
+        """Take ``flow`` from its address (the next one there becomes the first); False if absent."""
+        address = flow.address
+        others = self._more.get(address)
+        if self._flows.get(address) is flow:
+            if others:
+                self._flows[address] = others.pop(0)
+            else:
+                del self._flows[address]
+        elif others is not None and flow in others:
+            others.remove(flow)
+        else:
+            return False
+        if others is not None and not others:
+            del self._more[address]
+        return True
+
     def learn_cid(self, flow: Flow[H], cid: bytes) -> None:
         """Index a pod connection ID for ``flow``; the oldest is forgotten beyond the bound."""
         if not cid or self._by_cid.get(cid) is flow:
@@ -289,21 +322,18 @@ class UdpFlowTable(Generic[S, H]):
             self.learn_cid(flow, scid)
 
     def migrate(self, flow: Flow[H], address: Address) -> bool:
-        """Re-key ``flow`` to the client's new address; False if that address is taken."""
-        if self._flows.get(flow.address) is not flow:
+        """Move ``flow`` to the client's new address, after any flows there; False if it is gone."""
+        if not self._unplace(flow):
             return False
-        if address in self._flows or address in self._pending:
-            return False
-        del self._flows[flow.address]
         flow.address = address
-        self._flows[address] = flow
+        self._place(flow)
         return True
 
     def remove(self, flow: Flow[H]) -> bool:
         """Forget a flow and its CIDs; False if it was already gone (idempotent)."""
-        if self._flows.get(flow.address) is not flow:
+        if not self._unplace(flow):
             return False
-        del self._flows[flow.address]
+        self._flow_count -= 1
         for cid in flow.cids:
             self._forget_cid(flow, cid)
         flow.cids.clear()
@@ -322,22 +352,22 @@ class UdpFlowTable(Generic[S, H]):
     # -- rejections ---------------------------------------------------------------------
     def remember_rejection(self, address: Address, dcid: bytes, answer: bytes, now: float) -> None:
         """Remember a refused attempt (its first answer already sent); oldest evicted first."""
-        self._rejections.pop(address, None)
+        self._rejections.pop((address, dcid), None)
         while len(self._rejections) >= self.limits.max_remembered_rejections:
             self._rejections.popitem(last=False)
         expires_at = now + self.limits.rejection_memory_s
         left = self.limits.answers_per_rejection - 1
-        self._rejections[address] = Rejection(dcid, expires_at, answer, left)
+        self._rejections[address, dcid] = Rejection(dcid, expires_at, answer, left)
         if self.on_occupied is not None:
             self.on_occupied()
 
     def rejection(self, address: Address, dcid: bytes, now: float) -> Rejection | None:
-        """The remembered refusal of this attempt, if any; a new DCID is a new attempt."""
-        rejection = self._rejections.get(address)
+        """The remembered refusal of this attempt (address and DCID), if any and not expired."""
+        rejection = self._rejections.get((address, dcid))
         if rejection is None:
             return None
-        if rejection.dcid != dcid or rejection.expires_at <= now:
-            del self._rejections[address]
+        if rejection.expires_at <= now:
+            del self._rejections[address, dcid]
             return None
         return rejection
 
@@ -347,32 +377,21 @@ class UdpFlowTable(Generic[S, H]):
 
     # -- time ---------------------------------------------------------------------------
     def expire(self, now: float) -> Expired[S, H]:
-        """Remove pending flows past their deadline, idle flows, and stale rejections."""
-        limits = self.limits
+        """Remove pending flows past their deadline, silent flows, and stale rejections."""
         stale: list[PendingFlow[S]] = []
         for pending in self._pending.values():  # insertion order is creation order
-            if now - pending.created_at < limits.pending_flow_timeout_s:
+            if now - pending.created_at < self.limits.pending_flow_timeout_s:
                 break
             stale.append(pending)
         for pending in stale:
-            del self._pending[pending.address]
-        idle = [f for f in self._flows.values() if now - f.last_active >= limits.idle_timeout_s]
-        for flow in idle:
+            self._take_pending(pending)
+        every = chain(self._flows.values(), chain.from_iterable(self._more.values()))
+        silent = [f for f in every if now - f.last_active >= f.idle_timeout_s]
+        for flow in silent:
             self.remove(flow)
         while self._rejections:
-            address, rejection = next(iter(self._rejections.items()))
+            key, rejection = next(iter(self._rejections.items()))
             if rejection.expires_at > now:
                 break
-            del self._rejections[address]
-        return Expired(tuple(stale), tuple(idle))
-
-
-class Contention(Enum):
-    """What becomes of a new connection from an established flow's address (see ``contend``)."""
-
-    SHARE = "share"
-    """It names the flow's pod: its datagrams go through the flow's socket, nothing else changes."""
-    TAKE_OVER = "take_over"
-    """Another pod (or refused) and the old client is quiet: retire the old flow, route the new."""
-    REFUSE = "refuse"
-    """Another pod (or refused) but the old client is live: the new attempt is refused."""
+            del self._rejections[key]
+        return Expired(tuple(stale), tuple(silent))

@@ -23,7 +23,8 @@ from router.log_limiter import RateLimitedLog
 from router.metrics import RouterMetrics
 from router.outcomes import QuicDropReason, QuicFlowOutcome, WebTransportOutcome
 from router.routing import REFUSAL_ANSWERS, Refusal
-from router.udp.flow_table import Address, FlowTableError, PendingFlow, Rejection, UdpFlowTable
+from router.udp.flow_limits import FlowTableError
+from router.udp.flow_table import Address, PendingFlow, Rejection, UdpFlowTable
 
 log = logging.getLogger("router.udp_router")
 """The router's logger: refusal lines keep the name operators filter on."""

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from quic.frames import QUIC_MAX_CRYPTO_BYTES
 from router import constants as c
 from router.extensions import Extensions, choose
-from router.udp.flow_table import FlowLimits
+from router.udp.flow_limits import FlowLimits
 
 
 @dataclass(frozen=True)

@@ -3,9 +3,13 @@
 Pure verdicts over the flow table (``flow_table``) and the datagram's bytes:
 ``classify_unrouted`` for an address with no flow (open a pending flow, join a migrated flow,
 answer Version Negotiation, re-answer a refusal, or drop, with the reason counted), and
-``classify_on_flow`` for a long header from an established flow's address (forward it, or
-sniff a contender: a new connection reusing the address). The cheap checks come first, so
-only a well-formed Initial of at least 1200 bytes may cost a pending flow.
+``classify_on_flow`` for what an address with flows cannot take blindly: a long header, or
+any datagram of a shared address (``Flow.shared``). There it is QUIC's own demultiplexing:
+the connection IDs a datagram carries name its flow (the client's original DCID, a pod CID,
+the client's SCID); a full v1/v2 Initial naming none is a new connection from that address,
+sniffed beside its flows; what names nothing goes to the address's first flow, as every datagram
+of an unshared address does. The cheap checks come first, so only a well-formed Initial of at
+least 1200 bytes may cost a pending flow.
 """
 
 from __future__ import annotations
@@ -21,50 +25,53 @@ from quic.packet import (
     LongHeader,
     PacketType,
     QuicPacketError,
+    long_header_cids,
     parse_long_header,
 )
 from router.outcomes import QuicDropReason
-from router.udp.flow_table import Address, Flow, Rejection, UdpFlowTable
+from router.udp.flow_table import Address, Flow, PendingFlow, Rejection, UdpFlowTable
 
 S = TypeVar("S")
 H = TypeVar("H")
 
 
 class Verdict(Enum):
-    """What the edge does with a datagram from an address that has no flow."""
+    """What the edge does with a datagram that no flow simply takes."""
 
     DROP = "drop"
     """Count it under ``Unrouted.drop_reason`` and forget it."""
     JOIN = "join"
-    """It carries a learned pod CID: re-key ``Unrouted.flow`` to this address (migration)."""
+    """It carries a learned pod CID of ``Unrouted.flow``, whose client was elsewhere: move the
+    flow to this address (NAT rebinding, migration), then forward it."""
     NEGOTIATE = "negotiate"
     """Unknown version, big enough to start a connection: answer Version Negotiation."""
     REANSWER = "reanswer"
     """A retransmit of a refused attempt: resend ``Unrouted.rejection.answer`` if allowed."""
     OPEN = "open"
-    """A client Initial of a new attempt: start a pending flow and sniff it."""
+    """A client Initial of a new connection: start a pending flow and sniff it."""
     FORWARD = "forward"
-    """(Established flow) one of its connections' datagrams: send it to the pod."""
-    CONTEND = "contend"
-    """(Established flow) a datagram of the contender already sniffed at this address: feed it."""
+    """One of ``Unrouted.flow``'s datagrams, from its address: send it to the pod."""
+    FEED = "feed"
+    """A datagram of ``Unrouted.pending``, a connection from this address still being sniffed."""
 
 
-class Unrouted(NamedTuple, Generic[H]):
-    """The verdict on one unrouted datagram, with what the edge needs to carry it out. A named
-    tuple, not a frozen dataclass: one is built per new address's datagram, in one call."""
+class Unrouted(NamedTuple, Generic[S, H]):
+    """The verdict on one datagram, with what the edge needs to carry it out. A named tuple,
+    not a frozen dataclass: one is built per judged datagram, in one call."""
 
     verdict: Verdict
     drop_reason: QuicDropReason | None = None
     flow: Flow[H] | None = None
     header: LongHeader | None = None
     rejection: Rejection | None = None
+    pending: PendingFlow[S] | None = None
 
 
 def classify_unrouted(
     table: UdpFlowTable[S, H], datagram: bytes, address: Address, now: float, cid_length: int | None,
     native: InitialProtection | None = None,
-) -> Unrouted[H]:
-    """Judge a datagram from an address with neither a flow nor a pending flow.
+) -> Unrouted[S, H]:
+    """Judge a datagram from an address with no flow, and none of its pending flows' DCID.
 
     Cheap checks first: only a well-formed v1/v2 Initial of at least 1200 bytes may cost
     a pending flow (RFC 9000 14.1), so short or non-Initial datagrams are never buffered.
@@ -98,49 +105,42 @@ def classify_unrouted(
 
 
 def classify_on_flow(
-    table: UdpFlowTable[S, H], flow: Flow[H], datagram: bytes, now: float, native: InitialProtection | None = None
-) -> Unrouted[H]:
-    """Judge a long-header datagram from the address of an established flow.
+    table: UdpFlowTable[S, H], first: Flow[H], datagram: bytes, now: float, cid_length: int | None,
+    native: InitialProtection | None = None,
+) -> Unrouted[S, H]:
+    """Judge a long header from the address of ``first`` (that address's first flow), or any
+    datagram if that address is shared.
 
-    FORWARD unless it belongs to the contender sniffed at this address (CONTEND) or is a
-    client Initial (v1/v2, >= 1200 bytes) whose DCID is neither a client DCID of the flow nor
-    a learned pod CID: a new connection, which OPENs a contender (REANSWER if it was refused,
-    DROP ``pending_full`` while another contender holds the address).
+    The connection IDs decide: a DCID that names a flow (FORWARD, or JOIN if that flow's client
+    was elsewhere) or a pending connection of this address (FEED); then a v1/v2 Initial of at
+    least 1200 bytes is a new connection (OPEN, or REANSWER if it was refused); then the client's
+    SCID; what names nothing is ``first``'s, as on an unshared address.
     """
-    contender = table.pending(flow.address)
-    if contender is None and (
-        len(datagram) < QUIC_MIN_INITIAL_DATAGRAM_BYTES or _known_dcid(table, flow, datagram)
-    ):  # cannot open a connection: forwarded without a parse (most handshake datagrams)
-        return _FORWARD
-    try:
-        header = parse_long_header(datagram, 0, native)
-    except QuicPacketError:
-        return _FORWARD
-    if contender is not None and contender.dcid == header.dcid:
-        return Unrouted(Verdict.CONTEND, header=header)
-    if (
-        header.packet_type is not PacketType.INITIAL
-        or len(datagram) < QUIC_MIN_INITIAL_DATAGRAM_BYTES
-        or header.dcid in flow.client_dcids
-        or table.flow_for_cid(header.dcid) is flow
-    ):
-        return _FORWARD
-    rejection = table.rejection(flow.address, header.dcid, now)
-    if rejection is not None:
-        return Unrouted(Verdict.REANSWER, header=header, rejection=rejection)
-    if contender is not None:
-        return Unrouted(Verdict.DROP, QuicDropReason.PENDING_FULL)
-    return Unrouted(Verdict.OPEN, header=header)
+    address = first.address
+    if not datagram:
+        return _forward(first)
+    if not datagram[0] & 0x80:  # a short header of a shared address: the pod CID it carries
+        named = table.flow_for_short_header(datagram, cid_length) or first
+        return _forward(named) if named.address == address else Unrouted(Verdict.JOIN, flow=named)
+    dcid, scid = long_header_cids(datagram)
+    flow = table.flow_for_long_header(address, dcid)
+    if flow is not None:
+        return _forward(flow) if flow.address == address else Unrouted(Verdict.JOIN, flow=flow)
+    pending = table.pending(address, dcid)
+    if pending is not None:
+        return Unrouted(Verdict.FEED, pending=pending)
+    if len(datagram) >= QUIC_MIN_INITIAL_DATAGRAM_BYTES:
+        try:
+            header = parse_long_header(datagram, 0, native)
+        except QuicPacketError:
+            header = None
+        if header is not None and header.packet_type is PacketType.INITIAL and header.version in SUPPORTED_VERSIONS:
+            rejection = table.rejection(address, header.dcid, now)
+            if rejection is not None:
+                return Unrouted(Verdict.REANSWER, header=header, rejection=rejection)
+            return Unrouted(Verdict.OPEN, header=header)
+    return _forward(table.flow_for_client_scid(address, scid) or first)
 
 
-_FORWARD: Unrouted[Any] = Unrouted(Verdict.FORWARD)
-"""The usual verdict on an established flow's long header, allocated once."""
-
-
-def _known_dcid(table: UdpFlowTable[S, H], flow: Flow[H], datagram: bytes) -> bool:
-    """Whether the long header's DCID (RFC 8999 invariants: its length at byte 5) is a client
-    DCID of the flow or a pod CID learned for it: then it is one of this flow's connections."""
-    if len(datagram) < 6:
-        return False
-    dcid = datagram[6 : 6 + datagram[5]]
-    return dcid in flow.client_dcids or table.flow_for_cid(dcid) is flow
+def _forward(flow: Flow[H]) -> Unrouted[Any, H]:
+    return Unrouted(Verdict.FORWARD, flow=flow)

@@ -21,7 +21,7 @@ from quic.initial_sniffer import InitialSniffer
 from quic.packet import QUIC_V1, QUIC_V2, PacketType, QuicPacketError, encode_varint, read_long_header
 from router.metrics import RouterMetrics
 from router.udp.edge import UdpRouter
-from router.udp.flow_table import FlowLimits
+from router.udp.flow_limits import FlowLimits
 from router.udp.settings import UdpRouterSettings
 from tests.fuzz.mutators_native import mutate_first_payloads, mutate_frames, mutate_long_headers
 from tests.fuzz.seed_flights import first_flight, quic_hellos
@@ -189,7 +189,7 @@ def _router() -> tuple[UdpRouter, _Clock, _AnswerSink]:
     return router, clock, sink
 
 
-def _no_dial(pending: Any, target: Any, hostname: Any) -> None:
+def _no_dial(pending: Any, target: Any, hostname: Any, idle_timeout_s: float) -> None:
     """A routable name: no socket is opened, the flow stays pending (decided) until swept."""
 
 

@@ -10,7 +10,17 @@ import ssl
 from tests.fuzz.seed_flights import quic_hellos
 from tests.fuzz.target import TEMPLATE, FuzzTarget, check, feed_all, pieces, tweak
 from tests.support.initial_reference import c_handshake_agrees
-from tests.support.tls import hello_from_parts, hello_parts, record_payloads, ssl_client_hello_records, tls_records, u16
+from tests.support.tls import (
+    MAX_IDLE_TIMEOUT_PARAMETER,
+    QUIC_TRANSPORT_PARAMETERS_EXTENSION,
+    hello_from_parts,
+    hello_parts,
+    record_payloads,
+    ssl_client_hello_records,
+    tls_records,
+    u16,
+    varint,
+)
 from wire.client_hello import ClientHelloError, parse_client_hello
 from wire.tls import ClientHelloReader, TlsPeekError
 
@@ -20,9 +30,10 @@ def run_client_hello(data: bytes) -> str:
     info = parse_client_hello(data)
     check(info.server_name is None or isinstance(info.server_name, str), "server_name type")
     check(all(isinstance(p, str) and p for p in info.alpn), "alpn entries")
+    check(0 <= info.max_idle_timeout_ms < 2**62, "max_idle_timeout is a varint's value")
     if info.server_name is not None:
         TEMPLATE.pod_name_for(info.server_name)  # what the router does next: must not raise
-    return "sni" if info.server_name else "no-sni"
+    return ("sni" if info.server_name else "no-sni") + ("-idle" if info.max_idle_timeout_ms else "")
 
 
 def run_tls_peek(data: bytes) -> str:
@@ -80,7 +91,8 @@ NAMES = (
 
 
 def mutate_hello(hello: bytes, rng: random.Random) -> bytes | None:
-    """Change SNI/ALPN/extension list/head fields of a ClientHello and fix every length."""
+    """Change SNI/ALPN/QUIC transport parameters/extension list/head fields of a ClientHello and fix
+    every length."""
     parts = hello_parts(hello)
     if parts is None:
         return None
@@ -98,7 +110,9 @@ def mutate_hello(hello: bytes, rng: random.Random) -> bytes | None:
         elif roll < 0.6:
             protocols = b"".join(bytes((len(p),)) + p for p in rng.choices((b"h2", b"", b"grpc", b"x" * 255), k=2))
             _put_extension(extensions, 16, u16(len(protocols) + rng.choice((0, 0, 0, 1))) + protocols, rng)
-        elif roll < 0.7 and extensions:
+        elif roll < 0.68:
+            _put_extension(extensions, QUIC_TRANSPORT_PARAMETERS_EXTENSION, _transport_parameters(rng), rng)
+        elif roll < 0.74 and extensions:
             extensions.insert(rng.randrange(len(extensions) + 1), rng.choice(extensions))
         elif roll < 0.8 and extensions:
             extensions.pop(rng.randrange(len(extensions)))
@@ -107,6 +121,22 @@ def mutate_hello(hello: bytes, rng: random.Random) -> bytes | None:
         else:
             head = tweak(head, rng)
     return hello_from_parts(head, extensions)
+
+
+def _transport_parameters(rng: random.Random) -> bytes:
+    """A quic_transport_parameters body: parameters of any id (max_idle_timeout often, sometimes twice),
+    values of any length, varints of any width, and now and then a length that lies or a cut."""
+    body = b""
+    for _ in range(rng.randint(0, 5)):
+        parameter = rng.choice((MAX_IDLE_TIMEOUT_PARAMETER, MAX_IDLE_TIMEOUT_PARAMETER, 0x04, 0x0F, 0x2A, 2**62 - 1))
+        if parameter == MAX_IDLE_TIMEOUT_PARAMETER and rng.random() < 0.8:
+            value = varint(rng.choice((0, 1, 2_000, 30_000, 2**62 - 1)), rng.choice((None, 8)))
+            value += b"\x00" if rng.random() < 0.1 else b""  # a value longer than its varint
+        else:
+            value = rng.randbytes(rng.randint(0, 12))
+        length = len(value) + rng.choice((0, 0, 0, 0, 0, 0, 1, -1)) if value else len(value)
+        body += varint(parameter, rng.choice((None, 8))) + varint(max(0, length)) + value
+    return body[: rng.randint(0, len(body))] if rng.random() < 0.1 else body
 
 
 def _put_extension(extensions: list[tuple[int, bytes]], ext_type: int, body: bytes, rng: random.Random) -> None:

@@ -169,7 +169,7 @@ def test_every_termination_of_every_protocol_is_exported_at_zero() -> None:
 def test_the_termination_set_is_the_documented_one() -> None:
     assert {str(t) for t in Termination} >= {
         "client_close", "client_reset", "pod_close", "pod_reset", "idle_timeout", "drain",
-        "dial_failed", "peek_timeout", "rejected", "flow_takeover",
+        "dial_failed", "peek_timeout", "rejected", "quic_idle_timeout",
     }
 
 

@@ -71,10 +71,10 @@ def test_every_attribute_the_c_uses_by_name_exists_on_its_owner(module: str) -> 
 
 
 def test_the_splice_writes_the_router_flows_counts_and_times() -> None:
-    """The splice's table names the fields the edge reads back (access lines, idle sweep, takeover)."""
+    """The splice's table names the fields the edge reads back (access lines, idle sweep)."""
     splice = extension("router.udp._splice")
     assert set(splice.ATTRIBUTES) == {("router.udp.flow_table.Flow", name)
-                                      for name in ("last_active", "client_seen_at", "client_bytes", "pod_bytes")}
+                                      for name in ("last_active", "client_bytes", "pod_bytes")}
 
 
 def test_the_initial_protection_raises_the_quic_layers_error() -> None:
@@ -87,7 +87,6 @@ def test_a_renamed_field_is_reported(monkeypatch: pytest.MonkeyPatch) -> None:
     @dataclasses.dataclass
     class RenamedFlow:
         last_active: float
-        client_seen_at: float
         client_bytes: int
         pod_bytes_total: int
 

@@ -114,7 +114,6 @@ def test_every_refusal_has_one_answer_row() -> None:
         (Refusal.DIAL_FAILED, GrpcOutcome.CONNECT_ERROR, QuicOutcome.TARGET_UNAVAILABLE,
          GrpcStatus.UNAVAILABLE, TlsAlert.INTERNAL_ERROR, c.REASON_TARGET_NOT_READY),
         (Refusal.MALFORMED, GrpcOutcome.PROTOCOL_ERROR, None, None, TlsAlert.DECODE_ERROR, None),
-        (Refusal.ADDRESS_IN_USE, None, QuicOutcome.TARGET_UNAVAILABLE, None, None, c.REASON_ADDRESS_IN_USE),
         (Refusal.CLIENT_LIMIT, GrpcOutcome.CLIENT_LIMIT, QuicOutcome.CLIENT_LIMIT,
          GrpcStatus.UNAVAILABLE, TlsAlert.INTERNAL_ERROR, c.REASON_TOO_MANY_CONNECTIONS),
     ],

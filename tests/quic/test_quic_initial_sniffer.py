@@ -38,6 +38,9 @@ SERVER_ADDR = ("127.0.0.2", 50072)
 CLIENT_ADDR = ("127.0.0.1", 40001)
 
 
+RFC_HELLO = ClientHelloInfo("example.com", ("alpn",), 30_000)
+"""What RFC 9001 Appendix A's ClientHello says (its transport parameters: max_idle_timeout 30 s)."""
+
 initial = functools.partial(protected_initial, dcid=DCID, scid=SCID)
 """A client Initial carrying ``frames`` (this file's connection IDs unless told otherwise)."""
 
@@ -50,7 +53,7 @@ def feed_all(sniffer: InitialSniffer, datagrams: Sequence[bytes]) -> list[Client
 @pytest.mark.parametrize("packet", [V1_CLIENT_INITIAL, V2_CLIENT_INITIAL])
 def test_rfc_client_initials(native: Native, packet: bytes) -> None:
     sniffer = InitialSniffer(native=native)
-    assert sniffer.feed(packet) == ClientHelloInfo(server_name="example.com", alpn=("alpn",))
+    assert sniffer.feed(packet) == RFC_HELLO
     assert sniffer.original_dcid == RFC_DCID and sniffer.client_scid == b""
     assert sniffer.version == (QUIC_V1 if packet is V1_CLIENT_INITIAL else QUIC_V2)
 
@@ -84,7 +87,8 @@ def test_sniffer_reads_every_rewritten_flight(native: Native, version: int, big_
     first = next(i for i, r in enumerate(results) if r is not None)
     assert all(r is None for r in results[:first])
     assert all(r == results[first] for r in results[first:])  # later feeds repeat the answer
-    assert results[first] == ClientHelloInfo(SERVER_NAME, ALPN + (BIG_HELLO_ALPN if big_hello else ()))
+    expected = ClientHelloInfo(SERVER_NAME, ALPN + (BIG_HELLO_ALPN if big_hello else ()), 60_000)  # aioquic's default
+    assert results[first] == expected
     assert sniffer.client_hello == results[first]
 
 
@@ -135,7 +139,7 @@ def test_second_half_first_and_dcid_of_another_flow_ignored(native: Native) -> N
     other_flow = initial(crypto_frame(0, hello), dcid=b"another!")
     assert sniffer.feed(other_flow) is None  # a different DCID is not this flow's
     assert sniffer.feed(initial(crypto_frame(0, hello), version=QUIC_V2)) is None  # nor another version
-    assert sniffer.feed(part1) == ClientHelloInfo("example.com", ("alpn",))
+    assert sniffer.feed(part1) == RFC_HELLO
 
 
 @both_readings
@@ -175,7 +179,7 @@ def test_unsupported_version_names_the_cids_for_version_negotiation(native: Nati
 def test_coalesced_zero_rtt_and_trailing_junk_ignored(native: Native) -> None:
     zero_rtt = b"\xd0" + QUIC_V1.to_bytes(4, "big") + b"\x08" + DCID + b"\x08" + SCID + b"\x1e" + bytes(30)
     datagram = initial(crypto_frame(0, RFC_CLIENT_HELLO)) + zero_rtt + b"\x45junk"
-    assert InitialSniffer(native=native).feed(datagram) == ClientHelloInfo("example.com", ("alpn",))
+    assert InitialSniffer(native=native).feed(datagram) == RFC_HELLO
 
 
 @both_readings
@@ -207,7 +211,7 @@ def test_chaos_pieces_with_ping_padding_and_acks_in_one_packet(native: Native) -
     frames = [crypto_frame(i, hello[i : i + 7]) + rng.choice([b"\x01", b"\x00\x00", ack(0)])
               for i in range(0, len(hello), 7)]
     rng.shuffle(frames)
-    assert InitialSniffer(native=native).feed(initial(b"".join(frames))) == ClientHelloInfo("example.com", ("alpn",))
+    assert InitialSniffer(native=native).feed(initial(b"".join(frames))) == RFC_HELLO
 
 
 @both_readings
@@ -216,7 +220,7 @@ def test_retransmitted_initials_are_harmless(native: Native) -> None:
     sniffer = InitialSniffer(native=native)
     assert feed_all(sniffer, [first, first, first]) == [None, None, None]
     retransmission = initial(crypto_frame(0, RFC_CLIENT_HELLO), pn=1)
-    assert sniffer.feed(retransmission) == ClientHelloInfo("example.com", ("alpn",))
+    assert sniffer.feed(retransmission) == RFC_HELLO
 
 
 def _hostile_datagrams() -> Iterator[st.SearchStrategy[bytes]]:

@@ -108,4 +108,4 @@ def test_the_checked_calls_still_open_the_rfc_initial() -> None:
     packet_number, payload = decrypt_initial(V1_CLIENT_INITIAL, header, keys)
     assert packet_number == 2 and payload.startswith(b"\x06\x00")
     sniffed = sniff_first(V1_CLIENT_INITIAL, header.header_length, header.end)
-    assert sniffed is not None and sniffed[1] == ("example.com", ("alpn",))
+    assert sniffed is not None and sniffed[1] == ("example.com", ("alpn",), 30_000)

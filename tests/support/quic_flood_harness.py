@@ -41,9 +41,8 @@ WINDOW = 24
 LEGIT_CONCURRENCY = 4
 HANDSHAKE_TIMEOUT_S = 10.0
 LEGIT_PORTS = itertools.cycle(range(20_000, 32_000))
-"""Local ports of the legitimate clients, below the ephemeral range and never reused in a test:
-a new connection to another pod from the address of a flow whose client spoke in the last
-QUIC_FLOW_TAKEOVER_QUIET_MS is refused (see ``test_a_new_connection_from_a_reused_address_reaches_its_named_pod``)."""
+"""Local ports of the legitimate clients: below the ephemeral range the flood's sockets take theirs
+from, each used once per test."""
 
 
 async def whoami(port: int, pod: str, cafile: Path) -> str:

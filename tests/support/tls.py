@@ -20,6 +20,8 @@ TLS_RECORD_MAX_FRAGMENT = 2**14
 """A handshake message longer than this is split over several records (RFC 8446 section 5.1)."""
 SERVER_NAME_EXTENSION = 0
 ALPN_EXTENSION = 16
+QUIC_TRANSPORT_PARAMETERS_EXTENSION = 57
+MAX_IDLE_TIMEOUT_PARAMETER = 0x01
 
 Extension = tuple[int, bytes]
 """(extension type, extension body) of one ClientHello extension, unencoded."""
@@ -102,6 +104,21 @@ def sni_extension(*names: bytes, name_type: int = 0) -> bytes:
 def alpn_extension(*protocols: bytes) -> bytes:
     """ALPN listing ``protocols``, encoded."""
     return extension(*alpn_ext(*protocols))
+
+
+def varint(value: int, size: int | None = None) -> bytes:
+    """A QUIC variable-length integer (RFC 9000 section 16) of ``size`` bytes (1, 2, 4, 8), or the
+    shortest that holds ``value``: values need not be minimally encoded."""
+    if size is None:
+        size = next(n for n in (1, 2, 4, 8) if value < 1 << (8 * n - 2))
+    prefix = {1: 0, 2: 1, 4: 2, 8: 3}[size] << (8 * size - 2)
+    return (prefix | value).to_bytes(size, "big")
+
+
+def transport_parameters_ext(*parameters: tuple[int, bytes]) -> Extension:
+    """quic_transport_parameters (RFC 9001 section 8.2) listing ``(id, value)`` pairs, each encoded
+    as varint id, varint length, value."""
+    return QUIC_TRANSPORT_PARAMETERS_EXTENSION, b"".join(varint(i) + varint(len(v)) + v for i, v in parameters)
 
 
 def hello_from_parts(head: bytes, extensions: Sequence[Extension], after_extensions: bytes = b"") -> bytes:

@@ -7,16 +7,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from router.outcomes import QuicDropReason
-from router.udp.flow_table import (
-    Contention,
-    Flow,
-    FlowLimits,
-    FlowTableError,
-    PendingFlow,
-    UdpFlowTable,
-)
+from router.udp.flow_limits import FlowLimits, FlowTableError
+from router.udp.flow_table import Flow, PendingFlow, UdpFlowTable
 from router.udp.refusals import ByteBudget
-from router.udp.verdicts import Verdict, classify_on_flow, classify_unrouted
+from router.udp.verdicts import Verdict, classify_unrouted
+from tests.support.initial_packets import long_header_packet as _long
 
 A = ("192.0.2.1", 1000)
 B = ("192.0.2.2", 2000)
@@ -51,7 +46,7 @@ def test_pending_flows_are_bounded_then_the_whole_table() -> None:
     _pending(table, A)
     _pending(table, B)
     assert table.open_pending(C, "s", 0.0) == "pending_full"
-    table.establish(table.pending(A), "stargate-0", "link", 0.0)  # type: ignore[arg-type]
+    table.establish(table.pending(A, b""), "stargate-0", "link", 0.0)  # type: ignore[arg-type]
     _pending(table, C)
     assert table.open_pending(("192.0.2.4", 1), "s", 0.0) == "flow_table_full"
     assert (table.pending_count, table.flow_count) == (2, 1)
@@ -59,26 +54,38 @@ def test_pending_flows_are_bounded_then_the_whole_table() -> None:
 
 def test_a_full_pending_table_evicts_its_oldest_undecided_flow_to_admit_one_more() -> None:
     table = _table(max_pending_flows=3)
-    assert table.make_room() is None  # room left: nobody is evicted
+    assert table.make_room(A) is None  # room left: nobody is evicted
     a, b, _ = _pending(table, A, 0.0), _pending(table, B, 1.0), _pending(table, C, 2.0)
     a.decided = True  # its pod's socket is being opened: about to leave on its own
-    assert table.make_room() is b
-    assert table.pending(B) is None and table.pending_count == 2
+    assert table.make_room(("192.0.2.4", 4)) is b
+    assert table.pending(B, b"") is None and table.pending_count == 2
     d = _pending(table, ("192.0.2.4", 4), 3.0)
     assert table.pending_count == 3 and table.pending_flows()[-1] is d
     assert table.expire(3.5).pending == (a,)  # creation order still drives expiry
     _pending(table, A, 4.0)
     for pending in table.pending_flows():
         pending.decided = True
-    assert table.pending_count == 3 and table.make_room() is None  # nobody to evict: refused instead
+    assert table.pending_count == 3 and table.make_room(("192.0.2.5", 5)) is None  # nobody to evict: refused
     assert table.open_pending(B, "s", 4.0) == "pending_full"
 
 
-def test_opening_an_address_twice_is_a_programming_error() -> None:
-    table = _table()
+def test_opening_an_address_and_dcid_twice_is_a_programming_error() -> None:
+    table = _table(max_pending_flows_per_address=2)
     _pending(table, A)
     with pytest.raises(FlowTableError):
         table.open_pending(A, "s", 0.0)
+    assert isinstance(table.open_pending(A, "s", 0.0, dcid=b"another"), PendingFlow)  # another connection
+
+
+def test_pending_flows_are_bounded_per_address_and_an_address_at_its_bound_evicts_nobody() -> None:
+    table = _table(max_pending_flows=3, max_pending_flows_per_address=2)
+    a1 = table.open_pending(A, "s", 0.0, dcid=b"1")
+    table.open_pending(A, "s", 0.0, dcid=b"2")
+    assert table.open_pending(A, "s", 0.0, dcid=b"3") == "pending_full"
+    _pending(table, B)
+    assert table.make_room(A) is None  # A's own bound refuses it: nobody else pays
+    assert table.make_room(C) is a1  # the table's bound: the oldest goes
+    assert isinstance(table.open_pending(A, "s", 1.0, dcid=b"3"), PendingFlow)  # A has room again
 
 
 def test_pending_buffer_is_bounded_by_datagrams_and_bytes() -> None:
@@ -98,7 +105,7 @@ def test_establish_moves_the_address_from_pending_to_flows_keeping_the_datagrams
     pending = _pending(table, A)
     table.buffer(pending, b"first")
     flow = table.establish(pending, "stargate-1", "link", 5.0)
-    assert table.pending(A) is None and table.flow(A) is flow
+    assert table.pending(A, b"") is None and table.flow(A) is flow
     assert (flow.pod_name, flow.handle, flow.last_active) == ("stargate-1", "link", 5.0)
     assert pending.datagrams == [b"first"]
     with pytest.raises(FlowTableError):
@@ -111,7 +118,7 @@ def test_pending_flows_expire_at_their_deadline_and_not_before() -> None:
     _pending(table, B, now=2.0)
     assert table.expire(2.9).pending == ()
     assert table.expire(3.0).pending == (a,)
-    assert table.pending(A) is None and table.pending(B) is not None
+    assert table.pending(A, b"") is None and table.pending(B, b"") is not None
 
 
 def test_idle_flows_expire_active_ones_stay() -> None:
@@ -124,6 +131,29 @@ def test_idle_flows_expire_active_ones_stay() -> None:
     assert table.flow(A) is None and table.flow(B) is busy
     assert table.expire(17.9).flows == ()
     assert table.expire(18.0).flows == (busy,)
+
+
+@pytest.mark.parametrize(
+    ("client_ms", "expected_s"),
+    [(0, 300.0), (2_000, 4.0), (10_000, 11.0), (30_000, 31.0), (299_500, 300.0), (10**15, 300.0)],
+    ids=["none", "under_three_ptos", "ten_s", "thirty_s", "near_the_bound", "huge"],
+)
+def test_a_flows_idle_timeout_is_its_clients_at_least_three_ptos_never_past_the_relay_bound(
+    client_ms: int, expected_s: float
+) -> None:
+    limits = FlowLimits(idle_timeout_s=300.0, probe_timeout_s=1.0, idle_grace_s=1.0)
+    assert limits.flow_idle_timeout_s(client_ms) == pytest.approx(expected_s)
+    assert limits.shortest_flow_idle_s == pytest.approx(4.0)
+
+
+def test_each_flow_expires_after_its_own_idle_timeout() -> None:
+    table = _table(idle_timeout_s=300.0)
+    quick = table.establish(_pending(table, A), "stargate-0", "link", 0.0, idle_timeout_s=4.0)
+    slow = _flow(table, B, now=0.0)
+    assert (quick.idle_timeout_s, slow.idle_timeout_s) == (4.0, 300.0)
+    assert table.expire(3.9).flows == ()
+    assert table.expire(4.0).flows == (quick,)
+    assert table.expire(299.9).flows == () and table.expire(300.0).flows == (slow,)
 
 
 def test_learned_cids_find_the_flow_and_are_bounded_oldest_first() -> None:
@@ -157,10 +187,13 @@ def test_migration_rekeys_the_flow_to_the_new_address() -> None:
     table.learn_cid(flow, b"12345678")
     assert table.migrate(flow, C)
     assert table.flow(A) is None and table.flow(C) is flow and flow.address == C
-    assert table.flow_for_cid(b"12345678") is flow
-    _pending(table, B)
-    assert not table.migrate(flow, B)  # never steal an address that has its own flow
-    assert table.flow(C) is flow
+    assert table.flow_for_cid(b"12345678") is flow and not flow.shared
+    other = _flow(table, B)
+    assert table.migrate(flow, B)  # beside the flow there: one endpoint's connections move together
+    assert list(table.flows_at(B)) == [other, flow] and flow.shared and other.shared
+    assert table.flow(C) is None
+    assert table.remove(other) and not table.remove(other)
+    assert list(table.flows_at(B)) == [flow]
 
 
 def test_a_rejection_is_remembered_per_attempt_then_forgotten() -> None:
@@ -170,7 +203,7 @@ def test_a_rejection_is_remembered_per_attempt_then_forgotten() -> None:
     assert rejection is not None and (rejection.answer, rejection.answers_left) == (b"close", 2)
     assert table.rejection(B, b"dcid-1", now=1.0) is None
     assert table.rejection(A, b"dcid-2", now=1.0) is None  # a new attempt is judged afresh
-    assert table.rejection(A, b"dcid-1", now=1.0) is None
+    assert table.rejection(A, b"dcid-1", now=1.0) is rejection  # each attempt of an address on its own
     table.remember_rejection(A, b"dcid-3", b"close", now=0.0)
     assert table.rejection(A, b"dcid-3", now=10.0) is None
 
@@ -245,32 +278,29 @@ def test_any_sequence_keeps_bounds_and_the_cid_index_consistent(
     ops: list[tuple[str, int, int, float]],
 ) -> None:
     limits = FlowLimits(
-        max_pending_flows=3, max_flows=4, max_learned_cids_per_flow=3, max_pending_datagrams_per_flow=2,
-        max_pending_bytes_per_flow=3000, pending_flow_timeout_s=3.0, idle_timeout_s=5.0,
+        max_pending_flows=3, max_pending_flows_per_address=2, max_flows=4, max_learned_cids_per_flow=3,
+        max_pending_datagrams_per_flow=2, max_pending_bytes_per_flow=3000, pending_flow_timeout_s=3.0,
+        idle_timeout_s=5.0,
     )
     table: Table = UdpFlowTable(limits)
     now = 0.0
     for op, a, k, dt in ops:
         now += dt
         address, cid = _ADDRESSES[a], _CIDS[k]
-        pending, flow = table.pending(address), table.flow(address)
-        if op == "open" and pending is None:
-            table.make_room()
-            table.open_pending(address, "s", now, dcid=cid, contending=flow is not None)
-        elif op == "establish" and pending is not None and flow is not None:
-            if table.contend(flow, "stargate-1", now) is Contention.TAKE_OVER:
-                table.remove(flow)
-                table.establish(pending, "stargate-1", "link", now)
-            else:
-                table.share(pending, flow)
+        pendings = [p for p in table.pending_flows() if p.address == address]
+        pending, flow = (pendings[k % len(pendings)] if pendings else None), table.flow(address)
+        flows = list(table.flows_at(address))
+        if op == "open" and table.pending(address, cid) is None:
+            table.make_room(address)
+            table.open_pending(address, "s", now, dcid=cid)
         elif op == "buffer" and pending is not None:
             table.buffer(pending, b"x" * 1200)
         elif op == "establish" and pending is not None:
-            table.establish(pending, "stargate-0", "link", now)
-        elif op == "learn" and flow is not None:
-            table.learn_cid(flow, cid)
-        elif op == "migrate" and flow is not None:
-            table.migrate(flow, _ADDRESSES[k % len(_ADDRESSES)])
+            table.establish(pending, "stargate-0", "link", now, idle_timeout_s=dt + 1.0)
+        elif op == "learn" and flows:
+            table.learn_cid(flows[k % len(flows)], cid)
+        elif op == "migrate" and flows:
+            table.migrate(flows[k % len(flows)], _ADDRESSES[k % len(_ADDRESSES)])
         elif op == "remove" and flow is not None:
             table.remove(flow)
         elif op == "expire":
@@ -280,9 +310,19 @@ def test_any_sequence_keeps_bounds_and_the_cid_index_consistent(
 
 def _check_invariants(table: Table, limits: FlowLimits) -> None:
     assert table.pending_count <= limits.max_pending_flows
+    per_address: dict[object, int] = {}
+    for pending in table.pending_flows():
+        per_address[pending.address] = per_address.get(pending.address, 0) + 1
+    assert max(per_address.values(), default=0) <= limits.max_pending_flows_per_address
+    assert per_address == table._pending_at
     assert table.pending_count + table.flow_count <= limits.max_flows
     flows = table.flows()
-    assert all(table.flow(f.address) is f for f in flows)
+    assert len(flows) == len(set(flows)) == table.flow_count
+    for address in {f.address for f in flows}:
+        here = list(table.flows_at(address))
+        assert here[0] is table.flow(address) and all(f.address == address for f in here)
+        assert len(here) == 1 or all(f.shared for f in here)  # flows that met tell each other apart by CID
+    assert sorted(map(id, flows)) == sorted(id(f) for a in {f.address for f in flows} for f in table.flows_at(a))
     assert all(len(f.client_dcids) <= limits.max_learned_cids_per_flow for f in flows)
     lengths: dict[int, int] = {}
     for flow in flows:
@@ -301,20 +341,7 @@ def _check_invariants(table: Table, limits: FlowLimits) -> None:
 
 
 # -- classify_unrouted / learn_from_pod: the policy for datagrams without a flow ------------
-V1 = 0x00000001
 POD_CID = bytes(range(1, 9))
-
-
-def _long(
-    packet_type: int, size: int, version: int = V1, dcid: bytes = b"D" * 8, scid: bytes = b"S" * 8
-) -> bytes:
-    """A v1-shaped long header packet (type bits, CIDs, token, Length) padded to ``size``."""
-    head = bytes((0xC0 | packet_type << 4,)) + version.to_bytes(4, "big")
-    head += bytes((len(dcid),)) + dcid + bytes((len(scid),)) + scid
-    if packet_type == 0:
-        head += b"\x00"  # empty token
-    rest = size - len(head) - 2
-    return head + (0x4000 | rest).to_bytes(2, "big") + bytes(rest)
 
 
 def _with_pod_cid(table: Table) -> Flow[str]:
@@ -386,85 +413,3 @@ def test_any_bytes_get_a_verdict_never_an_exception(datagram: bytes, cid_length:
     got = classify_unrouted(table, datagram, B, 0.0, cid_length)
     assert got.verdict is not Verdict.DROP or got.drop_reason in tuple(QuicDropReason)
     table.learn_from_pod(table.flow(A), datagram, cid_length)  # type: ignore[arg-type]
-
-
-# -- a new connection from an established flow's address ----------------------------------
-OLD_DCID, NEW_DCID = b"O" * 8, b"N" * 8
-
-
-def _established(table: Table, now: float = 0.0) -> Flow[str]:
-    opened = table.open_pending(A, "sniffer", now, dcid=OLD_DCID)
-    assert isinstance(opened, PendingFlow)
-    return table.establish(opened, "stargate-0", "link", now)
-
-
-def test_only_a_full_initial_with_an_unknown_dcid_contends_for_an_established_flow() -> None:
-    table = _table()
-    flow = _established(table)
-    table.learn_cid(flow, POD_CID)
-    for datagram in (
-        _long(0, 1200, dcid=OLD_DCID),  # the old connection's retransmitted Initial
-        _long(0, 1200, dcid=POD_CID),  # its Initial after the pod's Initial (or Retry)
-        _long(2, 1300, dcid=b"X" * 8),  # not an Initial
-        _long(0, 1199, dcid=NEW_DCID),  # too small to start a connection
-        _long(0, 1300, version=0x1A2A3A4A, dcid=NEW_DCID),  # unknown version
-        b"\xc0\x00",  # unparseable
-    ):
-        assert classify_on_flow(table, flow, datagram, 0.0).verdict is Verdict.FORWARD
-    got = classify_on_flow(table, flow, _long(0, 1200, dcid=NEW_DCID), 0.0)
-    assert got.verdict is Verdict.OPEN and got.header is not None and got.header.dcid == NEW_DCID
-
-
-def test_a_contender_is_a_bounded_pending_flow_beside_the_flow() -> None:
-    table = _table(max_pending_flows=1)
-    flow = _established(table)
-    with pytest.raises(FlowTableError):
-        table.open_pending(A, "s", 0.0, dcid=NEW_DCID)  # only as a contender
-    contender = table.open_pending(A, "s", 0.0, dcid=NEW_DCID, contending=True)
-    assert isinstance(contender, PendingFlow) and table.pending(A) is contender and table.flow(A) is flow
-    assert table.pending_count == 1 and table.open_pending(B, "s", 0.0) == "pending_full"
-    zero_rtt = _long(1, 1300, dcid=NEW_DCID)
-    assert classify_on_flow(table, flow, zero_rtt, 0.0).verdict is Verdict.CONTEND
-    third = classify_on_flow(table, flow, _long(0, 1200, dcid=b"T" * 8), 0.0)
-    assert (third.verdict, third.drop_reason) == (Verdict.DROP, "pending_full")  # one contender at a time
-    with pytest.raises(FlowTableError):
-        table.establish(contender, "stargate-1", "link", 0.0)  # the old flow must be retired first
-    assert table.expire(10.0).pending == (contender,)
-
-
-def test_a_contender_for_the_same_pod_shares_the_flow_and_is_known_from_then_on() -> None:
-    table = _table()
-    flow = _established(table)
-    contender = table.open_pending(A, "s", 0.0, dcid=NEW_DCID, contending=True)
-    assert isinstance(contender, PendingFlow)
-    assert table.contend(flow, "stargate-0", 0.0) is Contention.SHARE  # even while the old one is live
-    table.share(contender, flow)
-    assert table.pending(A) is None and list(flow.client_dcids) == [OLD_DCID, NEW_DCID]
-    assert classify_on_flow(table, flow, _long(0, 1200, dcid=NEW_DCID), 0.0).verdict is Verdict.FORWARD
-
-
-def test_another_pod_takes_the_address_only_from_a_quiet_client() -> None:
-    table = _table(takeover_quiet_s=2.0)
-    flow = _established(table, now=0.0)
-    flow.client_seen_at = 10.0
-    flow.last_active = 11.5  # the pod's traffic does not make the client live
-    for pod in ("stargate-1", None):  # another pod, or a refused attempt
-        assert table.contend(flow, pod, 11.9) is Contention.REFUSE
-        assert table.contend(flow, pod, 12.0) is Contention.TAKE_OVER
-
-
-def test_a_refused_contender_is_reanswered_not_sniffed_again() -> None:
-    table = _table()
-    flow = _established(table)
-    table.remember_rejection(A, NEW_DCID, b"close", 0.0)
-    got = classify_on_flow(table, flow, _long(0, 1200, dcid=NEW_DCID), 1.0)
-    assert got.verdict is Verdict.REANSWER and got.rejection is not None
-
-
-@settings(max_examples=300, deadline=None)
-@given(st.binary(max_size=1400))
-def test_any_bytes_from_a_flow_address_get_a_verdict_never_an_exception(datagram: bytes) -> None:
-    table = _table()
-    flow = _established(table)
-    got = classify_on_flow(table, flow, datagram, 0.0)
-    assert got.verdict is not Verdict.DROP or got.drop_reason in tuple(QuicDropReason)

@@ -6,125 +6,32 @@ import asyncio
 import logging
 import random
 import socket
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
 
 import pytest
 from aioquic.asyncio import QuicConnectionProtocol, connect
-from aioquic.quic import events
 from aioquic.quic.connection import QuicConnection
 
-from discovery.targets import Target, TargetSnapshot
+from discovery.targets import Target
 from quic.packet import QuicErrorCode
 from router import constants as c
 from router.demo.pki import DemoPki
-from router.demo.quic_pods import (
-    QUIC_V1,
-    QUIC_V2,
-    WHOAMI,
-    bound_port,
-    client_configuration,
-    quic_whoami,
-    request,
-    start_quic_pod,
-)
-from router.metrics import RouterMetrics
-from router.udp.edge import UdpRouter
-from router.udp.flow_table import FlowLimits
-from router.udp.settings import UdpRouterSettings
+from router.demo.quic_pods import QUIC_V1, QUIC_V2, WHOAMI, client_configuration, request
 from tests.support.names import host as sni
 from tests.support.polling import eventually
 from tests.support.quic_initial_rewriter import BIG_HELLO_ALPN, SERVER_COMPLETABLE, rewrite_flight
-from tests.support.udp_router import running_udp_router
+from tests.support.quic_pods_harness import (
+    POD_HOSTS,
+    ROUTER_HOST,
+    T,
+    first_flight,
+    raw_socket,
+    received,
+    refusal,
+    running,
+)
 
 pytestmark = [pytest.mark.timeout(30), pytest.mark.usefixtures("both_udp_paths")]
 """Every test here runs on the pure-Python path and on the C splice, each within 30 s."""
-
-ROUTER_HOST = "127.0.0.1"
-POD_HOSTS = {"stargate-0": "127.0.0.2", "stargate-1": "127.0.0.3"}
-T = 5.0
-"""Bound of every await: far under the clients' 30 s idle timeout, so 'fails fast' is real."""
-
-
-@dataclass
-class Harness:
-    router: UdpRouter
-    metrics: RouterMetrics
-    port: int
-    targets: dict[str, Target]
-    cafile: Path
-    snapshot: list[TargetSnapshot] = field(default_factory=list)
-
-    def publish(self, *pods: str, **overrides: Target) -> None:
-        targets = [self.targets[p] for p in pods] + list(overrides.values())
-        self.snapshot[0] = TargetSnapshot.of(targets)
-
-    def count(self, name: str, **labels: str) -> float:
-        self.router.flush_metrics()
-        value = self.metrics.registry.get_sample_value(name, labels)
-        return 0.0 if value is None else value
-
-    def outcome(self, outcome: str) -> float:
-        return self.count(f"{c.QUIC_CONNECTIONS_TOTAL}_total", outcome=outcome)
-
-    def dropped(self, reason: str) -> float:
-        return self.count(f"{c.QUIC_DROPPED_DATAGRAMS_TOTAL}_total", reason=reason)
-
-    async def whoami(self, pod_or_name: str | None, version: int = QUIC_V1) -> str:
-        return await quic_whoami(ROUTER_HOST, self.port, pod_or_name, self.cafile, version, timeout_s=T)
-
-
-@asynccontextmanager
-async def running(
-    pki: DemoPki, retry: bool = False, pod_versions: tuple[int, ...] | None = None, **settings: Any
-) -> AsyncIterator[Harness]:
-    pods = {
-        name: await start_quic_pod(
-            name, host, 0, pki.cert_path, pki.key_path, retry=retry, versions=pod_versions
-        )
-        for name, host in POD_HOSTS.items()
-    }
-    targets = {name: Target(name, POD_HOSTS[name], 1, bound_port(pod)) for name, pod in pods.items()}
-    metrics = RouterMetrics()
-    snapshot = [TargetSnapshot.of(list(targets.values()))]
-    limits = {name: settings.pop(name) for name in list(settings) if name in FlowLimits.__dataclass_fields__}
-    udp_settings = UdpRouterSettings(FlowLimits(**limits), **settings)
-    try:
-        async with running_udp_router(lambda: snapshot[0], udp_settings, metrics) as (router, port):
-            yield Harness(router, metrics, port, targets, pki.ca_path, snapshot)
-    finally:
-        for pod in pods.values():
-            pod.close()
-
-
-class _Recorder(QuicConnectionProtocol):
-    terminated: events.ConnectionTerminated | None = None
-
-    def quic_event_received(self, event: events.QuicEvent) -> None:
-        if isinstance(event, events.ConnectionTerminated):
-            self.terminated = event
-        super().quic_event_received(event)
-
-
-async def refusal(h: Harness, server_name: str | None) -> events.ConnectionTerminated:
-    """Connect expecting a refusal; the CONNECTION_CLOSE the client received."""
-    made: list[_Recorder] = []
-
-    def create(*args: Any, **kwargs: Any) -> _Recorder:
-        made.append(_Recorder(*args, **kwargs))
-        return made[-1]
-
-    config = client_configuration(server_name, h.cafile)
-    with pytest.raises(ConnectionError):
-        async with connect(ROUTER_HOST, h.port, configuration=config, create_protocol=create):
-            pass
-    terminated = made[0].terminated
-    assert terminated is not None
-    return terminated
-
 
 # -- routing ------------------------------------------------------------------------------
 @pytest.mark.parametrize("version", [QUIC_V1, QUIC_V2], ids=["v1", "v2"])
@@ -213,7 +120,7 @@ async def test_a_flood_of_refusals_is_counted_but_logged_at_a_bounded_rate(
 ) -> None:
     attempts = 3 * int(c.REJECTION_LOG_LINES_PER_S)
     async with running(pki) as h, raw_socket() as sock:
-        flights = [_initial(h, "nobody.example.com")[0] for _ in range(attempts)]  # a new DCID each
+        flights = [first_flight(h, "nobody.example.com")[0] for _ in range(attempts)]  # a new DCID each
         with caplog.at_level(logging.INFO, logger="router.udp_router"):
             for initial in flights:
                 sock.sendto(initial, (ROUTER_HOST, h.port))
@@ -237,40 +144,13 @@ async def test_snapshot_changes_apply_to_new_flows_only(pki: DemoPki) -> None:
         assert h.outcome("target_unavailable") == 1
 
 
-def _initial(h: Harness, server_name: str | None, version: int = QUIC_V1) -> list[bytes]:
-    """A real client's first flight, for tests that speak raw UDP."""
-    conn = QuicConnection(configuration=client_configuration(server_name, h.cafile, version))
-    conn.connect((ROUTER_HOST, h.port), now=0.0)
-    return [d for d, _ in conn.datagrams_to_send(now=0.0)]
-
-
-@asynccontextmanager
-async def raw_socket() -> AsyncIterator[socket.socket]:
-    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    sock.bind((ROUTER_HOST, 0))
-    sock.setblocking(False)
-    try:
-        yield sock
-    finally:
-        sock.close()
-
-
-def _received(sock: socket.socket) -> list[bytes]:
-    out = []
-    while True:
-        try:
-            out.append(sock.recv(65536))
-        except BlockingIOError:
-            return out
-
-
 async def test_retransmits_of_a_refused_attempt_get_a_bounded_number_of_answers(pki: DemoPki) -> None:
     async with running(pki) as h, raw_socket() as sock:
-        (initial,) = _initial(h, "nobody.example.com")
+        (initial,) = first_flight(h, "nobody.example.com")
         for _ in range(5):
             sock.sendto(initial, (ROUTER_HOST, h.port))
         await eventually(lambda: h.dropped("rate_limited") == 2, what="two silenced retransmits")
-        answers = _received(sock)
+        answers = received(sock)
         assert len(answers) == c.QUIC_ANSWERS_PER_REJECTION
         assert all(len(a) <= len(initial) for a in answers)
         assert h.outcome("unknown_sni") == 1  # parsed and counted once
@@ -278,32 +158,32 @@ async def test_retransmits_of_a_refused_attempt_get_a_bounded_number_of_answers(
 
 async def test_refusals_beyond_the_byte_budget_are_silent(pki: DemoPki) -> None:
     async with running(pki, reject_budget_bytes_per_s=1.0) as h, raw_socket() as sock:
-        (initial,) = _initial(h, "nobody.example.com")
+        (initial,) = first_flight(h, "nobody.example.com")
         sock.sendto(initial, (ROUTER_HOST, h.port))
         await eventually(lambda: h.dropped("rate_limited") == 1, what="a refusal over budget")
-        assert _received(sock) == [] and h.outcome("unknown_sni") == 1
+        assert received(sock) == [] and h.outcome("unknown_sni") == 1
 
 
 async def test_unusable_datagrams_from_new_addresses_are_dropped_and_counted(pki: DemoPki) -> None:
     async with running(pki) as h, raw_socket() as sock:
-        (initial,) = _initial(h, sni("stargate-0"))
+        (initial,) = first_flight(h, sni("stargate-0"))
         router = (ROUTER_HOST, h.port)
         sock.sendto(b"\x40" + bytes(40), router)  # short header, unknown CID
         sock.sendto(initial[:1100], router)  # an Initial cut under 1200 bytes
         sock.sendto(b"\xff\x00", router)  # a long header that is not one
         reasons = ("not_initial", "short_initial", "malformed")
         await eventually(lambda: [h.dropped(r) for r in reasons] == [1, 1, 1], what="three drops")
-        assert _received(sock) == [] and h.router.pending_flows == h.router.active_flows == 0
+        assert received(sock) == [] and h.router.pending_flows == h.router.active_flows == 0
 
 
-async def test_unknown_versions_get_version_negotiation_never_larger_than_received(pki: DemoPki) -> None:
+async def test_unknown_versions_get_version_negotiation_never_larger_thanreceived(pki: DemoPki) -> None:
     async with running(pki) as h, raw_socket() as sock:
         dcid, scid = bytes(range(8)), bytes(range(10, 18))
         probe = b"\xc0" + (0x1A2A3A4A).to_bytes(4, "big") + b"\x08" + dcid + b"\x08" + scid
         sock.sendto(probe.ljust(1200, b"\x00"), (ROUTER_HOST, h.port))
         sock.sendto(probe.ljust(1199, b"\x00"), (ROUTER_HOST, h.port))  # too small to answer
         await eventually(lambda: h.dropped("not_initial") == 2, what="both probes handled")
-        (vn,) = _received(sock)
+        (vn,) = received(sock)
         assert vn[0] & 0x80 and vn[1:5] == bytes(4) and len(vn) <= 1200
         assert vn[5:6 + 8 + 1 + 8] == b"\x08" + scid + b"\x08" + dcid  # CIDs echoed swapped
         versions = {int.from_bytes(vn[i : i + 4], "big") for i in range(23, len(vn), 4)}
@@ -353,7 +233,7 @@ async def test_a_pod_port_that_refuses_is_a_relay_error(pki: DemoPki) -> None:
         dead = Target("stargate-0", POD_HOSTS["stargate-0"], 1, closed.getsockname()[1])
         closed.close()  # nothing listens there now: the kernel answers ICMP port unreachable
         h.publish(**{"stargate-0": dead})
-        for datagram in _initial(h, sni("stargate-0")):
+        for datagram in first_flight(h, sni("stargate-0")):
             sock.sendto(datagram, (ROUTER_HOST, h.port))
         await eventually(lambda: h.outcome("relay_error") == 1, what="the flow to fail")
         assert h.outcome("accepted") == 1 and h.router.active_flows == 0
@@ -411,38 +291,3 @@ async def test_drain_refuses_new_flows_and_keeps_established_ones(pki: DemoPki) 
             assert await request(client, b"draining") == b"stargate-0:draining"
             await asyncio.wait_for(h.router.drain(0.2), T)  # the flow outlives the drain: cut
             assert h.router.active_flows == 0 and h.outcome("completed") == 1
-
-
-async def test_clients_reusing_a_local_port_reach_their_own_pods(pki: DemoPki) -> None:
-    """Two clients on one local port, one after the other, to two pods: while the first one's flow
-    is still established, the second (another pod) is refused until the first client has been quiet
-    for the takeover grace, then reaches its pod; a third, to that same pod, shares the flow."""
-    async with running(pki, takeover_quiet_s=0.3) as h:
-        probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        probe.bind((ROUTER_HOST, 0))
-        local_port = probe.getsockname()[1]
-        probe.close()
-
-        async def whoami_from_port(pod: str, create: Any = QuicConnectionProtocol) -> str:
-            config = client_configuration(sni(pod), h.cafile)
-            async with connect(ROUTER_HOST, h.port, configuration=config, local_port=local_port,
-                               create_protocol=create) as client:
-                return (await request(client, WHOAMI)).partition(b":")[0].decode()
-
-        assert await asyncio.wait_for(whoami_from_port("stargate-0"), T) == "stargate-0"
-        made: list[_Recorder] = []
-
-        def recorder(*args: Any, **kwargs: Any) -> _Recorder:
-            made.append(_Recorder(*args, **kwargs))
-            return made[-1]
-
-        with pytest.raises(ConnectionError):  # the first client spoke a moment ago
-            await asyncio.wait_for(whoami_from_port("stargate-1", recorder), T)
-        terminated = made[0].terminated
-        assert terminated is not None and terminated.reason_phrase == c.REASON_ADDRESS_IN_USE
-        assert h.outcome("target_unavailable") == 1 and h.router.active_flows == 1
-        await asyncio.sleep(0.4)
-        assert await asyncio.wait_for(whoami_from_port("stargate-1"), T) == "stargate-1"
-        assert h.outcome("completed") == 1 and h.router.active_flows == 1
-        assert await asyncio.wait_for(whoami_from_port("stargate-1"), T) == "stargate-1"  # shares the flow
-        assert h.outcome("accepted") == 3 and h.router.active_flows == 1 and h.router.pending_flows == 0

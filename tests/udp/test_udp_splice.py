@@ -25,7 +25,8 @@ from router import constants as c
 from router.demo.pki import DemoPki
 from router.extensions import PYTHON, Extensions, choose
 from router.udp import batching, native
-from router.udp.flow_table import Flow, FlowLimits
+from router.udp.flow_limits import FlowLimits
+from router.udp.flow_table import Flow
 from router.udp.settings import UdpRouterSettings
 from tests.support.quic_exchange import quic_exchange
 from tests.support.udp_router import has_datagram, running_udp_router
@@ -99,7 +100,7 @@ def test_short_headers_from_an_attached_client_reach_its_pod_in_order_and_are_co
             x.client.sendto(datagram, x.public.getsockname())
         assert x.splicer.from_clients(12.5) == []
         assert [x.pod.recv(65536) for _ in burst] == burst
-        assert (x.flow.client_bytes, x.flow.client_seen_at, x.flow.last_active) == (100 * 1200 + 300, 12.5, 12.5)
+        assert (x.flow.client_bytes, x.flow.last_active) == (100 * 1200 + 300, 12.5)
         assert x.splicer.take_counts() == (100 * 1200 + 300, 0)
 
 
@@ -282,8 +283,6 @@ def test_wrong_calls_raise_clear_errors() -> None:
         fd = x.link.fileno()
         with pytest.raises(ValueError, match="attached already"):
             x.splicer.attach(fd, ("127.0.0.1", 1), x.flow)
-        with pytest.raises(ValueError, match="attached already"):
-            x.splicer.attach(fd + 1000, x.client.getsockname(), x.flow)
         with pytest.raises(ValueError, match="not an IPv4 address"):
             x.splicer.attach(fd + 1000, ("stargate-0", 1), x.flow)
         with pytest.raises(ValueError, match="tuple"):
@@ -382,9 +381,11 @@ async def _exchange(pki: DemoPki, request: bytes, answer: bytes) -> tuple[bytes,
         snapshot = TargetSnapshot.of([Target("stargate-0", POD_HOST, 1, pod_port)])
         # The sweeper drains the splice's counts into the metrics every sweep: none may run during
         # the exchange (a slow one, under ASan, took longer than QUIC_FLOW_SWEEP_INTERVAL_MS), or
-        # take_counts below would see only what moved since the last sweep.
+        # take_counts below would see only what moved since the last sweep. The sweep runs four times
+        # within the shortest idle timeout a flow may have (three PTOs and the grace): long here.
         quiet = UdpRouterSettings(extensions=choose().with_splice(True), sweep_interval_s=60.0,
-                                  limits=FlowLimits(pending_flow_timeout_s=240.0, idle_timeout_s=600.0))
+                                  limits=FlowLimits(pending_flow_timeout_s=240.0, idle_timeout_s=600.0,
+                                                    probe_timeout_s=80.0))
         async with running_udp_router(lambda: snapshot, quiet) as (router, port):
             assert router._splicer is not None
             yield port

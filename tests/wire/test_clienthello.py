@@ -10,8 +10,20 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from quic.native import client_hello_parser
+from tests.fuzz.seed_flights import quic_hellos
 from tests.support.quic_readings import Native, both_readings
-from tests.support.tls import HOST, aioquic_client_hello, alpn_ext, build_hello, sni_ext, ssl_client_hello, u16
+from tests.support.tls import (
+    HOST,
+    MAX_IDLE_TIMEOUT_PARAMETER,
+    aioquic_client_hello,
+    alpn_ext,
+    build_hello,
+    sni_ext,
+    ssl_client_hello,
+    transport_parameters_ext,
+    u16,
+    varint,
+)
 from wire.client_hello import (
     MAX_TLS_CLIENT_HELLO_BYTES,
     ClientHelloError,
@@ -136,6 +148,62 @@ def test_malformed_hellos(native: Native, hello: bytes, reason: str) -> None:
         client_hello_parser(native)(hello)
 
 
+IDLE = MAX_IDLE_TIMEOUT_PARAMETER
+
+
+@both_readings
+def test_a_quic_clients_hello_says_its_max_idle_timeout(native: Native) -> None:
+    """aioquic's first flight (its default 60 s idle timeout) and hand-built transport parameters."""
+    assert [client_hello_parser(native)(h).max_idle_timeout_ms for h in quic_hellos()] == [60_000, 60_000]
+    assert client_hello_parser(native)(ssl_client_hello()).max_idle_timeout_ms == 0  # TLS over TCP: none
+
+
+@both_readings
+@pytest.mark.parametrize(
+    ("parameters", "idle_ms"),
+    [
+        ([], 0),
+        ([(IDLE, varint(0))], 0),
+        ([(IDLE, varint(2_000))], 2_000),
+        ([(0x04, varint(1 << 20)), (IDLE, varint(30_000, 4)), (0x0F, b"")], 30_000),
+        ([(IDLE, varint((1 << 62) - 1))], (1 << 62) - 1),
+        ([(0x2A, b"\xff" * 9)], 0),  # other parameters are skipped, whatever their value
+    ],
+    ids=["empty", "zero", "two_seconds", "among_others", "largest", "others_only"],
+)
+def test_transport_parameters_give_the_idle_timeout(
+    native: Native, parameters: list[tuple[int, bytes]], idle_ms: int
+) -> None:
+    info = client_hello_parser(native)(build_hello([sni_ext((0, b"a.b")), transport_parameters_ext(*parameters)]))
+    assert (info.server_name, info.max_idle_timeout_ms) == ("a.b", idle_ms)
+
+
+@both_readings
+def test_a_non_minimal_parameter_id_is_still_max_idle_timeout(native: Native) -> None:
+    body = varint(IDLE, 2) + varint(2) + varint(1_500, 2)
+    assert client_hello_parser(native)(build_hello([(57, body)])).max_idle_timeout_ms == 1_500
+
+
+@both_readings
+@pytest.mark.parametrize(
+    ("body", "reason"),
+    [
+        (varint(IDLE) + varint(2) + varint(1) + varint(1), "trailing"),
+        (varint(IDLE) + varint(1) + varint(100, 2)[:1], "truncated"),
+        (varint(IDLE) + varint(0), "truncated max_idle_timeout"),
+        (varint(IDLE) + varint(1) + varint(5) + varint(IDLE) + varint(1) + varint(6), "duplicate max_idle_timeout"),
+        (varint(0x04) + varint(9) + b"\x00", "truncated transport parameter value"),
+        (varint(0x04, 2)[:1], "truncated transport parameter id"),
+        (varint(0x04), "truncated transport parameter length"),
+    ],
+    ids=["value_longer_than_varint", "value_cut", "empty_value", "duplicate", "length_overrun", "id_cut",
+         "no_length"],
+)
+def test_malformed_transport_parameters_are_refused(native: Native, body: bytes, reason: str) -> None:
+    with pytest.raises(ClientHelloError, match=reason):
+        client_hello_parser(native)(build_hello([(57, body)]))
+
+
 @both_readings
 def test_extension_length_overrunning_the_block(native: Native) -> None:
     hello = bytearray(build_hello([sni_ext((0, b"a.b"))]))
@@ -187,7 +255,7 @@ def test_fuzz_mutated_real_hello(native: Native, mutations: list[tuple[int, int]
 @both_readings
 @settings(max_examples=300, deadline=None)
 @given(
-    st.lists(st.tuples(st.sampled_from([0, 16, 43, 51, 0xFFFF]), st.binary(max_size=40)), max_size=5),
+    st.lists(st.tuples(st.sampled_from([0, 16, 43, 51, 57, 0xFFFF]), st.binary(max_size=40)), max_size=5),
     st.binary(max_size=40),
 )
 def test_fuzz_structured_extensions(native: Native, extensions: list[tuple[int, bytes]], session_id: bytes) -> None:
@@ -201,6 +269,8 @@ def test_fuzz_structured_extensions(native: Native, extensions: list[tuple[int, 
         REAL_HELLO,
         aioquic_client_hello(),
         build_hello([sni_ext((0, b"pod-0.stargate.external")), alpn_ext(b"a", b"bc")]),
+        *quic_hellos(),
+        build_hello([transport_parameters_ext((0x04, varint(9)), (IDLE, varint(2_000, 4)), (0x0F, b"ab"))]),
     ]),
     st.lists(st.tuples(st.integers(0, 2000), st.integers(0, 255)), max_size=3),
     st.integers(0, 20),
