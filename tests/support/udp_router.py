@@ -47,3 +47,16 @@ def has_datagram(sock: socket.socket) -> bool:
     except BlockingIOError:
         return False
     return True
+
+
+UDP_TIMEOUT_S = 5.0
+"""A test socket's blocking timeout: a datagram that never comes fails the test instead of hanging it."""
+
+
+def udp_socket(host: str, timeout: float | None = UDP_TIMEOUT_S) -> socket.socket:
+    """A UDP socket bound to ``host`` (any port), with a 4 MiB receive buffer so a burst is kept."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.bind((host, 0))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 22)
+    sock.settimeout(timeout)
+    return sock

@@ -34,7 +34,7 @@ from router.udp import pod_to_client as udp_replies
 from router.udp.edge import UdpRouter
 from router.udp.settings import UdpRouterSettings
 from tests.support.quic_exchange import quic_exchange
-from tests.support.udp_router import running_udp_router
+from tests.support.udp_router import running_udp_router, udp_socket
 
 ROUTER_HOST, POD_HOST = "127.0.0.1", "127.0.0.2"
 SNI = "stargate-0.stargate.external"
@@ -256,16 +256,9 @@ def test_a_refused_gro_option_is_not_asked_again() -> None:
 
 
 # -- the kernel ---------------------------------------------------------------------------
-def _udp(host: str) -> socket.socket:
-    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    sock.bind((host, 0))
-    sock.settimeout(T)
-    return sock
-
-
 def test_a_gso_send_reaches_a_gro_receiver_as_one_buffer_and_a_plain_one_as_datagrams() -> None:
     data = memoryview(os.urandom(5 * 1200 + 300))
-    with _udp(ROUTER_HOST) as sender, _udp(ROUTER_HOST) as gro, _udp(ROUTER_HOST) as plain:
+    with udp_socket(ROUTER_HOST) as sender, udp_socket(ROUTER_HOST) as gro, udp_socket(ROUTER_HOST) as plain:
         if not b.enable_gro(gro):
             pytest.skip("kernel without UDP_GRO")
         assert b.send_segments(sender, data, 1200, gro.getsockname()) == len(data)
@@ -281,7 +274,7 @@ def test_a_gso_send_reaches_a_gro_receiver_as_one_buffer_and_a_plain_one_as_data
 
 def test_a_connected_gso_send_arrives_as_the_same_datagrams_in_order() -> None:
     datagrams = [os.urandom(1200) for _ in range(70)] + [os.urandom(700), os.urandom(30), os.urandom(1200)]
-    with _udp(ROUTER_HOST) as sender, _udp(POD_HOST) as pod:
+    with udp_socket(ROUTER_HOST) as sender, udp_socket(POD_HOST) as pod:
         pod.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
         sender.connect(pod.getsockname())
         limit = b.path_segment_limit(sender)
@@ -291,7 +284,7 @@ def test_a_connected_gso_send_arrives_as_the_same_datagrams_in_order() -> None:
 
 
 def test_an_unconnected_socket_has_no_path_segment_limit() -> None:
-    with _udp(ROUTER_HOST) as sock:
+    with udp_socket(ROUTER_HOST) as sock:
         assert b.path_segment_limit(sock) == 0
 
 
@@ -344,7 +337,7 @@ async def routed_flow(
     """A UDP pod and client with one flow routed between them: (relay, pod, client, the address
     the pod sees the flow's socket at)."""
     loop = asyncio.get_running_loop()
-    with _udp(POD_HOST) as pod, _udp(ROUTER_HOST) as client:
+    with udp_socket(POD_HOST) as pod, udp_socket(ROUTER_HOST) as client:
         pod.setblocking(False)
         client.setblocking(False)
         async with relay_to(pod.getsockname()[1], monkeypatch) as relay:
@@ -415,7 +408,7 @@ def on_uvloop(test: Callable[[], Awaitable[None]]) -> None:
 
 def test_a_client_burst_reaches_the_pod_in_one_outbox_datagram_by_datagram(monkeypatch: pytest.MonkeyPatch) -> None:
     async def burst_through_the_router() -> None:
-        with _udp(POD_HOST) as pod, _udp(ROUTER_HOST) as client:
+        with udp_socket(POD_HOST) as pod, udp_socket(ROUTER_HOST) as client:
             async with relay_to(pod.getsockname()[1], monkeypatch) as relay:
                 initial = _client_initial()
                 client.sendto(initial, (ROUTER_HOST, relay.port))

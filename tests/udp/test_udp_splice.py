@@ -29,21 +29,13 @@ from router.udp.flow_limits import FlowLimits
 from router.udp.flow_table import Flow
 from router.udp.settings import UdpRouterSettings
 from tests.support.quic_exchange import quic_exchange
-from tests.support.udp_router import has_datagram, running_udp_router
+from tests.support.udp_router import has_datagram, running_udp_router, udp_socket
 
 pytestmark = pytest.mark.skipif(not native.is_built(), reason="the C splice is not built (no C compiler)")
 
 ROUTER_HOST, POD_HOST = "127.0.0.1", "127.0.0.2"
 SNI = "stargate-0.stargate.external"
 T = 5.0
-
-
-def _udp(host: str, timeout: float | None = T) -> socket.socket:
-    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    sock.bind((host, 0))
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 22)
-    sock.settimeout(timeout)
-    return sock
 
 
 def _flow(address: tuple[str, int]) -> Flow[None]:
@@ -80,7 +72,7 @@ class Spliced:
 def spliced() -> Iterator[Spliced]:
     splicer_type = native.splicer_type(Extensions(splice=True))
     assert splicer_type is not None
-    with _udp(ROUTER_HOST) as public, _udp(ROUTER_HOST) as client, _udp(POD_HOST) as pod, \
+    with udp_socket(ROUTER_HOST) as public, udp_socket(ROUTER_HOST) as client, udp_socket(POD_HOST) as pod, \
             socket.socket(socket.AF_INET, socket.SOCK_DGRAM | socket.SOCK_NONBLOCK) as link:
         public.setblocking(False)
         link.connect(pod.getsockname())
@@ -125,7 +117,7 @@ def test_a_burst_the_kernel_refuses_to_segment_goes_datagram_by_datagram() -> No
 
 
 def test_what_the_splice_cannot_send_comes_back_in_order_and_a_flow_after_its_long_header_too() -> None:
-    with spliced() as x, _udp(ROUTER_HOST) as stranger:
+    with spliced() as x, udp_socket(ROUTER_HOST) as stranger:
         to = x.public.getsockname()
         x.client.sendto(short(0), to)
         stranger.sendto(short(1), to)
@@ -225,7 +217,7 @@ def test_gso_batches_of_more_datagrams_than_one_call_queues_all_arrive_in_order(
 
 
 def test_a_flood_of_gso_batches_from_a_stranger_comes_back_a_bounded_call_at_a_time_all_in_order() -> None:
-    with spliced() as x, _udp(ROUTER_HOST) as stranger:
+    with spliced() as x, udp_socket(ROUTER_HOST) as stranger:
         if not batching.enable_gro(x.public):
             pytest.skip("kernel without UDP_GRO")
         _receive_buffer(x.public, 1 << 23)
@@ -246,7 +238,7 @@ def test_a_flood_of_gso_batches_from_a_stranger_comes_back_a_bounded_call_at_a_t
 
 
 def test_a_moved_client_gets_the_pod_datagrams_at_its_new_address() -> None:
-    with spliced() as x, _udp(ROUTER_HOST) as moved:
+    with spliced() as x, udp_socket(ROUTER_HOST) as moved:
         x.splicer.rekey(x.link.fileno(), moved.getsockname())
         moved.sendto(short(1), x.public.getsockname())
         x.client.sendto(short(2), x.public.getsockname())
@@ -304,7 +296,7 @@ datagrams = st.lists(
 def test_every_datagram_reaches_the_pod_or_python_exactly_once_in_order(sent: list[tuple[str, bytes]]) -> None:
     """Whatever arrives: the attached client's short headers before its first other datagram go
     to the pod, everything else comes back, each exactly once and in arrival order."""
-    with spliced() as x, _udp(ROUTER_HOST) as stranger:
+    with spliced() as x, udp_socket(ROUTER_HOST) as stranger:
         senders = {"client": x.client, "stranger": stranger}
         for who, data in sent:
             senders[who].sendto(data, x.public.getsockname())
@@ -346,7 +338,7 @@ def test_a_clients_gso_batches_are_judged_datagram_by_datagram_in_order(
 ) -> None:
     """With GRO on the public socket a client's GSO batch is one read: the splice cuts it and
     holds each datagram to the same rule as if it had come alone."""
-    with spliced() as x, _udp(ROUTER_HOST) as stranger:
+    with spliced() as x, udp_socket(ROUTER_HOST) as stranger:
         if not batching.enable_gro(x.public):
             pytest.skip("kernel without UDP_GRO")
         senders = {"client": x.client, "stranger": stranger}
@@ -448,7 +440,7 @@ def test_an_ipv6_flow_is_spliced_both_ways_with_the_addresses_python_uses() -> N
 
 
 def test_the_loop_callbacks_hand_back_datagrams_learned_headers_and_failures_in_order() -> None:
-    with spliced() as x, _udp(ROUTER_HOST) as stranger:
+    with spliced() as x, udp_socket(ROUTER_HOST) as stranger:
         got: list[tuple[object, object]] = []
         failed: list[tuple[object, int]] = []
         to = x.public.getsockname()

@@ -34,7 +34,7 @@ from router.udp import native
 from router.udp.flow_table import Flow
 from router.udp.settings import UdpRouterSettings
 from tests.support.quic_exchange import answering_pod
-from tests.support.udp_router import has_datagram, running_udp_router
+from tests.support.udp_router import has_datagram, running_udp_router, udp_socket
 
 pytestmark = pytest.mark.skipif(not native.is_built(), reason="the C splice is not built (no C compiler)")
 
@@ -43,14 +43,6 @@ SNI = "stargate-0.stargate.external"
 T = 5.0
 SO_NO_CHECK = 11
 """``<asm-generic/socket.h>``: no UDP checksum on send, which makes the kernel refuse GSO (EINVAL)."""
-
-
-def _udp(host: str) -> socket.socket:
-    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    sock.bind((host, 0))
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 22)
-    sock.settimeout(T)
-    return sock
 
 
 def _splicer(public: socket.socket, io_uring: bool) -> native.Splicer:
@@ -89,10 +81,10 @@ class Many:
 @contextmanager
 def spliced_flows(count: int, io_uring: bool) -> Iterator[Many]:
     with ExitStack() as stack:
-        public = stack.enter_context(_udp(ROUTER_HOST))
+        public = stack.enter_context(udp_socket(ROUTER_HOST))
         public.setblocking(False)
-        clients = [stack.enter_context(_udp(ROUTER_HOST)) for _ in range(count)]
-        pods = [stack.enter_context(_udp(POD_HOST)) for _ in range(count)]
+        clients = [stack.enter_context(udp_socket(ROUTER_HOST)) for _ in range(count)]
+        pods = [stack.enter_context(udp_socket(POD_HOST)) for _ in range(count)]
         links = [stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_DGRAM | socket.SOCK_NONBLOCK))
                  for _ in range(count)]
         splicer = _splicer(public, io_uring)
@@ -109,7 +101,7 @@ both = pytest.mark.parametrize("io_uring", [True, False], ids=["io_uring", "send
 
 
 def test_the_ring_opens_where_the_kernel_allows_it_and_only_when_asked() -> None:
-    with _udp(ROUTER_HOST) as sock:
+    with udp_socket(ROUTER_HOST) as sock:
         off = _splicer(sock, False)
         assert (off.io_uring, off.io_uring_errno) == (False, 0)
         on = _splicer(sock, True)

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from router.extensions import Extensions
 from router.udp import native
 from router.udp.flow_table import Flow
-from tests.support.udp_router import has_datagram
+from tests.support.udp_router import has_datagram, udp_socket
 
 pytestmark = pytest.mark.skipif(not native.is_built(), reason="the C splice is not built (no C compiler)")
 
@@ -31,14 +31,6 @@ POD_HOSTS = ("127.0.0.2", "127.0.0.3")
 CIDS = (b"\x10" * 8, b"\x11" * 8)
 UNKNOWN = b"\x99" * 8
 T = 5.0
-
-
-def _udp(host: str) -> socket.socket:
-    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    sock.bind((host, 0))
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 22)
-    sock.settimeout(T)
-    return sock
 
 
 def short(dcid: bytes, n: int) -> bytes:
@@ -83,9 +75,9 @@ def shared(learn: bool = True) -> Iterator[Shared]:
     splicer_type = native.splicer_type(Extensions(splice=True))
     assert splicer_type is not None
     with ExitStack() as stack:
-        public, client = stack.enter_context(_udp(ROUTER_HOST)), stack.enter_context(_udp(ROUTER_HOST))
+        public, client = stack.enter_context(udp_socket(ROUTER_HOST)), stack.enter_context(udp_socket(ROUTER_HOST))
         public.setblocking(False)
-        pods = [stack.enter_context(_udp(host)) for host in POD_HOSTS]
+        pods = [stack.enter_context(udp_socket(host)) for host in POD_HOSTS]
         for pod in pods:
             pod.setblocking(False)  # what a call spliced is queued before it returns: drained without waiting
         links = [stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_DGRAM | socket.SOCK_NONBLOCK))
@@ -156,7 +148,7 @@ def test_the_second_flow_keeps_the_address_when_the_first_is_detached_and_stays_
 def test_a_flow_moved_onto_another_flows_address_joins_it() -> None:
     """An endpoint's connections follow it one by one when it rebinds: the first one moved to the
     new address takes it alone, the second joins it, and each keeps its datagrams."""
-    with shared() as x, _udp(ROUTER_HOST) as moved:
+    with shared() as x, udp_socket(ROUTER_HOST) as moved:
         x.splicer.rekey(x.links[0].fileno(), moved.getsockname())
         x.send(short(CIDS[0], 1), sock=moved)
         x.send(short(CIDS[1], 2))
