@@ -30,7 +30,6 @@ ROUTER_HOST = "127.0.0.1"
 POD_HOSTS = ("127.0.0.2", "127.0.0.3")
 CIDS = (b"\x10" * 8, b"\x11" * 8)
 UNKNOWN = b"\x99" * 8
-T = 5.0
 
 
 def short(dcid: bytes, n: int) -> bytes:
