@@ -31,7 +31,7 @@ from quic.initial_sniffer import InitialSniffer
 from router.outcomes import QuicDropReason
 from router.udp.flow_endings import FlowEndings, Link
 from router.udp.flow_table import Address, Flow, PendingFlow
-from router.udp.quic_lb import ServerIds, routable_cid
+from router.udp.quic_lb import ServerIds, routable_cid, server_id
 from router.udp.refusals import ByteBudget, peer
 from router.udp.settings import UdpRouterSettings
 
@@ -80,15 +80,24 @@ class ServerIdJoins(FlowEndings):
                             server_id_bytes, ", ".join(self._server_ids.ambiguous))
         return self._server_ids
 
-    def _join_unrouted(self, data: bytes, addr: Address, now: float) -> bool:
-        """A datagram from an address with no flow, naming no flow's connection ID: True when QUIC-LB
-        took it (joined, or dropped with a ``quic_lb_*`` reason), False when its connection ID is
-        not a routable one (the caller drops it as before)."""
+    def _named_pod(self, data: bytes) -> tuple[bytes, Target | None] | None:
+        """The datagram's connection ID and the ready pod its server ID names (None: none, or two);
+        None when it carries no server ID (QUIC-LB off, config rotation ``0b111``, too short)."""
         server_ids = self._server_ids_now()
         cid = routable_cid(data, self.settings.cid_length) if server_ids is not None else None
-        if server_ids is None or cid is None:
+        sid = server_id(cid, server_ids.server_id_bytes) if server_ids is not None and cid is not None else None
+        if sid is None or cid is None or server_ids is None:
+            return None
+        return cid, server_ids.by_id.get(sid)
+
+    def _join_unrouted(self, data: bytes, addr: Address, now: float) -> bool:
+        """A datagram from an address with no flow, naming no flow's connection ID: True when QUIC-LB
+        took it (joined, or dropped with a ``quic_lb_*`` reason), False when it carries no server ID
+        (the caller drops it as before)."""
+        named = self._named_pod(data)
+        if named is None:
             return False
-        target = server_ids.target(cid)
+        cid, target = named
         if target is None:
             self._drop(QuicDropReason.QUIC_LB_UNKNOWN_SERVER)
         else:
@@ -99,10 +108,9 @@ class ServerIdJoins(FlowEndings):
         """A datagram at a shared address naming no flow's learned connection ID: to the flow there
         of the pod its server ID names (which learns it), or a new flow beside them; False when it
         names no pod (the address's first flow takes it, as without QUIC-LB)."""
-        server_ids = self._server_ids_now()
-        cid = routable_cid(data, self.settings.cid_length) if server_ids is not None else None
-        target = server_ids.target(cid) if server_ids is not None and cid is not None else None
-        if target is None or cid is None:
+        named = self._named_pod(data)
+        cid, target = named if named is not None else (b"", None)
+        if target is None:
             return False
         for flow in self._table.flows_at(first.address):
             if flow.pod_name == target.pod_name:
