@@ -1,10 +1,11 @@
 """Router replicas behind a UDP balancer, with QUIC-LB pods behind them: a rollout on loopback.
 
 ``replicas`` starts two QUIC-LB pods (``quic_lb_pods``: stargate-0 on 127.0.0.2, stargate-1 on
-127.0.0.3), two router processes (``python -m router``) reading one endpoints file, and a
-``UdpBalancer`` in front of them that sends each new client address to the next replica and forgets
-a session idle for ``idle_s``. The ``Replicas`` it yields starts more routers (a rollout's new
-pods), sends SIGTERM to one (its drain), and reads their metrics.
+127.0.0.3; stargate-1 may be the quinn peer's QUIC-LB pod instead), two router processes
+(``python -m router``) reading one endpoints file, and a ``UdpBalancer`` in front of them that
+sends each new client address to the next replica and forgets a session idle for ``idle_s``. The
+``Replicas`` it yields starts more routers (a rollout's new pods), sends SIGTERM to one (its
+drain), and reads their metrics.
 """
 
 from __future__ import annotations
@@ -19,11 +20,15 @@ from pathlib import Path
 from typing import Any
 
 from aioquic.asyncio import QuicConnectionProtocol
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
 
 from router import constants as c
 from router.demo.pki import DemoPki
 from router.demo.quic_pods import bound_port
+from router.udp.quic_lb import pod_server_id
 from tests.support.quic_lb_pods import PodCids, start_quic_lb_pod
+from tests.support.quinn_client import start_quinn_pod
 from tests.support.router_process import RouterProcess, router_args, write_endpoints
 from tests.support.udp_balancer import Address, UdpBalancer
 
@@ -74,14 +79,23 @@ class Replicas:
 
 
 @asynccontextmanager
-async def replicas(pki: DemoPki, tmp: Path, *flags: str, idle_s: float = 0.5,
-                   self_encoded: bool = True) -> AsyncIterator[Replicas]:
-    """Two QUIC-LB pods, two routers with ``flags`` and the balancer; all stopped at the end."""
+async def replicas(pki: DemoPki, tmp: Path, *flags: str, idle_s: float = 0.5, self_encoded: bool = True,
+                   quinn: Path | None = None) -> AsyncIterator[Replicas]:
+    """Two QUIC-LB pods, two routers with ``flags`` and the balancer; all stopped at the end.
+    ``quinn``: the quinn peer's binary, which then serves stargate-1 (``quinn_peer pod``)."""
     cids = {name: PodCids(host, SERVER_ID_BYTES, self_encoded=self_encoded) for name, host in PODS.items()}
     pods = {name: await start_quic_lb_pod(name, PODS[name], pki.cert_path, pki.key_path, cids[name])
-            for name in PODS}
+            for name in PODS if quinn is None or name == "stargate-0"}
+    ports = {name: bound_port(pod) for name, pod in pods.items()}
+    quinn_pod = None
+    if quinn is not None:
+        cert, key = _der_files(pki, tmp)
+        server_id = pod_server_id(PODS["stargate-1"], SERVER_ID_BYTES)
+        assert server_id is not None
+        quinn_pod, ports["stargate-1"] = await start_quinn_pod(quinn, PODS["stargate-1"], cert, key, "stargate-1",
+                                                               server_id)
     endpoints = tmp / "endpoints.json"
-    write_endpoints(endpoints, [(name, PODS[name], 1, bound_port(pod)) for name, pod in pods.items()])
+    write_endpoints(endpoints, [(name, PODS[name], 1, port) for name, port in ports.items()])
     balancer = UdpBalancer([], idle_s)
     front = await balancer.start()
     r = Replicas(balancer, front, flags, endpoints, cids)
@@ -95,6 +109,20 @@ async def replicas(pki: DemoPki, tmp: Path, *flags: str, idle_s: float = 0.5,
             router.__exit__()
         for pod in pods.values():
             pod.close()
+        if quinn_pod is not None:
+            quinn_pod.kill()
+            await quinn_pod.wait()
+
+
+def _der_files(pki: DemoPki, tmp: Path) -> tuple[Path, Path]:
+    """The pods' certificate and key as the quinn pod reads them: DER, the key PKCS#8."""
+    cert = x509.load_pem_x509_certificate(Path(pki.cert_path).read_bytes())
+    key = serialization.load_pem_private_key(Path(pki.key_path).read_bytes(), password=None)
+    cert_der, key_der = tmp / "pod-cert.der", tmp / "pod-key.der"
+    cert_der.write_bytes(cert.public_bytes(serialization.Encoding.DER))
+    key_der.write_bytes(key.private_bytes(serialization.Encoding.DER, serialization.PrivateFormat.PKCS8,
+                                          serialization.NoEncryption()))
+    return cert_der, key_der
 
 
 @contextlib.contextmanager

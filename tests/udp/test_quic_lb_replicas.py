@@ -18,6 +18,7 @@ from aioquic.asyncio import connect
 
 from router.demo.pki import DemoPki
 from router.demo.quic_pods import client_configuration, request
+from tests.support import quinn_client
 from tests.support.access_peers import access_lines
 from tests.support.names import host as sni
 from tests.support.polling import eventually
@@ -113,6 +114,31 @@ async def test_an_endpoints_connections_to_two_pods_move_together_and_each_reach
         finally:
             shared.close()
         assert (await r.outcome(a, "accepted"), await r.outcome(b, "joined")) == (2, 2)
+
+
+@pytest.fixture(scope="module")
+def quinn_peer() -> Path:
+    binary, why_not = quinn_client.build()
+    if binary is None:
+        pytest.skip(f"the quinn peer cannot be built here: {why_not}")
+    return binary
+
+
+async def test_a_quinn_pods_connection_moved_to_a_replica_that_never_saw_it_keeps_working(
+    pki: DemoPki, tmp_path: Path, quinn_peer: Path
+) -> None:
+    """The quinn pod issues its connection IDs with the ``ConnectionIdGenerator`` the README shows."""
+    async with replicas(pki, tmp_path, QUIC_LB, quinn=quinn_peer) as r:
+        a, b = r.routers
+        config = client_configuration(sni("stargate-1"), pki.ca_path)
+        async with connect(*r.front, configuration=config) as client:
+            assert await request(client, b"via a") == b"stargate-1:via a"
+            await _session_expired(r)
+            assert await request(client, b"via b") == b"stargate-1:via b"
+            client._quic.change_connection_id()
+            assert await request(client, b"new cid") == b"stargate-1:new cid"
+            assert r.balancer.picked == [r.address(a), r.address(b)]
+        assert (await r.outcome(a, "accepted"), await r.outcome(b, "joined")) == (1, 1)
 
 
 async def test_without_quic_lb_a_moved_connection_is_dropped_and_counted_never_misrouted(
