@@ -19,6 +19,7 @@ import pytest
 from discovery.targets import Target
 from router.demo.pki import DemoPki
 from router.udp.quic_lb import pod_server_id
+from tests.support.initial_packets import long_header_packet
 from tests.support.polling import eventually
 from tests.support.quic_lb_pods import quic_lb_cid
 from tests.support.quic_pods_harness import POD_HOSTS, ROUTER_HOST, Harness, running
@@ -66,6 +67,21 @@ async def test_a_short_header_naming_a_ready_pod_opens_one_flow_to_it(pki: DemoP
             assert flow is not None and flow.pod_name == "stargate-1" and flow.shared
             await eventually(lambda: flow.client_bytes == 3 * 53, what="all three datagrams on the flow")
         assert h.outcome("accepted") == 0
+
+
+async def test_a_handshake_packet_naming_a_pod_joins_it_and_a_zero_rtt_packet_never_does(pki: DemoPki) -> None:
+    """A v1 Handshake packet's DCID is always one the server issued; a 0-RTT packet's is the
+    client's choice, which names no pod (and an Initial is read for its SNI instead)."""
+    def cid() -> bytes:
+        return quic_lb_cid(names("stargate-0"), os.urandom(7), 0, self_encoded=True)
+
+    async with running(pki, **QUIC_LB) as h:
+        with clients(2) as (handshake, zero_rtt):
+            handshake.sendto(long_header_packet(2, 300, dcid=cid()), (ROUTER_HOST, h.port))
+            zero_rtt.sendto(long_header_packet(1, 300, dcid=cid()), (ROUTER_HOST, h.port))
+            await eventually(lambda: h.outcome("joined") == 1 and h.dropped("not_initial") == 1)
+            flow = h.router._table.flow(handshake.getsockname())
+            assert flow is not None and flow.pod_name == "stargate-0"
 
 
 async def test_a_flood_naming_a_pod_opens_no_more_flows_than_the_join_bucket_holds(pki: DemoPki) -> None:
