@@ -22,7 +22,14 @@ from bench.results import OutputPathError, Outputs, Row, text_table
 
 
 def _scenarios() -> dict[str, Scenario]:
-    from bench import discovery_scenarios, grpc_scenarios, memory_scenarios, quic_scenarios, tcp_scenarios
+    from bench import (
+        discovery_scenarios,
+        grpc_scenarios,
+        memory_scenarios,
+        quic_lb_scenarios,
+        quic_scenarios,
+        tcp_scenarios,
+    )
 
     return {
         "discovery": discovery_scenarios.discovery,
@@ -35,6 +42,7 @@ def _scenarios() -> dict[str, Scenario]:
         "udp_download": quic_scenarios.udp_download,
         "udp_echo": quic_scenarios.udp_echo,
         "udp_demux": quic_scenarios.udp_demux,
+        "quic_lb_join": quic_lb_scenarios.quic_lb_join,
         "memory_tcp": memory_scenarios.memory_tcp,
         "memory_udp": memory_scenarios.memory_udp,
         "workers": tcp_scenarios.workers_speedup,

@@ -134,6 +134,7 @@ class RouterApp:
                 ),
                 cid_length=config.quic_cid_length,
                 max_flows_per_client=config.max_quic_flows_per_client,
+                quic_lb_server_id_bytes=config.quic_lb_server_id_bytes,
                 extensions=self.extensions,
             ),
             self.template, self.snapshot, self.metrics, self.access,

@@ -28,6 +28,7 @@ from router.flag_values import (
     positive_ms,
 )
 from router.inert_flags import InertFlags, add_inert_flags, parse_inert_flags
+from router.udp.quic_lb import MAX_SERVER_ID_BYTES
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +65,8 @@ class RouterConfig:
     """TCP connections accepted once their first bytes came (``--tcp-defer-accept on|off``)."""
     debug_endpoints: bool = False
     """``/debug/targets`` and ``/debug/connections`` on the health listener (they show client addresses)."""
+    quic_lb_server_id_bytes: int = c.DEFAULT_QUIC_LB_SERVER_ID_BYTES
+    """QUIC-LB server ID length, 1..15 octets (``--quic-lb-server-id-bytes``); 0 = off."""
     tunnel_protocol: str = c.DEFAULT_TUNNEL_PROTOCOL
     """``raw-quic`` or ``webtransport``: routed alike; says which counter the QUIC listener's flows go to."""
     inert: InertFlags = field(default_factory=InertFlags)
@@ -123,6 +126,11 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     add("--log-level", default=None, help=f"debug, info, warning, error (env {c.LOG_LEVEL_ENV})")
     add("--workers", default=str(c.DEFAULT_WORKERS), help="processes sharing the listeners (SO_REUSEPORT)")
     add("--quic-cid-length", default=None, help="pod connection ID length (default: learned from long headers)")
+    add(
+        "--quic-lb-server-id-bytes", default=str(c.DEFAULT_QUIC_LB_SERVER_ID_BYTES),
+        help="pods issue QUIC-LB connection IDs whose server ID is the last N bytes of their address: "
+        "route datagrams no flow knows by it (1-15; 0 = off)",
+    )
     add(
         "--accept-proxy-protocol", nargs="?", const="true", default=str(c.DEFAULT_ACCEPT_PROXY_PROTOCOL).lower(),
         help="every TCP connection starts with a PROXY v1/v2 header naming the client (true/false)",
@@ -204,6 +212,9 @@ def config_from_args(
         if not ns.quic_cid_length.isdigit() or not 1 <= int(ns.quic_cid_length) <= 20:
             raise ConfigError(f"--quic-cid-length: expected 1-20, got {ns.quic_cid_length!r}")
         cid_length = int(ns.quic_cid_length)
+    server_id_bytes = ns.quic_lb_server_id_bytes
+    if not server_id_bytes.isdigit() or not 0 <= int(server_id_bytes) <= MAX_SERVER_ID_BYTES:
+        raise ConfigError(f"--quic-lb-server-id-bytes: expected 0-{MAX_SERVER_ID_BYTES}, got {server_id_bytes!r}")
     for flag, value in (("--access-log", ns.access_log), ("--tcp-defer-accept", ns.tcp_defer_accept)):
         if value not in ("on", "off"):
             raise ConfigError(f"{flag}: expected on or off, got {value!r}")
@@ -245,6 +256,7 @@ def config_from_args(
         access_log=ns.access_log == "on",
         tcp_defer_accept=ns.tcp_defer_accept == "on",
         debug_endpoints=bool(ns.debug_endpoints),
+        quic_lb_server_id_bytes=int(server_id_bytes),
         tunnel_protocol=ns.tunnel_protocol,
         inert=inert,
     )

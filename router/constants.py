@@ -194,6 +194,19 @@ QUIC_IDLE_PROBE_TIMEOUT_MS: Final = 1_000
 QUIC_IDLE_GRACE_MS: Final = 1_000
 """Added to a flow's idle expiry: the sweep's lateness and a close's last datagrams in flight."""
 
+# -- QUIC / UDP: QUIC-LB (router/udp/quic_lb.py, router/udp/server_id_joins.py) --
+DEFAULT_QUIC_LB_SERVER_ID_BYTES: Final = 0
+"""``--quic-lb-server-id-bytes``: off. Pods must issue QUIC-LB connection IDs for it to mean anything."""
+
+QUIC_LB_JOINS_PER_S: Final = 500.0
+"""Flows one worker may open per second for datagrams routed by server ID (a token bucket): a
+replica's rollout moves its tunnels to the others at this pace at least; a flood of datagrams naming
+a pod costs at most this many sockets a second (each datagram is retransmitted, so a refused join
+is tried again)."""
+
+QUIC_LB_JOIN_BURST: Final = 1_000.0
+"""The bucket's depth: a rolled-out replica's thousand tunnels join another at once."""
+
 # -- Memory: the QUIC tables' bounds sized to the container's limit (router/memory_bounds.py)
 CGROUP_MEMORY_MAX_PATH: Final = "/sys/fs/cgroup/memory.max"
 """cgroup v2's memory limit of the container (its own cgroup under a cgroup namespace, as in Kubernetes)."""

@@ -53,6 +53,10 @@ class QuicOutcome(StrEnum):
     TARGET_UNAVAILABLE = "target_unavailable"
     CLIENT_LIMIT = "client_limit"
     """The client IP already held ``--max-quic-flows-per-client`` flows (not the Rust router's)."""
+    JOINED = "joined"
+    """A flow opened for a connection routed elsewhere before, found by the server ID its pod put in
+    the connection ID (``--quic-lb-server-id-bytes``; not the Rust router's). Counted instead of
+    ``accepted``: summed over replicas, ``accepted`` counts each connection once."""
     COMPLETED = "completed"
     RELAY_ERROR = "relay_error"
 
@@ -74,6 +78,8 @@ class WebTransportOutcome(StrEnum):
     """The Rust router's: the pod refused the CONNECT, inside encrypted HTTP/3; an L4 router never sees it (0)."""
     CLIENT_LIMIT = "client_limit"
     """The client IP already held ``--max-quic-flows-per-client`` flows (not the Rust router's)."""
+    JOINED = "joined"
+    """A flow opened by the server ID in its connection ID (``QuicOutcome.JOINED``; not the Rust router's)."""
     COMPLETED = "completed"
     RELAY_ERROR = "relay_error"
 
@@ -93,6 +99,12 @@ class QuicDropReason(StrEnum):
     FLOW_TABLE_FULL = "flow_table_full"
     PENDING_TIMEOUT = "pending_timeout"
     RATE_LIMITED = "rate_limited"
+    QUIC_LB_UNKNOWN_SERVER = "quic_lb_unknown_server"
+    """A connection ID whose QUIC-LB server ID names no ready pod, or two (their addresses end alike)."""
+    QUIC_LB_RATE_LIMITED = "quic_lb_rate_limited"
+    """It named a pod, but this second's joins were spent (``QUIC_LB_JOINS_PER_S``)."""
+    QUIC_LB_REFUSED = "quic_lb_refused"
+    """It named a pod, but the router is draining or its client holds ``--max-quic-flows-per-client``."""
 
 
 class RelayDirection(StrEnum):

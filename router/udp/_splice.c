@@ -31,7 +31,8 @@
  *     ever; once two flows have met at an address (attach, rekey) they are shared, and each of
  *     their datagrams goes to the flow whose last learned pod CID it carries as its DCID (a
  *     short list, walked only then); one that names none goes to Python, with the rest of that
- *     address's datagrams of the call.
+ *     address's datagrams of the call. A flow QUIC-LB joined is told apart so from the start
+ *     (learn: the pod CID it came with), alone at its address or not.
  *   pod -> client: an epoll set holds the attached pod sockets; each readable one is read with
  *     recvmmsg and its datagrams leave the public socket to the flow's client address in one
  *     sendmmsg across flows. A pod socket with UDP_GRO on may hand over a pod's GSO batch (or
@@ -100,12 +101,13 @@ typedef struct Slot {
     unsigned int slow_call;            /* the call in which this flow went to Python */
     unsigned int touched_call;         /* the call in which it was last counted */
     int failed;                        /* an error is queued for Python: send nothing more */
-    unsigned char scid[MAX_CID_BYTES]; /* the pod's SCID last handed to Python (v1/v2 only) */
+    unsigned char scid[MAX_CID_BYTES]; /* the pod's SCID last handed to Python (v1/v2 only), or learn()'s */
     int scid_len;                      /* -1: none yet */
     int no_gso;                        /* the kernel refused a GSO send to this pod (a segment over the
                                           route's MTU): its runs go datagram by datagram from then on */
     struct Slot *next_here;            /* the next flow at its client address (by_key names the first) */
-    int shared;                        /* it has met another flow at an address: chosen by DCID from then on */
+    int shared;                        /* it has met another flow at an address, or learn() named it: chosen
+                                          by DCID from then on */
 } Slot;
 
 typedef struct {
@@ -893,6 +895,35 @@ Splicer_rekey(Splicer *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
+/* learn(pod_fd, cid): `cid` is a connection ID the pod issued for the flow on pod_fd, learned
+ * outside the pod's long headers (QUIC-LB: the DCID a joined flow came with, or a later one whose
+ * server ID names the same pod; router/udp/server_id_joins.py). The flow is told apart by DCID from
+ * then on, as at a shared address: its client's datagrams that carry `cid` are spliced, and any
+ * other (another connection of the same client socket, which may name another pod) goes to Python
+ * instead of to this pod. */
+static PyObject *
+Splicer_learn(Splicer *self, PyObject *args)
+{
+    int fd;
+    const char *cid;
+    Py_ssize_t cid_len;
+    if (!PyArg_ParseTuple(args, "iy#", &fd, &cid, &cid_len) || !ready(self))
+        return NULL;
+    Slot *slot = slot_for_fd(self, fd);
+    if (!slot) {
+        PyErr_Format(PyExc_KeyError, "pod fd %d is not attached", fd);
+        return NULL;
+    }
+    if (cid_len < 1 || cid_len > MAX_CID_BYTES) {
+        PyErr_Format(PyExc_ValueError, "a connection ID is 1 to %d bytes, got %zd", MAX_CID_BYTES, cid_len);
+        return NULL;
+    }
+    memcpy(slot->scid, cid, (size_t)cid_len);
+    slot->scid_len = (int)cid_len;
+    slot->shared = 1;
+    Py_RETURN_NONE;
+}
+
 /* The SCID of a pod's v1/v2 long header, when it is a new one for this flow (every handshake
  * datagram after the first carries the same): 1 with *scid and *scid_len set, and remembered. 0
  * for the same SCID again, an empty one, and anything Python would learn nothing from either
@@ -1356,6 +1387,8 @@ static PyMethodDef Splicer_methods[] = {
       "attach(pod_fd, client_address, flow): splice this flow here." },
     { "detach", (PyCFunction)Splicer_detach, METH_O, "detach(pod_fd): stop splicing it (before the fd is closed)." },
     { "rekey", (PyCFunction)Splicer_rekey, METH_VARARGS, "rekey(pod_fd, client_address): the client moved." },
+    { "learn", (PyCFunction)Splicer_learn, METH_VARARGS,
+      "learn(pod_fd, cid): a pod connection ID of this flow; its datagrams are told apart by DCID." },
     { "from_clients", (PyCFunction)Splicer_from_clients, METH_O,
       "from_clients(now) -> [(datagram, address)]: splice what the public socket holds; return the rest." },
     { "from_pods", (PyCFunction)Splicer_from_pods, METH_O,

@@ -9,7 +9,9 @@ address with flows, and anything from a shared address, where the connection IDs
 connection from another (``Flow.shared``). A new connection from an address that already has
 flows is sniffed beside them (a pending flow keyed by address and its DCID), so a spoofed
 Initial from a live client's address costs a pending flow of its own and never touches the
-live connection.
+live connection. A datagram that names no flow at all (the miss: a short header, or a Handshake
+packet, from an address with no flow for it) may still name its pod, with QUIC-LB pods
+(``server_id_joins``), as may a short header of a shared address that names none of its flows.
 
 ``ClientDemux`` is a base class of ``edge.UdpRouter``, like ``flow_endings.FlowEndings``: it
 acts on the router's own table, slots and refusals; the router decides routes (``_route``).
@@ -26,10 +28,11 @@ from quic.initial_sniffer import InitialSniffer
 from quic.packet import LongHeader, QuicPacketError, long_header_cids
 from router.outcomes import QuicDropReason, Termination
 from router.routing import Refusal
-from router.udp.flow_endings import FlowEndings, Link
+from router.udp.flow_endings import Link
 from router.udp.flow_table import Address, Flow, PendingFlow
 from router.udp.pod_link import Outboxes
 from router.udp.refusals import QuicRefusals, peer
+from router.udp.server_id_joins import ServerIdJoins
 from router.udp.settings import UdpRouterSettings
 from router.udp.verdicts import Verdict, classify_on_flow, classify_unrouted
 from wire.client_hello import ClientHelloInfo
@@ -38,7 +41,7 @@ log = logging.getLogger("router.udp_router")
 """The router's logger: migration and unusable-Initial lines keep the name operators filter on."""
 
 
-class ClientDemux(FlowEndings):
+class ClientDemux(ServerIdJoins):
     """Takes each client datagram to its flow, its pending flow, a refusal's answer, or a drop."""
 
     settings: UdpRouterSettings
@@ -101,7 +104,9 @@ class ClientDemux(FlowEndings):
         elif verdict is Verdict.OPEN and header is not None:
             self._open(header, data, addr, now)
         else:
-            self._drop(unrouted.drop_reason or QuicDropReason.MALFORMED)
+            reason = unrouted.drop_reason or QuicDropReason.MALFORMED
+            if reason is not QuicDropReason.NOT_INITIAL or not self._join_unrouted(data, addr, now):
+                self._drop(reason)
 
     def _from_flow_address(self, first: Flow[Link], data: bytes, now: float) -> None:
         """A long header from an address with flows, or any datagram of a shared address."""
@@ -112,6 +117,9 @@ class ClientDemux(FlowEndings):
         addr = first.address
         if verdict is Verdict.FORWARD and flow is not None:
             self._to_pod(flow, data, now)
+        elif verdict is Verdict.UNNAMED and flow is not None:
+            if not self._join_unnamed(flow, data, now):
+                self._to_pod(flow, data, now)
         elif verdict is Verdict.JOIN and flow is not None:
             self._join(flow, data, addr, now)
         elif verdict is Verdict.FEED and unrouted.pending is not None:

@@ -90,7 +90,9 @@ class UdpRouter(ClientDemux):
         self._accepting = True
         self._sweeper: asyncio.Task[None] | None = None
         self._accepted = metrics.quic_flow_series(QuicOutcome.ACCEPTED)
-        """Looked up once: every flow counts one."""
+        """Looked up once: every flow counts one, or one ``joined`` (``server_id_joins``)."""
+        self._joined = metrics.quic_flow_series(QuicOutcome.JOINED)
+        self._start_joins()
         # The flow gauges are read from the table at scrape time, not updated per flow.
         metrics.pending_flows.set_function(lambda: self._table.pending_count)
         self._series.active.set_function(lambda: self._table.flow_count)
@@ -202,9 +204,11 @@ class UdpRouter(ClientDemux):
         self._dial(pending, decision, hostname, self._table.limits.flow_idle_timeout_s(info.max_idle_timeout_ms))
 
     def _dial(
-        self, pending: PendingFlow[InitialSniffer], target: Target, hostname: str | None, idle_timeout_s: float
-    ) -> None:
-        """Open the flow's socket to the pod, then flush the buffered datagrams in order."""
+        self, pending: PendingFlow[InitialSniffer], target: Target, hostname: str | None, idle_timeout_s: float,
+        joined: bool = False,
+    ) -> Flow[Link] | None:
+        """Open the flow's socket to the pod, then flush the buffered datagrams in order; the flow, or
+        None when the socket could not be opened (refused). ``joined``: opened by QUIC-LB."""
         assert self._loop is not None
         started = self._clock()
         try:
@@ -213,7 +217,7 @@ class UdpRouter(ClientDemux):
             self._refusals.log.info("quic dial to %s for %s failed: %s", target.quic_endpoint,
                                     peer(pending.address), exc)
             self._refuse_pending(pending, hostname, Refusal.DIAL_FAILED, self._clock())
-            return
+            return None
         now = self._clock()
         self._series.dial.observe(now - started)
         link: Link = PodLink(self._loop, sock, self._flow_failed, self._splicer)
@@ -225,7 +229,7 @@ class UdpRouter(ClientDemux):
             self._splicer.attach(sock.fileno(), flow.address, flow)
         else:
             self._loop.add_reader(sock.fileno(), self._replies.readable, link)
-        self._accepted.inc()
+        (self._joined if joined else self._accepted).inc()
         if log.isEnabledFor(logging.DEBUG):
             log.debug("quic flow %s -> %s (%s)", peer(flow.address), target.quic_endpoint, hostname)
         # The buffered datagrams leave now, in order, before the C splice may send this flow's
@@ -234,6 +238,7 @@ class UdpRouter(ClientDemux):
         link.outbox.extend(pending.datagrams)
         pending.datagrams.clear()
         self._outboxes.sent_bytes += link.flush()
+        return flow
 
     def _refuse_pending(
         self, pending: PendingFlow[InitialSniffer], hostname: str | None, refusal: Refusal, now: float

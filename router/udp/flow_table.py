@@ -79,7 +79,7 @@ class Flow(Generic[H]):
     client_scid: bytes = b""
     """The client's own connection ID (its long headers carry it); b"" when it chose none."""
     shared: bool = False
-    """It has met another flow at an address: its datagrams are told apart by CID from then on."""
+    """It met another flow at an address, or QUIC-LB joined it: its datagrams are told apart by CID."""
     access: Any = None
     """The edge's access record of this flow (opaque here)."""
     client_bytes: int = 0

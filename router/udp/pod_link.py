@@ -82,6 +82,12 @@ class PodLink(Generic[F]):
         if self.splicer is not None and self.sock is not None:
             self.splicer.rekey(self.sock.fileno(), address)
 
+    def learned(self, cid: bytes) -> None:
+        """A pod connection ID of the flow learned outside the pod's long headers (QUIC-LB): the C
+        splice tells the flow's client datagrams apart by it from then on."""
+        if self.splicer is not None and self.sock is not None:
+            self.splicer.learn(self.sock.fileno(), cid)
+
     def close(self) -> None:
         """Stop reading and close the socket; what the outbox still holds is dropped."""
         self.flow = None

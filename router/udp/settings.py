@@ -8,6 +8,7 @@ from quic.frames import QUIC_MAX_CRYPTO_BYTES
 from router import constants as c
 from router.extensions import Extensions, choose
 from router.udp.flow_limits import FlowLimits
+from router.udp.quic_lb import check_server_id_bytes
 
 
 @dataclass(frozen=True)
@@ -25,6 +26,11 @@ class UdpRouterSettings:
     sweep_interval_s: float = c.QUIC_FLOW_SWEEP_INTERVAL_MS / 1000
     max_flows_per_client: int = c.DEFAULT_MAX_QUIC_FLOWS_PER_CLIENT
     """Routed plus pending flows one client IP (IPv6: /64) may hold; 0 = no limit."""
+    quic_lb_server_id_bytes: int = c.DEFAULT_QUIC_LB_SERVER_ID_BYTES
+    """QUIC-LB server ID length (``router.udp.quic_lb``): a datagram no flow takes is routed to the pod
+    its connection ID names (``server_id_joins``); 0 = off."""
+    quic_lb_joins_per_s: float = c.QUIC_LB_JOINS_PER_S
+    quic_lb_join_burst: float = c.QUIC_LB_JOIN_BURST
     extensions: Extensions = field(default_factory=choose)
     """Which C extensions the edge uses: the splice of established flows (and its io_uring sends)
     and the reading of new flows' Initials (``router.extensions``; the process chooses once)."""
@@ -33,7 +39,10 @@ class UdpRouterSettings:
         self.extensions.require()
         if self.cid_length is not None and not 1 <= self.cid_length <= 20:
             raise ValueError(f"cid_length must be None or 1..20, got {self.cid_length!r}")
-        for name in ("max_crypto_bytes", "reject_budget_bytes_per_s", "sweep_interval_s"):
+        if self.quic_lb_server_id_bytes:
+            check_server_id_bytes(self.quic_lb_server_id_bytes)
+        for name in ("max_crypto_bytes", "reject_budget_bytes_per_s", "sweep_interval_s", "quic_lb_joins_per_s",
+                     "quic_lb_join_burst"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
         if self.max_flows_per_client < 0:

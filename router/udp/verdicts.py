@@ -53,6 +53,9 @@ class Verdict(Enum):
     """One of ``Unrouted.flow``'s datagrams, from its address: send it to the pod."""
     FEED = "feed"
     """A datagram of ``Unrouted.pending``, a connection from this address still being sniffed."""
+    UNNAMED = "unnamed"
+    """A short header of a shared address whose DCID no flow learned: ``Unrouted.flow``, the
+    address's first, takes it, unless QUIC-LB names another pod (``server_id_joins``)."""
 
 
 class Unrouted(NamedTuple, Generic[S, H]):
@@ -120,7 +123,9 @@ def classify_on_flow(
     if not datagram:
         return _forward(first)
     if not datagram[0] & 0x80:  # a short header of a shared address: the pod CID it carries
-        named = table.flow_for_short_header(datagram, cid_length) or first
+        named = table.flow_for_short_header(datagram, cid_length)
+        if named is None:
+            return Unrouted(Verdict.UNNAMED, flow=first)
         return _forward(named) if named.address == address else Unrouted(Verdict.JOIN, flow=named)
     dcid, scid = long_header_cids(datagram)
     flow = table.flow_for_long_header(address, dcid)

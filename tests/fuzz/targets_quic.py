@@ -180,7 +180,7 @@ def _metrics() -> RouterMetrics:
 def _router() -> tuple[UdpRouter, _Clock, _AnswerSink]:
     """A fresh socket-less router per run: no state (table, refusals, slots) leaks between inputs."""
     snapshot = TargetSnapshot.of([Target("stargate-0", "127.0.0.1", 1, 9)])
-    settings = UdpRouterSettings(limits=FlowLimits(max_pending_flows=8))
+    settings = UdpRouterSettings(limits=FlowLimits(max_pending_flows=8), quic_lb_server_id_bytes=4)
     router = UdpRouter(settings, TEMPLATE, lambda: snapshot, _metrics())
     clock, sink = _Clock(), _AnswerSink()
     router._loop = clock  # type: ignore[assignment]
@@ -189,8 +189,8 @@ def _router() -> tuple[UdpRouter, _Clock, _AnswerSink]:
     return router, clock, sink
 
 
-def _no_dial(pending: Any, target: Any, hostname: Any, idle_timeout_s: float) -> None:
-    """A routable name: no socket is opened, the flow stays pending (decided) until swept."""
+def _no_dial(pending: Any, target: Any, hostname: Any, idle_timeout_s: float, joined: bool = False) -> None:
+    """A routable name (or a QUIC-LB server ID): no socket is opened, the flow stays pending until swept."""
 
 
 def run_udp_router(data: bytes) -> str:
@@ -265,12 +265,14 @@ def udp_router_seeds() -> list[bytes]:
     probe = b"\xc0\x1a\x2a\x3a\x4a\x08" + bytes(8) + b"\x08" + bytes(range(8))
     unknown = first_flight("nobody.example.com")
     next_client = SEPARATOR + SEPARATOR
+    quic_lb_short = b"\x40\x08\x7f\x00\x00\x01" + bytes(4) + bytes(30)  # QUIC-LB: server ID 127.0.0.1
     return [
         join(unknown + unknown + unknown),
         join(first_flight(None)) + next_client + join(first_flight("stargate-0.stargate.external", QUIC_V2)),
         join([probe.ljust(1200, b"\x00"), b"\x40" + bytes(40), unknown[0][:1100], b"\xff\x00"]),
         join(rewrite_flight(first_flight("nobody.example.com", big=True), "chaos_spread", random.Random(1))),
         join(first_flight("x" * 300 + ".stargate.external", big=True)),
+        join([quic_lb_short, quic_lb_short, b"\x40\xe8" + bytes(40), b"\x40\x08\x7f\x00\x00\x09" + bytes(30)]),
     ]
 
 

@@ -57,6 +57,13 @@ def test_trusted_cidrs_and_limits_are_parsed() -> None:
     assert (cfg.max_connections_per_client, cfg.max_quic_flows_per_client) == (50, 20)
 
 
+def test_quic_lb_is_off_by_default_and_takes_a_server_id_of_1_to_15_bytes() -> None:
+    assert config_from_args([], environ={"POD_NAMESPACE": "x"}).quic_lb_server_id_bytes == 0
+    for given in ("1", "4", "15"):
+        cfg = config_from_args([f"--quic-lb-server-id-bytes={given}"], environ={"POD_NAMESPACE": "x"})
+        assert cfg.quic_lb_server_id_bytes == int(given)
+
+
 def test_access_log_is_on_and_debug_endpoints_off_by_default() -> None:
     cfg = config_from_args([], environ={"POD_NAMESPACE": "x"})
     assert (cfg.access_log, cfg.debug_endpoints) == (True, False)
@@ -106,6 +113,9 @@ def test_ipv6_listen_address() -> None:
         (["--workers", "0"], "--workers"),
         (["--round-robin-paths", "relative/path"], "--round-robin-paths"),
         (["--quic-cid-length", "21"], "--quic-cid-length"),
+        (["--quic-lb-server-id-bytes", "16"], "--quic-lb-server-id-bytes"),
+        (["--quic-lb-server-id-bytes", "-1"], "--quic-lb-server-id-bytes"),
+        (["--quic-lb-server-id-bytes=four"], "--quic-lb-server-id-bytes"),
         (["--accept-proxy-protocol=maybe"], "--accept-proxy-protocol"),
         (["--proxy-protocol-trusted-cidrs", "10.0.0.0/33"], "--proxy-protocol-trusted-cidrs"),
         (["--proxy-protocol-trusted-cidrs", "10.0.0.1/8"], "--proxy-protocol-trusted-cidrs"),

@@ -87,7 +87,6 @@ def test_two_connections_on_one_address_are_told_apart_by_their_connection_ids()
     cases = {
         _short(POD_0): first,
         _short(POD_1): second,
-        _short(b"\x99" * 8): first,  # no CID it names: the address's first flow, as when it was alone
         long_header(INITIAL, 1200, dcid=NEW_DCID): second,  # its Initial's retransmit
         long_header(ZERO_RTT, 1300, dcid=NEW_DCID): second,
         long_header(HANDSHAKE, 400, dcid=POD_1): second,
@@ -98,6 +97,10 @@ def test_two_connections_on_one_address_are_told_apart_by_their_connection_ids()
     }
     for datagram, flow in cases.items():
         assert (_judge(table, datagram).verdict, _judge(table, datagram).flow) == (Verdict.FORWARD, flow)
+    # A short header naming no CID: the address's first flow's, as when it was alone, unless QUIC-LB
+    # names another pod (UNNAMED says so to the edge).
+    unnamed = _judge(table, _short(b"\x99" * 8))
+    assert (unnamed.verdict, unnamed.flow) == (Verdict.UNNAMED, first)
 
 
 def test_an_address_keeps_its_other_flows_when_its_first_one_ends() -> None:

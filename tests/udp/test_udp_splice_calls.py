@@ -127,6 +127,39 @@ def test_rekey_moves_a_flow_to_a_free_address() -> None:
         assert x.reaches_pod(0, short(2))
 
 
+def short_to(cid: bytes, n: int) -> bytes:
+    """A short header carrying ``cid`` as its DCID, numbered ``n``."""
+    return b"\x40" + cid + n.to_bytes(4, "big") + bytes(40)
+
+
+def test_a_flow_named_by_learn_takes_only_datagrams_carrying_that_cid_even_alone_at_its_address() -> None:
+    """A QUIC-LB joined flow: its client socket may carry another connection, to another pod, that
+    moved here with it; that one's datagrams go to Python (which opens its own flow), never to this pod."""
+    with spliced(1) as x:
+        cid = b"\x2b\x7f\x00\x00\x02" + bytes(7)
+        x.splicer.learn(x.links[0].fileno(), cid)
+        x.send(0, short_to(cid, 1))
+        assert x.splicer.from_clients(1.0) == []
+        assert x.reaches_pod(0, short_to(cid, 1))
+        other = b"\x2b\x7f\x00\x00\x03" + bytes(7)
+        x.send(0, short_to(other, 2))
+        assert x.splicer.from_clients(2.0) == [(short_to(other, 2), x.clients[0].getsockname())]
+        assert not x.reaches_pod(0, short_to(other, 2))
+
+
+def test_learn_refuses_an_fd_not_attached_and_a_cid_of_no_v1_length() -> None:
+    with spliced(1) as x:
+        with pytest.raises(KeyError):
+            x.splicer.learn(x.links[0].fileno() + 1000, b"\x01" * 8)
+        for bad in (b"", b"\x01" * 21):
+            with pytest.raises(ValueError):
+                x.splicer.learn(x.links[0].fileno(), bad)
+        with pytest.raises(TypeError):
+            x.splicer.learn(x.links[0].fileno(), "cid")  # type: ignore[arg-type]
+        x.send(0, short(1))  # nothing learned: still the lone flow's every datagram
+        assert x.splicer.from_clients(1.0) == [] and x.reaches_pod(0, short(1))
+
+
 @pytest.mark.parametrize("batches", [0, -1, 2**25 + 1, 2**31 - 1])
 def test_a_batch_count_out_of_range_is_refused(batches: int) -> None:
     """``batches * 64`` sized the list every flow a call touches is written to: past 2^25 it

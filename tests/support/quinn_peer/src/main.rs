@@ -8,6 +8,10 @@
 //! local port (`Endpoint::rebind`, as a NAT rebinding looks to the router), and asks again on every
 //! connection. Each answer is printed as `<phase> <sni> <answer>`; the local port before and after
 //! the rebind as `port <phase> <port>`. Exit status 0 only if every exchange worked.
+//!
+//! `quinn_peer pod ...` is a pod instead, whose connection IDs name it (QUIC-LB): see `pod.rs`.
+
+mod pod;
 
 use std::net::{SocketAddr, UdpSocket};
 use std::sync::Arc;
@@ -17,7 +21,7 @@ const ALPN: &[u8] = b"stargate-whoami";
 const STEP_TIMEOUT: Duration = Duration::from_secs(10);
 const MAX_ANSWER_BYTES: usize = 64 * 1024;
 
-type Failure = Box<dyn std::error::Error>;
+type Failure = Box<dyn std::error::Error + Send + Sync>;
 
 fn client_config(ca_der: &[u8]) -> Result<quinn::ClientConfig, Failure> {
     let mut roots = rustls::RootCertStore::empty();
@@ -84,6 +88,13 @@ async fn run(router: SocketAddr, ca_der: Vec<u8>, at_once: bool, names: Vec<Stri
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
     let mut args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some("pod") {
+        if let Err(error) = pod::serve(&args[1..]).await {
+            eprintln!("quinn_peer pod: {error}");
+            std::process::exit(1);
+        }
+        return;
+    }
     let at_once = args.iter().any(|a| a == "--at-once");
     args.retain(|a| a != "--at-once");
     if args.len() < 3 {
