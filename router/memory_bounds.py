@@ -55,9 +55,11 @@ def bounds_for(limit_bytes: int | None, workers: int = 1) -> MemoryBounds:
     per_worker = limit_bytes * c.MEMORY_USABLE_FRACTION / max(1, workers)
     above_baseline = max(0.0, per_worker - c.MEMORY_BASELINE_BYTES)
     pending = int(above_baseline * c.MEMORY_PENDING_SHARE) // PENDING_FLOW_WORST_BYTES
-    flows = int(above_baseline * (1 - c.MEMORY_PENDING_SHARE)) // c.QUIC_FLOW_WORST_BYTES
+    pending = min(c.QUIC_MAX_PENDING_FLOWS, max(c.MIN_QUIC_PENDING_FLOWS, pending))
+    # Established flows get what the pending table, as sized (its floor included), leaves.
+    flows = int(max(0.0, above_baseline - pending * PENDING_FLOW_WORST_BYTES)) // c.QUIC_FLOW_WORST_BYTES
     return MemoryBounds(
-        max_pending_flows=min(c.QUIC_MAX_PENDING_FLOWS, max(c.MIN_QUIC_PENDING_FLOWS, pending)),
+        max_pending_flows=pending,
         max_flows=min(c.QUIC_MAX_FLOWS, max(c.MIN_QUIC_FLOWS, flows)),
         limit_bytes=limit_bytes,
         workers=workers,

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from router import constants as c
@@ -61,6 +61,7 @@ def test_a_tiny_limit_still_routes_a_few_and_a_huge_one_never_raises_a_default()
 
 
 @given(st.integers(min_value=1, max_value=1 << 42), st.integers(min_value=1, max_value=64))
+@example(936_891_734, 10)  # the pending table at its floor, the flows above theirs: the flows pay for it
 def test_the_worst_case_fits_the_usable_share_unless_only_the_floors_are_left(limit: int, workers: int) -> None:
     bounds = bounds_for(limit, workers)
     floors = (bounds.max_pending_flows, bounds.max_flows) == (c.MIN_QUIC_PENDING_FLOWS, c.MIN_QUIC_FLOWS)
