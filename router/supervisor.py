@@ -28,6 +28,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import secrets
 import signal
 import socket
 import sys
@@ -110,6 +111,8 @@ class Supervisor:
         self._stop = asyncio.Event()
         self._preexec = parent_death_signal()
         self.workers = WorkerClient()
+        self.group = f"{os.getpid()}-{secrets.token_hex(4)}"
+        """This run's name (``WORKER_GROUP_ENV``): workers name what they share with it, no files needed."""
 
     # -- lifecycle -----------------------------------------------------------------------
     async def run(self) -> int:
@@ -192,7 +195,10 @@ class Supervisor:
 
     async def _run_once(self, slot: WorkerSlot, argv: list[str]) -> int | None:
         """Start one worker process, pass its stderr on until it exits; its exit status."""
-        env = {**os.environ, c.WORKER_ENV: str(slot.index), c.WORKER_COUNT_ENV: str(len(self.slots))}
+        env = {
+            **os.environ, c.WORKER_ENV: str(slot.index), c.WORKER_COUNT_ENV: str(len(self.slots)),
+            c.WORKER_GROUP_ENV: self.group,
+        }
         try:
             proc = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "router", *argv,
