@@ -12,7 +12,7 @@ a worker that died holding slots is forgotten by zeroing its column (``clear_col
 replacement starts, and nothing else needs to know what it held.
 
 Open addressing with linear probing inside a window of ``window`` entries from the key's hash (a
-keyed BLAKE2b with the table's random salt: a client cannot aim at another's entries). A key, once
+multiply-shift hash keyed by the table's random salt: a client cannot aim at another's entries). A key, once
 written, stays in its entry; an entry whose columns are all 0 is free to reuse for another key,
 and an all-zero key marks an entry never used. Keys are only ever written at or before the first
 never-used entry of their window, so a lookup stops there: every key is found, and is stored once.
@@ -44,6 +44,7 @@ _HEADER = struct.Struct(f"<8sIII{SALT_BYTES}s")
 HEADER_BYTES = 64
 """The header's room (``_HEADER`` plus padding); the regions start after it."""
 _EMPTY_KEY = bytes(KEY_BYTES)
+_MASK_128 = (1 << 128) - 1
 _IPV4_TAG, _IPV6_TAG, _OTHER_TAG = b"\x04", b"\x06", b"\x01"
 """A stored key's first byte: never 0, so a stored key is never the never-used marker."""
 
@@ -120,7 +121,7 @@ def pack_key(key: str) -> bytes:
 class ClientCountTable:
     """One region of the shared buffer: per-client counts in one column per worker."""
 
-    __slots__ = ("_capacity", "_counts", "_keys", "_salt", "_window", "_workers")
+    __slots__ = ("_capacity", "_columns", "_counts", "_keys", "_multiplier", "_window")
 
     def __init__(self, region: memoryview, layout: TableLayout) -> None:
         """``region``: ``layout.region_bytes`` writable bytes, shared by every worker."""
@@ -129,9 +130,10 @@ class ClientCountTable:
         keys_end = layout.capacity * KEY_BYTES
         self._keys = region[:keys_end]
         self._counts = region[keys_end:].cast("I")
-        self._capacity, self._workers, self._window, self._salt = (
-            layout.capacity, layout.workers, layout.window, layout.salt
-        )
+        self._capacity, self._window = layout.capacity, layout.window
+        self._columns = range(0, layout.workers * layout.capacity, layout.capacity)
+        """Where each worker's column starts in ``_counts``."""
+        self._multiplier = int.from_bytes(layout.salt, "little") | 1
 
     # -- the calls a worker makes (under the lock) --------------------------------------
     def acquire(self, key: bytes, column: int, limit: int) -> Admission:
@@ -181,13 +183,14 @@ class ClientCountTable:
         return sum(1 for entry in range(self._capacity) if self.total_at(entry))
 
     def total_at(self, entry: int) -> int:
-        counts, capacity = self._counts, self._capacity
-        return sum(counts[w * capacity + entry] for w in range(self._workers))
+        counts = self._counts
+        return sum([counts[column + entry] for column in self._columns])
 
     # -- probing ------------------------------------------------------------------------------
     def _home(self, key: bytes) -> int:
-        digest = hashlib.blake2b(key, digest_size=8, key=self._salt).digest()
-        return int.from_bytes(digest, "little") % self._capacity
+        """Multiply-shift by the salt (odd): a universal hash, cheap enough to run per connection."""
+        product = (int.from_bytes(key, "little") * self._multiplier) & _MASK_128
+        return (product >> 64) % self._capacity
 
     def _find(self, key: bytes) -> tuple[int | None, int | None]:
         """``(key's entry or None, the first free entry of its window or None)``."""
