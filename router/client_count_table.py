@@ -11,15 +11,16 @@ worker. A worker only ever changes its own column; a client's count is the sum o
 a worker that died holding slots is forgotten by zeroing its column (``clear_column``) when its
 replacement starts, and nothing else needs to know what it held.
 
-Open addressing with linear probing inside a window of ``window`` entries from the key's hash (a
-multiply-shift hash keyed by the table's random salt: a client cannot aim at another's entries). A key, once
-written, stays in its entry; an entry whose columns are all 0 is free to reuse for another key,
-and an all-zero key marks an entry never used. Keys are only ever written at or before the first
-never-used entry of their window, so a lookup stops there: every key is found, and is stored once.
-When an entry's count falls to 0 and the next entry is never used, both it and the free entries
-before it become never used again (no other key's probe passes them), so lookups stay short in a
-table that is mostly empty. A window whose every entry holds another client's slots is ``FULL``:
-the caller counts that client by itself (``SharedClientLimitTable``).
+Open addressing with linear probing inside a window of ``window`` entries from the key's hash
+(multiply-shift by the table's random salt: a client cannot aim at another's entries, and
+consecutive addresses spread evenly). A key, once written, stays in its entry; an entry whose
+columns are all 0 is free to reuse for another key, and an all-zero key marks an entry never used.
+Keys are only ever written at or before the first never-used entry of their window, so a lookup
+stops there: every key is found, and is stored once. When an entry's count falls to 0 and the next
+entry is never used, both it and the free entries before it become never used again (no other key's
+probe passes them), so lookups stay short in a table that is mostly empty. A window whose every
+entry holds another client's slots is ``FULL``: the caller counts that client by itself
+(``SharedClientLimitTable``).
 
 The caller holds the table's lock around every call; nothing here is atomic on its own.
 """
@@ -121,7 +122,7 @@ def pack_key(key: str) -> bytes:
 class ClientCountTable:
     """One region of the shared buffer: per-client counts in one column per worker."""
 
-    __slots__ = ("_capacity", "_columns", "_counts", "_keys", "_multiplier", "_window")
+    __slots__ = ("_capacity", "_counts", "_keys", "_multiplier", "_placed", "_window")
 
     def __init__(self, region: memoryview, layout: TableLayout) -> None:
         """``region``: ``layout.region_bytes`` writable bytes, shared by every worker."""
@@ -131,39 +132,51 @@ class ClientCountTable:
         self._keys = region[:keys_end]
         self._counts = region[keys_end:].cast("I")
         self._capacity, self._window = layout.capacity, layout.window
-        self._columns = range(0, layout.workers * layout.capacity, layout.capacity)
-        """Where each worker's column starts in ``_counts``."""
         self._multiplier = int.from_bytes(layout.salt, "little") | 1
+        self._placed: dict[tuple[int, bytes], int] = {}
+        """``(column, key) -> entry`` for the slots this process holds: such an entry never moves (it is
+        not free while its count is above 0), so a release or a repeat needs no probe."""
 
     # -- the calls a worker makes (under the lock) --------------------------------------
     def acquire(self, key: bytes, column: int, limit: int) -> Admission:
         """Take one slot for ``key`` in ``column`` unless its count over all columns is ``limit``."""
-        entry, free = self._find(key)
-        if entry is None:
-            if free is None:
-                return Admission.FULL
-            self._keys[free * KEY_BYTES:(free + 1) * KEY_BYTES] = key  # a free entry's columns are all 0
-            entry = free
-        elif self.total_at(entry) >= limit:
-            return Admission.AT_LIMIT
+        placed = self._placed.get((column, key))
+        if placed is not None:
+            entry = placed
+            if self.total_at(entry) >= limit:
+                return Admission.AT_LIMIT
+        else:
+            found, free = self._find(key)
+            if found is None:
+                if free is None:
+                    return Admission.FULL
+                self._keys[free * KEY_BYTES:(free + 1) * KEY_BYTES] = key  # a free entry's columns are all 0
+                entry = free
+            elif self.total_at(found) >= limit:
+                return Admission.AT_LIMIT
+            else:
+                entry = found
+            self._placed[column, key] = entry
         self._counts[column * self._capacity + entry] += 1
         return Admission.ADMITTED
 
     def release(self, key: bytes, column: int) -> bool:
-        """Give back one of ``key``'s slots in ``column``; False (nothing changed) if it held none."""
-        entry, _free = self._find(key)
+        """Give back one of ``key``'s slots in ``column``; False (nothing changed) if it held none.
+        Only the process that took a column's slots gives them back (or clears the column)."""
+        entry = self._placed.get((column, key))
         if entry is None:
             return False
         at = column * self._capacity + entry
-        if not self._counts[at]:
-            return False
         self._counts[at] -= 1
-        if not self._counts[at] and not self.total_at(entry):
-            self._forget_from(entry)
+        if not self._counts[at]:
+            del self._placed[column, key]
+            if not self.total_at(entry):
+                self._forget_from(entry)
         return True
 
     def clear_column(self, column: int) -> None:
         """Zero ``column`` (a new worker in that place holds nothing yet)."""
+        self._placed = {placed: entry for placed, entry in self._placed.items() if placed[0] != column}
         start = column * self._capacity
         self._counts[start:start + self._capacity] = memoryview(bytes(COUNT_BYTES * self._capacity)).cast("I")
 
@@ -183,8 +196,8 @@ class ClientCountTable:
         return sum(1 for entry in range(self._capacity) if self.total_at(entry))
 
     def total_at(self, entry: int) -> int:
-        counts = self._counts
-        return sum([counts[column + entry] for column in self._columns])
+        """The count of ``entry`` in every column: one strided slice, summed in C."""
+        return sum(self._counts[entry::self._capacity])
 
     # -- probing ------------------------------------------------------------------------------
     def _home(self, key: bytes) -> int:

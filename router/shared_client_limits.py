@@ -106,8 +106,8 @@ class SharedClientLimitTable:
         self.limit = limit
         self._fd, self._table, self._region, self._column = fd, table, region, column
         self._lock_at = int(region)
-        self._mine: dict[str, int] = {}
-        """This worker's slots per client in the shared table (a release of none touches nothing)."""
+        self._mine: dict[str, tuple[bytes, int]] = {}
+        """This worker's clients in the shared table: stored key, slots (a release of none touches nothing)."""
         self._alone = ClientLimitTable(limit)
         """Clients the shared table had no room for, counted by this worker alone."""
         self._full_logged = False
@@ -133,14 +133,14 @@ class SharedClientLimitTable:
         """Take one slot for ``key`` unless its slots in every worker add up to ``limit``."""
         if not self.limit:
             return True
-        packed = pack_key(key)
+        packed, mine = self._mine.get(key) or (pack_key(key), 0)
         self._lock()
         try:
             admission = self._table.acquire(packed, self._column, self.limit)
         finally:
             self._unlock()
         if admission is Admission.ADMITTED:
-            self._mine[key] = self._mine.get(key, 0) + 1
+            self._mine[key] = packed, mine + 1
             return True
         if admission is Admission.AT_LIMIT:
             return False
@@ -157,14 +157,14 @@ class SharedClientLimitTable:
         if self._alone.held(key):
             self._alone.release(key)
             return
-        mine = self._mine.get(key, 0)
-        if not mine:
+        held = self._mine.get(key)
+        if held is None:
             return
+        packed, mine = held
         if mine > 1:
-            self._mine[key] = mine - 1
+            self._mine[key] = packed, mine - 1
         else:
             del self._mine[key]
-        packed = pack_key(key)
         self._lock()
         try:
             self._table.release(packed, self._column)
