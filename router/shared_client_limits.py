@@ -9,7 +9,8 @@ and release runs under an exclusive ``lockf`` of one byte per limit (TCP and QUI
 each other) around the pure table of ``router.client_count_table``, which cannot block.
 
 The kernel drops a POSIX lock when its process dies, so a killed worker never leaves the table
-locked. The slots it held still count until its replacement starts and zeroes its column (the
+locked, and a worker killed inside a call leaves it consistent: each step is one store, and a key
+without counts is a free entry. The slots it held still count until its replacement starts and zeroes its column (the
 worker's index): a dead worker's slots come back when it is restarted.
 
 A client whose probe window is full (``CLIENT_TABLE_CAPACITY`` clients, or an unlucky window) is

@@ -210,7 +210,8 @@ class Supervisor:
             proc = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "router", *argv,
                 stdin=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
-                env=env, preexec_fn=self._preexec, pass_fds=() if self.client_table is None else (self.client_table,),
+                env=env, preexec_fn=self._preexec,
+                pass_fds=() if self.client_table is None else (self.client_table,),
             )
         except OSError as exc:
             log.error("worker %d could not be started: %s", slot.index, exc)

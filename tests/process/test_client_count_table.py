@@ -70,6 +70,7 @@ def test_clearing_a_column_gives_a_dead_workers_slots_back() -> None:
     assert t.acquire(key(1), 0, 2) is Admission.AT_LIMIT
     t.clear_column(1)
     assert t.total(key(1)) == 0 and t.live_entries() == 0
+    assert not t.release(key(1), 1)  # column 1 holds nothing now
     assert t.acquire(key(1), 0, 2) is Admission.ADMITTED
 
 
@@ -101,11 +102,14 @@ def test_many_distinct_clients_through_a_small_table_never_fill_it() -> None:
     st.lists(st.tuples(st.sampled_from(["acquire", "release", "clear"]), st.integers(0, 2), st.integers(0, 11)),
              max_size=120),
 )
-def test_the_table_matches_a_model_of_counts_per_column(
+def test_workers_sharing_the_table_match_a_model_of_counts_per_column(
     capacity: int, workers: int, limit: int, data: st.DataObject, ops: list[tuple[str, int, int]]
 ) -> None:
     window = data.draw(st.integers(1, capacity))
-    t = table(capacity, workers, window)
+    layout = TableLayout(capacity, workers, window, SALT)
+    shared = memoryview(bytearray(layout.region_bytes))
+    workers_tables = [ClientCountTable(shared, layout) for _ in range(workers)]  # one per process
+    t = workers_tables[0]  # any of them reads every column
     model: dict[int, list[int]] = {n: [0] * workers for n in range(12)}
 
     def live() -> int:
@@ -115,7 +119,7 @@ def test_the_table_matches_a_model_of_counts_per_column(
         column = worker % workers
         counts = model[n]
         if op == "acquire":
-            result = t.acquire(key(n), column, limit)
+            result = workers_tables[column].acquire(key(n), column, limit)
             if sum(counts) >= limit:
                 assert result is Admission.AT_LIMIT
             elif result is Admission.FULL:  # only when its whole window holds other clients' slots
@@ -127,10 +131,11 @@ def test_the_table_matches_a_model_of_counts_per_column(
             if window == capacity and live() < capacity:
                 assert result is not Admission.FULL
         elif op == "release":
-            assert t.release(key(n), column) == bool(counts[column])
+            assert workers_tables[column].release(key(n), column) == bool(counts[column])
             counts[column] = max(0, counts[column] - 1)
-        else:
-            t.clear_column(column)
+        else:  # the worker in this place restarted
+            workers_tables[column] = ClientCountTable(shared, layout)
+            workers_tables[column].clear_column(column)
             for held in model.values():
                 held[column] = 0
         for m, held in model.items():
