@@ -33,6 +33,7 @@ from router.health import HealthServer
 from router.hostname import HostnameTemplate, TemplateError
 from router.memory_bounds import MemoryBounds, bounds_at_start
 from router.metrics import RouterMetrics
+from router.shared_client_limits import client_counts
 from router.tcp.edge import TcpRouter, TcpRouterSettings
 from router.udp.edge import UdpRouter
 from router.udp.flow_limits import FlowLimits
@@ -112,6 +113,8 @@ class RouterApp:
         self._stop = asyncio.Event()
         self.source = self._make_source()
         self.access = AccessLog(self.metrics, enabled=config.access_log)
+        # In this process, or (``--workers N``) in the table the supervisor shares: chosen once here.
+        tcp_counts, quic_counts = client_counts(config.max_connections_per_client, config.max_quic_flows_per_client)
         self.tcp = TcpRouter(
             TcpRouterSettings(
                 connect_timeout_s=config.connect_timeout_s,
@@ -121,6 +124,7 @@ class RouterApp:
                 accept_proxy_protocol=config.accept_proxy_protocol,
                 proxy_protocol_trusted_cidrs=config.proxy_protocol_trusted_cidrs,
                 max_connections_per_client=config.max_connections_per_client,
+                client_counts=tcp_counts,
                 defer_accept=config.tcp_defer_accept,
                 extensions=self.extensions,
             ),
@@ -134,6 +138,7 @@ class RouterApp:
                 ),
                 cid_length=config.quic_cid_length,
                 max_flows_per_client=config.max_quic_flows_per_client,
+                client_counts=quic_counts,
                 quic_lb_server_id_bytes=config.quic_lb_server_id_bytes,
                 extensions=self.extensions,
             ),

@@ -13,11 +13,16 @@ Memory stays bounded with any number of distinct clients: an entry exists only w
 count is above 0 (it leaves the table at 0), so the table never has more entries than open
 connections / flows, which the fd limit and ``QUIC_MAX_FLOWS`` + ``QUIC_MAX_PENDING_FLOWS``
 already bound. A limit of 0 means no limit and tracks nothing.
+
+With ``--workers N`` the counts live in a table the workers share
+(``router.shared_client_limits.SharedClientLimitTable``), so a client is counted once across
+them; both tables are a ``ClientCounts``, chosen once at start and passed to ``ClientSlots``.
 """
 
 from __future__ import annotations
 
 import ipaddress
+from typing import Protocol
 
 IPV6_CLIENT_PREFIX = 64
 """IPv6 clients are counted per /64: the smallest prefix a site hands one host (RFC 6177)."""
@@ -39,6 +44,24 @@ def client_key(host: str) -> str:
             return str(mapped)
         return str(ipaddress.IPv6Network((address, IPV6_CLIENT_PREFIX), strict=False))
     return str(address)
+
+
+class ClientCounts(Protocol):
+    """Where an edge's per-client counts live: this process (``ClientLimitTable``) or every worker."""
+
+    @property
+    def limit(self) -> int: ...
+
+    @property
+    def enabled(self) -> bool: ...
+
+    def try_acquire(self, key: str) -> bool: ...
+
+    def release(self, key: str) -> None: ...
+
+    def held(self, key: str) -> int: ...
+
+    def __len__(self) -> int: ...
 
 
 class ClientLimitTable:
@@ -94,8 +117,9 @@ class ClientSlots:
 
     __slots__ = ("_held", "table")
 
-    def __init__(self, limit: int) -> None:
-        self.table = ClientLimitTable(limit)
+    def __init__(self, counts: ClientCounts | int) -> None:
+        """``counts``: where the counts live, or a limit counted in this process alone."""
+        self.table: ClientCounts = ClientLimitTable(counts) if isinstance(counts, int) else counts
         self._held: dict[object, str] = {}
 
     def take(self, owner: object, host: str) -> bool:

@@ -279,6 +279,12 @@ WORKER_COUNT_ENV: Final = "STARGATE_ROUTER_WORKERS"
 """Set by the supervisor in each worker to N of ``--workers N``: the workers share one memory limit."""
 WORKER_GROUP_ENV: Final = "STARGATE_ROUTER_WORKER_GROUP"
 """Set by the supervisor in each worker: a name unique to this supervisor run, for what workers share."""
+CLIENT_TABLE_FD_ENV: Final = "STARGATE_ROUTER_CLIENT_TABLE_FD"
+"""Set by the supervisor when a per-client limit is on: the fd of the count table every worker shares."""
+CLIENT_TABLE_CAPACITY: Final = 65_536
+"""Clients holding slots the shared table counts at once, per limit: (16 + 4 x workers) bytes each."""
+CLIENT_TABLE_PROBE_WINDOW: Final = 64
+"""Entries an admission reads from a client's hash: bounds the work done under the table's lock."""
 WORKER_HEALTH_HOST: Final = "127.0.0.1"
 """Children serve /readyz and /metrics on a private loopback port only the supervisor reads."""
 WORKER_RESTART_BACKOFF_INITIAL_S: Final = 0.5

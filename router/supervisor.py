@@ -55,6 +55,7 @@ from router.health import (
     text_response,
 )
 from router.metrics_merge import ExpositionError, merge_expositions
+from router.shared_client_limits import table_file_for
 from router.worker_process import (
     LineSplitter,
     WorkerSlot,
@@ -113,6 +114,10 @@ class Supervisor:
         self.workers = WorkerClient()
         self.group = f"{os.getpid()}-{secrets.token_hex(4)}"
         """This run's name (``WORKER_GROUP_ENV``): workers name what they share with it, no files needed."""
+        self.client_table = table_file_for(
+            config.workers, config.max_connections_per_client, config.max_quic_flows_per_client
+        )
+        """The per-client count table every worker, restarted ones too, is passed (None: no limit on)."""
 
     # -- lifecycle -----------------------------------------------------------------------
     async def run(self) -> int:
@@ -199,11 +204,14 @@ class Supervisor:
             **os.environ, c.WORKER_ENV: str(slot.index), c.WORKER_COUNT_ENV: str(len(self.slots)),
             c.WORKER_GROUP_ENV: self.group,
         }
+        if self.client_table is not None:
+            env[c.CLIENT_TABLE_FD_ENV] = str(self.client_table)
         try:
             proc = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "router", *argv,
                 stdin=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
                 env=env, preexec_fn=self._preexec,
+                pass_fds=() if self.client_table is None else (self.client_table,),
             )
         except OSError as exc:
             log.error("worker %d could not be started: %s", slot.index, exc)

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from discovery.targets import host_port
-from router.client_limits import ClientSlots
+from router.client_limits import ClientCounts, ClientSlots
 from router.flag_values import IPNetwork
 from router.tcp.first_bytes import PEEK_READ_BYTES
 from router.tcp.poller import poller_for, recv
@@ -91,8 +91,9 @@ class ClientIntake:
     """Names the client of each TCP connection and counts what each client holds."""
 
     def __init__(
-        self, accept_proxy_protocol: bool, trusted: Sequence[IPNetwork] = (), max_per_client: int = 0
+        self, accept_proxy_protocol: bool, trusted: Sequence[IPNetwork] = (), max_per_client: ClientCounts | int = 0
     ) -> None:
+        """``max_per_client``: the limit, counted in this process, or the counts the workers share."""
         self.accept_proxy_protocol = accept_proxy_protocol
         self._trusted = TrustedSources(trusted)
         self.slots = ClientSlots(max_per_client)

@@ -21,6 +21,7 @@ from typing import Any
 from discovery.targets import TargetSnapshot
 from router import constants as c
 from router.access_log import AccessLog
+from router.client_limits import ClientCounts
 from router.extensions import Extensions, choose
 from router.flag_values import IPNetwork
 from router.hostname import HostnameTemplate
@@ -53,6 +54,9 @@ class TcpRouterSettings:
     proxy_protocol_trusted_cidrs: tuple[IPNetwork, ...] = ()
     """Empty: every source may send a PROXY header."""
     max_connections_per_client: int = c.DEFAULT_MAX_CONNECTIONS_PER_CLIENT
+    client_counts: ClientCounts | None = None
+    """Where connections per client are counted: None, in this process; with ``--workers N``, the
+    table every worker shares (``router.shared_client_limits``), whose limit is the one above."""
     defer_accept: bool = c.DEFAULT_TCP_DEFER_ACCEPT == "on"
     """The listener hands over connections once their first bytes came (``--tcp-defer-accept``)."""
     extensions: Extensions = field(default_factory=choose)
@@ -76,7 +80,8 @@ class TcpRouter:
     ) -> None:
         self._settings = settings
         self._clients = ClientIntake(
-            settings.accept_proxy_protocol, settings.proxy_protocol_trusted_cidrs, settings.max_connections_per_client
+            settings.accept_proxy_protocol, settings.proxy_protocol_trusted_cidrs,
+            settings.max_connections_per_client if settings.client_counts is None else settings.client_counts,
         )
         self.connections = Connections(
             template, snapshot, settings.round_robin_paths, metrics,

@@ -77,7 +77,8 @@ class UdpRouter(ClientDemux):
         self._metrics = metrics
         self._series = ProtocolSeries(metrics, PROTOCOL)
         self._table: UdpFlowTable[InitialSniffer, Link] = UdpFlowTable(settings.limits)
-        self._slots = ClientSlots(settings.max_flows_per_client)  # per pending flow, then its flow
+        counts = settings.max_flows_per_client if settings.client_counts is None else settings.client_counts
+        self._slots = ClientSlots(counts)  # per pending flow, then its flow
         self._refusals = QuicRefusals(
             self._table, metrics, settings.reject_budget_bytes_per_s, self._send, settings.extensions.initials
         )

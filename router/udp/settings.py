@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from quic.frames import QUIC_MAX_CRYPTO_BYTES
 from router import constants as c
+from router.client_limits import ClientCounts
 from router.extensions import Extensions, choose
 from router.udp.flow_limits import FlowLimits
 from router.udp.quic_lb import check_server_id_bytes
@@ -26,6 +27,9 @@ class UdpRouterSettings:
     sweep_interval_s: float = c.QUIC_FLOW_SWEEP_INTERVAL_MS / 1000
     max_flows_per_client: int = c.DEFAULT_MAX_QUIC_FLOWS_PER_CLIENT
     """Routed plus pending flows one client IP (IPv6: /64) may hold; 0 = no limit."""
+    client_counts: ClientCounts | None = None
+    """Where flows per client are counted: None, in this process; with ``--workers N``, the table
+    every worker shares (``router.shared_client_limits``), whose limit is the one above."""
     quic_lb_server_id_bytes: int = c.DEFAULT_QUIC_LB_SERVER_ID_BYTES
     """QUIC-LB server ID length (``router.udp.quic_lb``): a datagram no flow takes is routed to the pod
     its connection ID names (``server_id_joins``); 0 = off."""

@@ -5,10 +5,8 @@ from __future__ import annotations
 import asyncio
 import errno
 import os
-import re
 import signal
 import socket
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,7 +22,7 @@ from router.flag_values import SocketAddress
 from router.supervisor import concrete_address
 from router.worker_process import LineSplitter, describe_exit, rewrite_listening_line, stop_budget_s, worker_argv
 from router.worker_scrape import ProbeError, WorkerClient
-from tests.support.router_process import RouterProcess, router_args, write_endpoints
+from tests.support.router_process import Supervised, router_args, write_endpoints
 
 # ---------------------------------------------------------------------------
 # Pure pieces
@@ -172,34 +170,7 @@ def test_an_address_no_worker_could_bind_fails_before_any_worker_starts() -> Non
 # Two real workers behind the supervisor
 # ---------------------------------------------------------------------------
 AUTHORITY = "stargate-0.stargate.external"
-STARTED = re.compile(r"worker (\d+) started: pid=(\d+)")
-BOUND = re.compile(r"worker (\d+) bound .* private-health=(\S+):(\d+)")
 ACCEPTED = (f"{c.GRPC_CONNECTIONS_TOTAL}_total", {"protocol": "h2c", "outcome": "accepted"})
-
-
-class Supervised(RouterProcess):
-    """The supervisor process, plus what its re-emitted worker lines say about the workers."""
-
-    def pids(self) -> dict[int, int]:
-        return {int(m[1]): int(m[2]) for line in list(self.lines) if (m := STARTED.search(line))}
-
-    def private_health(self) -> dict[int, int]:
-        return {int(m[1]): int(m[3]) for line in list(self.lines) if (m := BOUND.search(line))}
-
-    def worker_metric(self, port: int, name: str, **labels: str) -> float:
-        saved, self.health_port = self.health_port, port
-        try:
-            return self.metric(name, **labels)
-        finally:
-            self.health_port = saved
-
-    def wait_for(self, what: str, predicate: object, timeout: float = 30.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if callable(predicate) and predicate():
-                return
-            time.sleep(0.05)
-        raise AssertionError(f"timed out waiting for {what}:\n" + "\n".join(self.lines[-30:]))
 
 
 def calls(port: int, n: int) -> list[str]:

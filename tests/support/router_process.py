@@ -104,6 +104,37 @@ class RouterProcess:
             self.proc.wait(5)
 
 
+STARTED = re.compile(r"worker (\d+) started: pid=(\d+)")
+"""The supervisor's line for each worker process it starts (restarts too)."""
+BOUND = re.compile(r"worker (\d+) bound .* private-health=(\S+):(\d+)")
+"""A worker's startup line as the supervisor re-emits it: its private health port."""
+
+
+class Supervised(RouterProcess):
+    """The supervisor process, plus what its re-emitted worker lines say about the workers."""
+
+    def pids(self) -> dict[int, int]:
+        return {int(m[1]): int(m[2]) for line in list(self.lines) if (m := STARTED.search(line))}
+
+    def private_health(self) -> dict[int, int]:
+        return {int(m[1]): int(m[3]) for line in list(self.lines) if (m := BOUND.search(line))}
+
+    def worker_metric(self, port: int, name: str, **labels: str) -> float:
+        saved, self.health_port = self.health_port, port
+        try:
+            return self.metric(name, **labels)
+        finally:
+            self.health_port = saved
+
+    def wait_for(self, what: str, predicate: object, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if callable(predicate) and predicate():
+                return
+            time.sleep(0.05)
+        raise AssertionError(f"timed out waiting for {what}:\n" + "\n".join(self.lines[-30:]))
+
+
 def _canonical(series: str) -> str:
     if "{" not in series:
         return series
