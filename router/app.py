@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import gc
 import logging
+import os
 import resource
 import signal
 import time
@@ -37,6 +38,7 @@ from router.tcp.edge import TcpRouter, TcpRouterSettings
 from router.udp.edge import UdpRouter
 from router.udp.flow_limits import FlowLimits
 from router.udp.settings import UdpRouterSettings
+from router.udp.worker_link import worker_group
 
 log = logging.getLogger("router.app")  # pinned: operators filter logs by this name
 
@@ -135,6 +137,7 @@ class RouterApp:
                 cid_length=config.quic_cid_length,
                 max_flows_per_client=config.max_quic_flows_per_client,
                 quic_lb_server_id_bytes=config.quic_lb_server_id_bytes,
+                workers=worker_group(os.environ),
                 extensions=self.extensions,
             ),
             self.template, self.snapshot, self.metrics, self.access,

@@ -93,6 +93,7 @@ class UdpRouter(ClientDemux):
         """Looked up once: every flow counts one, or one ``joined`` (``server_id_joins``)."""
         self._joined = metrics.quic_flow_series(QuicOutcome.JOINED)
         self._start_joins()
+        self._start_following()
         # The flow gauges are read from the table at scrape time, not updated per flow.
         metrics.pending_flows.set_function(lambda: self._table.pending_count)
         self._series.active.set_function(lambda: self._table.flow_count)
@@ -123,6 +124,7 @@ class UdpRouter(ClientDemux):
             loop.add_reader(sock.fileno(), splicer.pump_clients, loop.time, self._handed_back, self._splice_failed)
             loop.add_reader(splicer.epoll_fd, splicer.pump_pods, loop.time, self._learn_pod_cid, self._splice_failed)
             sockname = sock.getsockname()
+        self._open_following(loop)
         s = self.settings  # ending flows in time: ``flow_endings``
         interval = min(s.sweep_interval_s, s.limits.shortest_flow_idle_s / 4, s.limits.pending_flow_timeout_s / 4)
         self._sweeper = loop.create_task(self._sweep_forever(interval), name="quic-flow-sweeper")
@@ -149,6 +151,7 @@ class UdpRouter(ClientDemux):
             with contextlib.suppress(asyncio.CancelledError):
                 await self._sweeper
         self._sweeper = None
+        self._close_following()
         self._close_flows()
         self._flush_byte_counters()
         if self._splicer is not None and self._loop is not None and isinstance(self._transport, SocketOut):
