@@ -121,7 +121,7 @@ class ClientDemux(WorkerFollow):
         if verdict is Verdict.FORWARD and flow is not None:
             self._to_pod(flow, data, now)
         elif verdict is Verdict.UNNAMED and flow is not None:
-            if not self._join_unnamed(flow, data, now):
+            if not (self._join_unnamed(flow, data, now) or self._follow_unnamed(data, addr, now)):
                 self._to_pod(flow, data, now)
         elif verdict is Verdict.JOIN and flow is not None:
             self._join(flow, data, addr, now)

@@ -232,6 +232,8 @@ class UdpRouter(ClientDemux):
             self._splicer.attach(sock.fileno(), flow.address, flow)
         else:
             self._loop.add_reader(sock.fileno(), self._replies.readable, link)
+        if self._handoffs is not None:  # (with --workers N) beside a moved connection forwarded elsewhere?
+            self._beside_moved(flow, now)
         (self._joined if joined else self._accepted).inc()
         if log.isEnabledFor(logging.DEBUG):
             log.debug("quic flow %s -> %s (%s)", peer(flow.address), target.quic_endpoint, hostname)

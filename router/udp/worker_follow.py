@@ -113,6 +113,33 @@ class WorkerFollow(ServerIdJoins):
             self._settle = self._loop.call_at(now + c.QUIC_HANDOFF_ASK_DEADLINE_S, self._settle_asks)
         return True
 
+    def _follow_unnamed(self, data: bytes, addr: Address, now: float) -> bool:
+        """A short header of a shared address naming none of its flows here: True when a claim
+        sent this address's datagrams to another worker (a moved connection of the same client
+        socket as this worker's flows there), forwarded; False: the address's first flow takes it."""
+        book, link = self._handoffs, self._workers
+        owner = book.owner(addr, now) if book is not None else None
+        if owner is None or link is None:
+            return False
+        try:
+            link.queue(owner, encode_handoff(HandoffKind.FORWARD, 0, addr, data), forward=True)
+        except HandoffError:
+            return False
+        self._handoff_counts[WorkerHandoff.FORWARDED].inc()
+        return True
+
+    def _beside_moved(self, flow: Flow[Link], now: float) -> None:
+        """A flow just routed here, at an address whose datagrams a claim sends to another worker
+        (a connection of that client socket moved there first): told apart by connection ID from
+        the start (``Flow.shared``; the C splice learns the client's original DCID, then the pod's
+        CIDs), so the moved connection's short headers still reach their worker, not this flow."""
+        book = self._handoffs
+        if book is None or book.owner(flow.address, now) is None:
+            return
+        flow.shared = True
+        if flow.client_dcids:
+            flow.handle.learned(flow.client_dcids[0])
+
     def _settle_asks(self) -> None:
         """Count the asks nobody claimed as dropped misses; wait for the next one due."""
         self._settle = None

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from aioquic.asyncio import connect
+from aioquic.quic.configuration import QuicConfiguration
 from cryptography import x509
 from cryptography.hazmat.primitives.serialization import Encoding
 
@@ -27,6 +28,7 @@ from tests.support.names import host as sni
 from tests.support.polling import eventually_blocking
 from tests.support.rebinding import rebind
 from tests.support.router_process import RouterProcess, router_args, write_endpoints
+from tests.support.shared_socket import open_shared_socket
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -49,10 +51,20 @@ async def endpoints(tmp_path: Path, pki: DemoPki) -> AsyncIterator[Path]:
             pod.close()
 
 
-async def _router(endpoints: Path, workers: int, *extra: str) -> RouterProcess:
-    router = RouterProcess(router_args(endpoints, "--workers", str(workers), "--log-format", "json", *extra))
+@pytest.fixture(params=["native", "python"])
+def datapath(request: pytest.FixtureRequest) -> dict[str, str]:
+    """The workers' environment: the C splice (and C Initial reading) where built, or pure Python."""
+    return {c.NO_EXTENSIONS_ENV: "1"} if request.param == "python" else {}
+
+
+async def _router(endpoints: Path, workers: int, env: dict[str, str] | None = None) -> RouterProcess:
+    router = RouterProcess(router_args(endpoints, "--workers", str(workers), "--log-format", "json"), env=env)
     await asyncio.to_thread(router.wait_ready, 30.0)
     return router
+
+
+def _config(pod: str, pki: DemoPki) -> QuicConfiguration:
+    return client_configuration(sni(pod), pki.ca_path)
 
 
 async def _metric(router: RouterProcess, name: str, **labels: str) -> float:
@@ -61,9 +73,9 @@ async def _metric(router: RouterProcess, name: str, **labels: str) -> float:
 
 @pytest.mark.parametrize("workers", [2, 4])
 async def test_an_aioquic_client_that_rebinds_twenty_times_keeps_its_one_flow(
-    endpoints: Path, pki: DemoPki, workers: int
+    endpoints: Path, pki: DemoPki, workers: int, datapath: dict[str, str]
 ) -> None:
-    router = await _router(endpoints, workers)
+    router = await _router(endpoints, workers, datapath)
     with router:
         config = client_configuration(sni("stargate-1"), pki.ca_path)
         async with connect("127.0.0.1", router.quic_port, configuration=config) as client:
@@ -104,6 +116,41 @@ class _CountingTransport:
 
     def __getattr__(self, name: str) -> object:
         return getattr(self._transport, name)
+
+
+async def test_a_connection_opened_beside_a_moved_one_on_the_asking_worker_leaves_it_its_pod(
+    endpoints: Path, pki: DemoPki, datapath: dict[str, str]
+) -> None:
+    """One aioquic endpoint (one socket): its connection to stargate-0 moves to a port the kernel
+    gives the other worker (asked, claimed, then forwarded), then it opens a connection to stargate-1
+    from that port, which that worker routes itself. Each connection still reaches its own pod: the
+    new flow is told apart by connection ID from the start, and the moved one's datagrams go on to
+    their worker."""
+    router = await _router(endpoints, 2, datapath)
+    with router:
+        shared = await open_shared_socket("127.0.0.1")
+        try:
+            target = ("127.0.0.1", router.quic_port)
+            first = await asyncio.wait_for(shared.connect(target, _config("stargate-0", pki)), 10)
+            assert await request(first, b"a") == b"stargate-0:a"
+            for n in range(REBINDS):  # until a new port lands on the worker without the flow (p = 1/2 each)
+                await shared.rebind("127.0.0.1")
+                assert await request(first, b"moved-%d" % n) == b"stargate-0:moved-%d" % n
+                if await _metric(router, HANDOFFS, kind="asked"):
+                    break
+            else:
+                pytest.fail(f"{REBINDS} new ports all on the flow's own worker")
+            second = await asyncio.wait_for(shared.connect(target, _config("stargate-1", pki)), 10)
+            for round_ in (b"b", b"c", b"d"):
+                assert await request(second, round_) == b"stargate-1:" + round_
+                assert await request(first, round_) == b"stargate-0:" + round_
+            assert shared.unmatched == 0
+        finally:
+            shared.close()
+        assert await _metric(router, f"{c.QUIC_CONNECTIONS_TOTAL}_total", outcome="accepted") == 2
+        assert await _metric(router, HANDOFFS, kind="forwarded") > 0
+        assert await _metric(router, DROPPED, reason="not_initial") == 0
+        assert await asyncio.to_thread(router.stop, signal.SIGTERM, 30.0) == 0
 
 
 @pytest.fixture(scope="module")
