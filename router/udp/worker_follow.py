@@ -76,8 +76,16 @@ class WorkerFollow(ServerIdJoins):
         self._workers = WorkerLink(workers, self._handed_over, self._forwards_lost)
 
     def _open_following(self, loop: asyncio.AbstractEventLoop) -> None:
-        if self._workers is not None:
+        """Bind this worker's name; if that fails (the name held by a process of a run that did not
+        end), this worker routes as a lone one would: its misses are dropped, the router runs."""
+        if self._workers is None:
+            return
+        try:
             self._workers.open(loop)
+        except OSError as exc:
+            log.warning("worker %d cannot reach the other workers (%s): a client that moves to this worker "
+                        "is not followed to its flow's", self._workers.workers.index, exc)
+            self._handoffs = self._workers = None
 
     def _close_following(self) -> None:
         if self._settle is not None:

@@ -10,13 +10,18 @@ import secrets
 import socket
 
 import pytest
+from aioquic.asyncio import connect
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from router.demo.pki import DemoPki
+from router.demo.quic_pods import client_configuration, request
 from router.udp.handoff_book import HandoffBook
 from router.udp.handoff_codec import Handoff, HandoffError, HandoffKind, decode_handoffs, encode_handoff
 from router.udp.worker_link import WorkerGroup, WorkerLink, worker_group
+from tests.support.names import host as sni
 from tests.support.polling import eventually
+from tests.support.quic_pods_harness import ROUTER_HOST, running
 
 _v4 = st.ip_addresses(v=4).map(lambda ip: (str(ip), 0))
 _v6 = st.ip_addresses(v=6).map(lambda ip: (socket.inet_ntop(socket.AF_INET6, ip.packed), 0, 0, 0))
@@ -207,3 +212,33 @@ async def test_links_batch_an_iterations_records_and_read_only_their_groups_work
     finally:
         for link in links:
             link.close()
+
+
+async def test_a_worker_whose_name_is_taken_routes_as_a_lone_worker_and_says_so(
+    pki: DemoPki, caplog: pytest.LogCaptureFixture
+) -> None:
+    workers = WorkerGroup(f"test-{secrets.token_hex(4)}", 0, 2)
+    holder = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    holder.bind(workers.name(0))
+    try:
+        async with running(pki, workers=workers) as h:
+            assert h.router.handoff_book is None
+            assert "cannot reach the other workers" in caplog.text
+            config = client_configuration(sni("stargate-0"), h.cafile)
+            async with connect(ROUTER_HOST, h.port, configuration=config) as client:
+                assert await request(client, b"alone") == b"stargate-0:alone"
+    finally:
+        holder.close()
+
+
+async def test_a_worker_of_a_group_binds_its_name_and_lets_it_go_when_closed(pki: DemoPki) -> None:
+    workers = WorkerGroup(f"test-{secrets.token_hex(4)}", 1, 2)
+    async with running(pki, workers=workers) as h:
+        assert h.router.handoff_book is not None
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        with pytest.raises(OSError):
+            probe.bind(workers.name(1))
+        probe.close()
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    probe.bind(workers.name(1))  # free again
+    probe.close()
