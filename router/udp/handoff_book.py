@@ -52,6 +52,11 @@ class HandoffBook:
         return len(self._forwards)
 
     @property
+    def next_ask_id(self) -> int:
+        """The number the next ask will take (its record is encoded before the ask is)."""
+        return self._next_id
+
+    @property
     def next_deadline(self) -> float | None:
         """When the oldest unanswered ask falls due (None: none is waiting)."""
         return next(iter(self._asks.values()))[1] if self._asks else None

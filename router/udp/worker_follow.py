@@ -102,17 +102,14 @@ class WorkerFollow(ServerIdJoins):
         if book is None or link is None:
             return False
         owner = book.owner(addr, now)
-        try:
-            if owner is not None:
-                link.queue(owner, encode_handoff(HandoffKind.FORWARD, 0, addr, data), forward=True)
-                self._handoff_counts[WorkerHandoff.FORWARDED].inc()
-                return True
-            ask_id = book.ask(addr, now)
-            if ask_id is None:
-                self._handoff_counts[WorkerHandoff.ASK_LIMITED].inc()
-                return False
-            record = encode_handoff(HandoffKind.ASK, ask_id, addr, data)
+        if owner is not None:
+            return self._forward(link, owner, data, addr)
+        try:  # encoded before the ask is taken: a record that cannot be is a miss dropped once, now
+            record = encode_handoff(HandoffKind.ASK, book.next_ask_id, addr, data)
         except HandoffError:  # a scoped IPv6 address, a datagram over 64 KiB: not followed
+            return False
+        if book.ask(addr, now) is None:
+            self._handoff_counts[WorkerHandoff.ASK_LIMITED].inc()
             return False
         for index in link.workers.others:
             link.queue(index, record)
@@ -127,12 +124,14 @@ class WorkerFollow(ServerIdJoins):
         socket as this worker's flows there), forwarded; False: the address's first flow takes it."""
         book, link = self._handoffs, self._workers
         owner = book.owner(addr, now) if book is not None else None
-        if owner is None or link is None:
-            return False
+        return owner is not None and link is not None and self._forward(link, owner, data, addr)
+
+    def _forward(self, link: WorkerLink, owner: int, data: bytes, addr: Address) -> bool:
         try:
-            link.queue(owner, encode_handoff(HandoffKind.FORWARD, 0, addr, data), forward=True)
+            record = encode_handoff(HandoffKind.FORWARD, 0, addr, data)
         except HandoffError:
             return False
+        link.queue(owner, record, forward=True)
         self._handoff_counts[WorkerHandoff.FORWARDED].inc()
         return True
 

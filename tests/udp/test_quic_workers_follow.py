@@ -6,6 +6,7 @@ addresses, which the workers count as dropped and ask each other about only at t
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import socket
@@ -58,7 +59,8 @@ def datapath(request: pytest.FixtureRequest) -> dict[str, str]:
 
 
 async def _router(endpoints: Path, workers: int, env: dict[str, str] | None = None) -> RouterProcess:
-    router = RouterProcess(router_args(endpoints, "--workers", str(workers), "--log-format", "json"), env=env)
+    args = router_args(endpoints, "--workers", str(workers), "--log-format", "json", "--debug-endpoints")
+    router = RouterProcess(args, env=env)
     await asyncio.to_thread(router.wait_ready, 30.0)
     return router
 
@@ -89,6 +91,11 @@ async def test_an_aioquic_client_that_rebinds_twenty_times_keeps_its_one_flow(
                 payload = f"after-{n}-".encode() * (n + 1)
                 assert await request(client, payload) == b"stargate-1:" + payload
                 sent += counting.sent
+            status, body = await asyncio.to_thread(router.http_get, "/debug/connections?limit=100")
+            assert status == 200, body
+            live = [entry for entry in json.loads(body)["connections"] if entry["protocol"] == "quic"]
+            assert len(live) == 1, live  # one live-view entry, from the one worker holding the flow
+            assert live[0]["pod"] == "stargate-1" and live[0]["bytes_client_to_pod"] > sent
         assert await _metric(router, f"{c.QUIC_CONNECTIONS_TOTAL}_total", outcome="accepted") == 1
         assert await _metric(router, DROPPED, reason="not_initial") == 0
         asked = await _metric(router, HANDOFFS, kind="asked")
@@ -163,12 +170,12 @@ def quinn_peer() -> Path:
 
 @pytest.mark.parametrize("workers", [2, 4])
 async def test_a_quinn_endpoint_that_rebinds_twenty_times_keeps_its_connections_to_two_pods(
-    endpoints: Path, pki: DemoPki, tmp_path: Path, quinn_peer: Path, workers: int
+    endpoints: Path, pki: DemoPki, tmp_path: Path, quinn_peer: Path, workers: int, datapath: dict[str, str]
 ) -> None:
     ca = tmp_path / "ca.der"
     ca.write_bytes(x509.load_pem_x509_certificate(pki.ca_pem).public_bytes(Encoding.DER))
     names = [sni(pod) for pod in PODS]
-    router = await _router(endpoints, workers)
+    router = await _router(endpoints, workers, datapath)
     with router:
         peer = await asyncio.create_subprocess_exec(
             str(quinn_peer), f"127.0.0.1:{router.quic_port}", str(ca), "--rebinds", str(REBINDS), *names,

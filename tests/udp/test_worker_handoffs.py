@@ -115,8 +115,9 @@ def _book(**overrides: float) -> HandoffBook:
 def test_a_claimed_ask_makes_the_address_forwarded_to_its_owner() -> None:
     book = _book()
     assert book.owner(A, 0.0) is None
+    number = book.next_ask_id
     ask = book.ask(A, 0.0)
-    assert ask is not None and book.unanswered == 1
+    assert ask == number and book.next_ask_id == number + 1 and book.unanswered == 1
     assert book.claimed(ask, A, 3, 0.01)
     assert book.unanswered == 0 and book.owner(A, 0.02) == 3
     assert book.overdue(5.0) == 0  # a claimed ask is never counted dropped
