@@ -10,7 +10,8 @@ other: ``overdue`` hands it back to be counted as dropped.
 Bounded for floods: asks beyond the bucket are refused (the miss is dropped at once), unanswered
 asks are at most ``max_asks``, forward entries at most ``max_forwards`` (the least recently used
 goes first: its client's next datagram is asked about again) and each is forgotten after
-``forward_idle_s`` without a datagram, as a silent flow is.
+``forward_idle_s`` without a datagram, as a silent flow is (found stale when next used, or swept
+with the overdue asks).
 """
 
 from __future__ import annotations
