@@ -29,6 +29,7 @@ def _scenarios() -> dict[str, Scenario]:
         quic_lb_scenarios,
         quic_scenarios,
         tcp_scenarios,
+        worker_follow_scenarios,
     )
 
     return {
@@ -43,6 +44,7 @@ def _scenarios() -> dict[str, Scenario]:
         "udp_echo": quic_scenarios.udp_echo,
         "udp_demux": quic_scenarios.udp_demux,
         "quic_lb_join": quic_lb_scenarios.quic_lb_join,
+        "worker_follow": worker_follow_scenarios.worker_follow,
         "memory_tcp": memory_scenarios.memory_tcp,
         "memory_udp": memory_scenarios.memory_udp,
         "workers": tcp_scenarios.workers_speedup,

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import gc
 import logging
+import os
 import resource
 import signal
 import time
@@ -38,6 +39,7 @@ from router.tcp.edge import TcpRouter, TcpRouterSettings
 from router.udp.edge import UdpRouter
 from router.udp.flow_limits import FlowLimits
 from router.udp.settings import UdpRouterSettings
+from router.udp.worker_link import worker_group
 
 log = logging.getLogger("router.app")  # pinned: operators filter logs by this name
 
@@ -140,6 +142,7 @@ class RouterApp:
                 max_flows_per_client=config.max_quic_flows_per_client,
                 client_counts=quic_counts,
                 quic_lb_server_id_bytes=config.quic_lb_server_id_bytes,
+                workers=worker_group(os.environ),
                 extensions=self.extensions,
             ),
             self.template, self.snapshot, self.metrics, self.access,

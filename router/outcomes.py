@@ -107,6 +107,19 @@ class QuicDropReason(StrEnum):
     """It named a pod, but the router is draining or its client holds ``--max-quic-flows-per-client``."""
 
 
+class WorkerHandoff(StrEnum):
+    """Value of ``kind`` on the worker handoff counter: client datagrams passed between ``--workers``."""
+
+    ASKED = "asked"
+    """A miss this worker asked the others about (their flow's client moved to this worker's 4-tuple)."""
+    ASK_LIMITED = "ask_limited"
+    """A miss not asked about: this second's asks were spent (it counts as dropped, ``not_initial``)."""
+    FORWARDED = "forwarded"
+    """A datagram sent on to the worker that claimed its client's address."""
+    CLAIMED = "claimed"
+    """A datagram another worker asked about, taken by this worker's flow."""
+
+
 class RelayDirection(StrEnum):
     """Value of ``direction`` on the relayed-bytes counter."""
 

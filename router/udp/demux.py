@@ -11,7 +11,8 @@ flows is sniffed beside them (a pending flow keyed by address and its DCID), so 
 Initial from a live client's address costs a pending flow of its own and never touches the
 live connection. A datagram that names no flow at all (the miss: a short header, or a Handshake
 packet, from an address with no flow for it) may still name its pod, with QUIC-LB pods
-(``server_id_joins``), as may a short header of a shared address that names none of its flows.
+(``server_id_joins``), as may a short header of a shared address that names none of its flows;
+else, with ``--workers N``, its flow may be another worker's (``worker_follow``).
 
 ``ClientDemux`` is a base class of ``edge.UdpRouter``, like ``flow_endings.FlowEndings``: it
 acts on the router's own table, slots and refusals; the router decides routes (``_route``).
@@ -32,16 +33,16 @@ from router.udp.flow_endings import Link
 from router.udp.flow_table import Address, Flow, PendingFlow
 from router.udp.pod_link import Outboxes
 from router.udp.refusals import QuicRefusals, peer
-from router.udp.server_id_joins import ServerIdJoins
 from router.udp.settings import UdpRouterSettings
 from router.udp.verdicts import Verdict, classify_on_flow, classify_unrouted
+from router.udp.worker_follow import WorkerFollow
 from wire.client_hello import ClientHelloInfo
 
 log = logging.getLogger("router.udp_router")
 """The router's logger: migration and unusable-Initial lines keep the name operators filter on."""
 
 
-class ClientDemux(ServerIdJoins):
+class ClientDemux(WorkerFollow):
     """Takes each client datagram to its flow, its pending flow, a refusal's answer, or a drop."""
 
     settings: UdpRouterSettings
@@ -105,7 +106,9 @@ class ClientDemux(ServerIdJoins):
             self._open(header, data, addr, now)
         else:
             reason = unrouted.drop_reason or QuicDropReason.MALFORMED
-            if reason is not QuicDropReason.NOT_INITIAL or not self._join_unrouted(data, addr, now):
+            if reason is not QuicDropReason.NOT_INITIAL or not (
+                self._join_unrouted(data, addr, now) or self._follow_miss(data, addr, now)
+            ):
                 self._drop(reason)
 
     def _from_flow_address(self, first: Flow[Link], data: bytes, now: float) -> None:
@@ -118,7 +121,7 @@ class ClientDemux(ServerIdJoins):
         if verdict is Verdict.FORWARD and flow is not None:
             self._to_pod(flow, data, now)
         elif verdict is Verdict.UNNAMED and flow is not None:
-            if not self._join_unnamed(flow, data, now):
+            if not (self._join_unnamed(flow, data, now) or self._follow_unnamed(data, addr, now)):
                 self._to_pod(flow, data, now)
         elif verdict is Verdict.JOIN and flow is not None:
             self._join(flow, data, addr, now)

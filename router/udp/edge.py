@@ -94,6 +94,7 @@ class UdpRouter(ClientDemux):
         """Looked up once: every flow counts one, or one ``joined`` (``server_id_joins``)."""
         self._joined = metrics.quic_flow_series(QuicOutcome.JOINED)
         self._start_joins()
+        self._start_following()
         # The flow gauges are read from the table at scrape time, not updated per flow.
         metrics.pending_flows.set_function(lambda: self._table.pending_count)
         self._series.active.set_function(lambda: self._table.flow_count)
@@ -124,6 +125,7 @@ class UdpRouter(ClientDemux):
             loop.add_reader(sock.fileno(), splicer.pump_clients, loop.time, self._handed_back, self._splice_failed)
             loop.add_reader(splicer.epoll_fd, splicer.pump_pods, loop.time, self._learn_pod_cid, self._splice_failed)
             sockname = sock.getsockname()
+        self._open_following(loop)
         s = self.settings  # ending flows in time: ``flow_endings``
         interval = min(s.sweep_interval_s, s.limits.shortest_flow_idle_s / 4, s.limits.pending_flow_timeout_s / 4)
         self._sweeper = loop.create_task(self._sweep_forever(interval), name="quic-flow-sweeper")
@@ -150,6 +152,7 @@ class UdpRouter(ClientDemux):
             with contextlib.suppress(asyncio.CancelledError):
                 await self._sweeper
         self._sweeper = None
+        self._close_following()
         self._close_flows()
         self._flush_byte_counters()
         if self._splicer is not None and self._loop is not None and isinstance(self._transport, SocketOut):
@@ -230,6 +233,8 @@ class UdpRouter(ClientDemux):
             self._splicer.attach(sock.fileno(), flow.address, flow)
         else:
             self._loop.add_reader(sock.fileno(), self._replies.readable, link)
+        if self._handoffs is not None:  # (with --workers N) beside a moved connection forwarded elsewhere?
+            self._beside_moved(flow, now)
         (self._joined if joined else self._accepted).inc()
         if log.isEnabledFor(logging.DEBUG):
             log.debug("quic flow %s -> %s (%s)", peer(flow.address), target.quic_endpoint, hostname)

@@ -19,7 +19,10 @@ from pathlib import Path
 
 from router.demo.command import endpoints_document
 
-LISTENING = re.compile(r"listening grpc=(\S+):(\d+) quic=(\S+):(\d+) health=(\S+):(\d+)")
+_HOST_PORT = r"(\[[^\]]*\]|[^\s:\[\]\"]+):(\d+)"
+"""A listener's ``host:port`` (an IPv6 host in brackets), ending at its digits: in a JSON line a
+quote and more fields follow it."""
+LISTENING = re.compile(rf"listening grpc={_HOST_PORT} quic={_HOST_PORT} health={_HOST_PORT}")
 
 
 class RouterProcess:

@@ -1,13 +1,15 @@
 //! A quinn client endpoint for the QUIC edge's tests: one UDP socket, several connections.
 //!
-//! Usage: `quinn_peer ROUTER_ADDR CA_DER [--at-once] SNI...`
+//! Usage: `quinn_peer ROUTER_ADDR CA_DER [--at-once] [--rebinds N] SNI...`
 //!
 //! It opens one connection per SNI from ONE `quinn::Endpoint` (in the order given; each handshake
 //! done before the next starts, or all at once with `--at-once`), asks each pod "who are you" on
 //! a bidirectional stream (the demo pods answer `<pod>:<payload>`), rebinds the endpoint to a new
 //! local port (`Endpoint::rebind`, as a NAT rebinding looks to the router), and asks again on every
 //! connection. Each answer is printed as `<phase> <sni> <answer>`; the local port before and after
-//! the rebind as `port <phase> <port>`. Exit status 0 only if every exchange worked.
+//! the rebind as `port <phase> <port>`. With `--rebinds N` (N > 1) it rebinds N times, asking on every
+//! connection after each: phases `after`, `after-2` ... `after-N`. Exit status 0 only if every
+//! exchange worked.
 //!
 //! `quinn_peer pod ...` is a pod instead, whose connection IDs name it (QUIC-LB): see `pod.rs`.
 
@@ -58,7 +60,9 @@ async fn exchange_all(phase: &str, names: &[String], connections: &[quinn::Conne
     Ok(())
 }
 
-async fn run(router: SocketAddr, ca_der: Vec<u8>, at_once: bool, names: Vec<String>) -> Result<(), Failure> {
+async fn run(
+    router: SocketAddr, ca_der: Vec<u8>, at_once: bool, rebinds: usize, names: Vec<String>,
+) -> Result<(), Failure> {
     let mut endpoint = quinn::Endpoint::client("127.0.0.1:0".parse()?)?;
     endpoint.set_default_client_config(client_config(&ca_der)?);
     println!("port before {}", endpoint.local_addr()?.port());
@@ -75,9 +79,12 @@ async fn run(router: SocketAddr, ca_der: Vec<u8>, at_once: bool, names: Vec<Stri
         }
     }
     exchange_all("before", &names, &connections).await?;
-    endpoint.rebind(UdpSocket::bind("127.0.0.1:0")?)?;
-    println!("port after {}", endpoint.local_addr()?.port());
-    exchange_all("after", &names, &connections).await?;
+    for round in 1..=rebinds {
+        let phase = if round == 1 { "after".to_string() } else { format!("after-{round}") };
+        endpoint.rebind(UdpSocket::bind("127.0.0.1:0")?)?;
+        println!("port {phase} {}", endpoint.local_addr()?.port());
+        exchange_all(&phase, &names, &connections).await?;
+    }
     for connection in &connections {
         connection.close(0u32.into(), b"done");
     }
@@ -97,8 +104,19 @@ async fn main() {
     }
     let at_once = args.iter().any(|a| a == "--at-once");
     args.retain(|a| a != "--at-once");
+    let mut rebinds = 1;
+    if let Some(at) = args.iter().position(|a| a == "--rebinds") {
+        match args.get(at + 1).and_then(|n| n.parse::<usize>().ok()) {
+            Some(n) if n >= 1 => rebinds = n,
+            _ => {
+                eprintln!("--rebinds needs a count of at least 1");
+                std::process::exit(2);
+            }
+        }
+        args.drain(at..at + 2);
+    }
     if args.len() < 3 {
-        eprintln!("usage: quinn_peer ROUTER_ADDR CA_DER [--at-once] SNI...");
+        eprintln!("usage: quinn_peer ROUTER_ADDR CA_DER [--at-once] [--rebinds N] SNI...");
         std::process::exit(2);
     }
     let router: SocketAddr = match args[0].parse() {
@@ -115,7 +133,7 @@ async fn main() {
             std::process::exit(2);
         }
     };
-    if let Err(error) = run(router, ca_der, at_once, args[2..].to_vec()).await {
+    if let Err(error) = run(router, ca_der, at_once, rebinds, args[2..].to_vec()).await {
         eprintln!("quinn_peer: {error}");
         std::process::exit(1);
     }

@@ -1,0 +1,238 @@
+"""``--workers N``: a client whose port changes keeps its connection whichever worker the kernel
+gives its new 4-tuple to. Real ``python -m router`` processes, real aioquic pods, aioquic and quinn
+clients that rebind 20 times in one connection; and a flood of random short headers from many
+addresses, which the workers count as dropped and ask each other about only at the bucket's rate."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from aioquic.asyncio import connect
+from aioquic.quic.configuration import QuicConfiguration
+from cryptography import x509
+from cryptography.hazmat.primitives.serialization import Encoding
+
+from router import constants as c
+from router.demo.pki import DemoPki
+from router.demo.quic_pods import bound_port, client_configuration, request, start_quic_pod
+from tests.support import quinn_client
+from tests.support.access_peers import access_lines
+from tests.support.names import host as sni
+from tests.support.polling import eventually_blocking
+from tests.support.rebinding import rebind
+from tests.support.router_process import RouterProcess, router_args, write_endpoints
+from tests.support.shared_socket import open_shared_socket
+
+pytestmark = pytest.mark.timeout(120)
+
+REBINDS = 20
+PODS = {"stargate-0": "127.0.0.2", "stargate-1": "127.0.0.3"}
+HANDOFFS = f"{c.QUIC_WORKER_HANDOFFS_TOTAL}_total"
+DROPPED = f"{c.QUIC_DROPPED_DATAGRAMS_TOTAL}_total"
+
+
+@pytest.fixture
+async def endpoints(tmp_path: Path, pki: DemoPki) -> AsyncIterator[Path]:
+    """Two aioquic demo pods (they answer ``<pod>:<request>``) in an endpoints file."""
+    pods = {name: await start_quic_pod(name, ip, 0, pki.cert_path, pki.key_path) for name, ip in PODS.items()}
+    path = tmp_path / "endpoints.json"
+    write_endpoints(path, [(name, PODS[name], 1, bound_port(pod)) for name, pod in pods.items()])
+    try:
+        yield path
+    finally:
+        for pod in pods.values():
+            pod.close()
+
+
+@pytest.fixture(params=["native", "python"])
+def datapath(request: pytest.FixtureRequest) -> dict[str, str]:
+    """The workers' environment: the C splice (and C Initial reading) where built, or pure Python."""
+    return {c.NO_EXTENSIONS_ENV: "1"} if request.param == "python" else {}
+
+
+async def _router(endpoints: Path, workers: int, env: dict[str, str] | None = None) -> RouterProcess:
+    args = router_args(endpoints, "--workers", str(workers), "--log-format", "json", "--debug-endpoints")
+    router = RouterProcess(args, env=env)
+    await asyncio.to_thread(router.wait_ready, 30.0)
+    return router
+
+
+def _config(pod: str, pki: DemoPki) -> QuicConfiguration:
+    return client_configuration(sni(pod), pki.ca_path)
+
+
+async def _metric(router: RouterProcess, name: str, **labels: str) -> float:
+    return await asyncio.to_thread(router.metric, name, **labels)
+
+
+@pytest.mark.parametrize("workers", [2, 4])
+async def test_an_aioquic_client_that_rebinds_twenty_times_keeps_its_one_flow(
+    endpoints: Path, pki: DemoPki, workers: int, datapath: dict[str, str]
+) -> None:
+    router = await _router(endpoints, workers, datapath)
+    with router:
+        config = client_configuration(sni("stargate-1"), pki.ca_path)
+        async with connect("127.0.0.1", router.quic_port, configuration=config) as client:
+            assert await request(client, b"before") == b"stargate-1:before"
+            first_port = client._transport.get_extra_info("sockname")[1]
+            sent = 0
+            for n in range(REBINDS):
+                moved = await rebind(client)
+                counting = _CountingTransport(moved)
+                client._transport = counting  # type: ignore[assignment]
+                payload = f"after-{n}-".encode() * (n + 1)
+                assert await request(client, payload) == b"stargate-1:" + payload
+                sent += counting.sent
+            status, body = await asyncio.to_thread(router.http_get, "/debug/connections?limit=100")
+            assert status == 200, body
+            live = [entry for entry in json.loads(body)["connections"] if entry["protocol"] == "quic"]
+            assert len(live) == 1, live  # one live-view entry, from the one worker holding the flow
+            assert live[0]["pod"] == "stargate-1" and live[0]["bytes_client_to_pod"] > sent
+        assert await _metric(router, f"{c.QUIC_CONNECTIONS_TOTAL}_total", outcome="accepted") == 1
+        assert await _metric(router, DROPPED, reason="not_initial") == 0
+        asked = await _metric(router, HANDOFFS, kind="asked")
+        assert asked > 0  # none of 20 new ports on another worker: p = 2**-20 with 2 workers
+        assert await _metric(router, HANDOFFS, kind="claimed") == asked  # every ask was the flow's
+        assert await _metric(router, c.ACTIVE_CONNECTIONS, protocol="quic") == 1  # one flow, on one worker
+        assert await asyncio.to_thread(router.stop, signal.SIGTERM, 30.0) == 0
+    quic = [line for line in access_lines(router) if line.get("protocol") == "quic"]
+    assert len(quic) == 1, quic  # one access line for the one flow, wherever its datagrams came in
+    (line,) = quic
+    assert line["pod"] == "stargate-1" and line["client"].endswith(f":{first_port}")  # the address it opened from
+    assert line["bytes_client_to_pod"] > sent  # every rebound datagram counted on the flow, plus the handshake
+
+
+class _CountingTransport:
+    """A client transport that counts the bytes sent through it (the rest passes through)."""
+
+    def __init__(self, transport: asyncio.DatagramTransport) -> None:
+        self._transport = transport
+        self.sent = 0
+
+    def sendto(self, data: bytes, addr: object = None) -> None:
+        self.sent += len(data)
+        self._transport.sendto(data, addr)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._transport, name)
+
+
+async def test_a_connection_opened_beside_a_moved_one_on_the_asking_worker_leaves_it_its_pod(
+    endpoints: Path, pki: DemoPki, datapath: dict[str, str]
+) -> None:
+    """One aioquic endpoint (one socket): its connection to stargate-0 moves to a port the kernel
+    gives the other worker (asked, claimed, then forwarded), then it opens a connection to stargate-1
+    from that port, which that worker routes itself. Each connection still reaches its own pod: the
+    new flow is told apart by connection ID from the start, and the moved one's datagrams go on to
+    their worker."""
+    router = await _router(endpoints, 2, datapath)
+    with router:
+        shared = await open_shared_socket("127.0.0.1")
+        try:
+            target = ("127.0.0.1", router.quic_port)
+            first = await asyncio.wait_for(shared.connect(target, _config("stargate-0", pki)), 10)
+            assert await request(first, b"a") == b"stargate-0:a"
+            for n in range(REBINDS):  # until a new port lands on the worker without the flow (p = 1/2 each)
+                await shared.rebind("127.0.0.1")
+                assert await request(first, b"moved-%d" % n) == b"stargate-0:moved-%d" % n
+                if await _metric(router, HANDOFFS, kind="asked"):
+                    break
+            else:
+                pytest.fail(f"{REBINDS} new ports all on the flow's own worker")
+            second = await asyncio.wait_for(shared.connect(target, _config("stargate-1", pki)), 10)
+            for round_ in (b"b", b"c", b"d"):
+                assert await request(second, round_) == b"stargate-1:" + round_
+                assert await request(first, round_) == b"stargate-0:" + round_
+            assert shared.unmatched == 0
+        finally:
+            shared.close()
+        assert await _metric(router, f"{c.QUIC_CONNECTIONS_TOTAL}_total", outcome="accepted") == 2
+        assert await _metric(router, HANDOFFS, kind="forwarded") > 0
+        assert await _metric(router, DROPPED, reason="not_initial") == 0
+        assert await asyncio.to_thread(router.stop, signal.SIGTERM, 30.0) == 0
+
+
+@pytest.fixture(scope="module")
+def quinn_peer() -> Path:
+    binary, why_not = quinn_client.build()
+    if binary is None:
+        pytest.skip(f"the quinn peer cannot be built here: {why_not}")
+    return binary
+
+
+@pytest.mark.parametrize("workers", [2, 4])
+async def test_a_quinn_endpoint_that_rebinds_twenty_times_keeps_its_connections_to_two_pods(
+    endpoints: Path, pki: DemoPki, tmp_path: Path, quinn_peer: Path, workers: int, datapath: dict[str, str]
+) -> None:
+    ca = tmp_path / "ca.der"
+    ca.write_bytes(x509.load_pem_x509_certificate(pki.ca_pem).public_bytes(Encoding.DER))
+    names = [sni(pod) for pod in PODS]
+    router = await _router(endpoints, workers, datapath)
+    with router:
+        peer = await asyncio.create_subprocess_exec(
+            str(quinn_peer), f"127.0.0.1:{router.quic_port}", str(ca), "--rebinds", str(REBINDS), *names,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )
+        out, err = await asyncio.wait_for(peer.communicate(), 90)
+        assert peer.returncode == 0, err.decode()
+        lines = out.decode().split("\n")
+        phases = ["before", "after", *(f"after-{n}" for n in range(2, REBINDS + 1))]
+        for phase in phases:
+            for pod, name in zip(PODS, names, strict=True):
+                assert f"{phase} {name} {pod}:{phase}-{name}" in lines
+        ports = [line.split()[2] for line in lines if line.startswith("port ")]
+        assert len(ports) == REBINDS + 1 and len(set(ports)) == REBINDS + 1  # a new port every time
+        assert await _metric(router, f"{c.QUIC_CONNECTIONS_TOTAL}_total", outcome="accepted") == 2
+        assert await _metric(router, DROPPED, reason="not_initial") == 0
+        assert await _metric(router, HANDOFFS, kind="asked") > 0
+        assert await asyncio.to_thread(router.stop, signal.SIGTERM, 30.0) == 0
+    quic = [line for line in access_lines(router) if line.get("protocol") == "quic"]
+    assert sorted(line["pod"] for line in quic) == sorted(PODS)  # one line per connection
+
+
+async def test_a_flood_of_random_short_headers_is_dropped_and_asked_about_at_the_buckets_rate(
+    endpoints: Path, pki: DemoPki
+) -> None:
+    router = await _router(endpoints, 2)
+    with router:
+        sockets = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(256)]
+        started = time.monotonic()
+        try:
+            for sock in sockets:
+                sock.bind(("127.0.0.1", 0))
+            for _ in range(40):  # 10,240 datagrams from 256 addresses, in paced bursts
+                for sock in sockets:  # a short header (0b01 first bits), a random connection ID and payload
+                    junk = bytes([0x40 | os.urandom(1)[0] & 0x3F]) + os.urandom(40)
+                    sock.sendto(junk, ("127.0.0.1", router.quic_port))
+                await asyncio.sleep(0.01)
+        finally:
+            for sock in sockets:
+                sock.close()
+
+        def counted() -> tuple[float, float, float]:
+            return (router.metric(HANDOFFS, kind="asked"), router.metric(HANDOFFS, kind="ask_limited"),
+                    router.metric(DROPPED, reason="not_initial"))
+
+        def settled() -> bool:  # every miss counted dropped once: at once if limited, unclaimed asks at their deadline
+            asked, limited, dropped = counted()
+            return asked + limited > 0 and dropped == asked + limited
+
+        await asyncio.to_thread(eventually_blocking, settled, 30.0, what="every miss counted dropped once")
+        asked, _, _ = await asyncio.to_thread(counted)
+        elapsed = time.monotonic() - started
+        assert asked <= 2 * (c.QUIC_HANDOFF_ASK_BURST + c.QUIC_HANDOFF_ASKS_PER_S * elapsed)  # two workers' buckets
+        assert await _metric(router, HANDOFFS, kind="claimed") == 0
+        assert await _metric(router, HANDOFFS, kind="forwarded") == 0
+        # The workers still serve: a real client through the router after the flood.
+        config = client_configuration(sni("stargate-0"), pki.ca_path)
+        async with connect("127.0.0.1", router.quic_port, configuration=config) as client:
+            assert await request(client, b"after the flood") == b"stargate-0:after the flood"
+        assert await asyncio.to_thread(router.stop, signal.SIGTERM, 30.0) == 0
