@@ -122,6 +122,16 @@ class RouterProcess:
             time.sleep(0.05)
         raise RuntimeError("router never became ready:\n" + "\n".join(self.lines[-30:]))
 
+    def pids(self) -> list[int]:
+        """Every process of this router: the router itself, or the supervisor and its live workers
+        (its children), so what one router holds (fds, memory, CPU) is summed over all of them."""
+        children = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children")
+        try:
+            workers = [int(pid) for pid in children.read_text().split()]
+        except OSError:
+            workers = []
+        return [self.proc.pid, *workers]
+
     def metric(self, name: str, **labels: str) -> float:
         """Value of one series from a live ``/metrics`` scrape (KeyError if absent)."""
         _status, body = self.http_get("/metrics")
