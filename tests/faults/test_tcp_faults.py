@@ -122,7 +122,7 @@ def test_slowloris_peeks_close_at_the_peek_timeout_while_real_calls_pass(
         "--peek-timeout-ms", str(PEEK_TIMEOUT_MS),
     )
     with router:
-        pids = router.pids()
+        pids = router.all_pids()
         assert whoami(router, "stargate-0")[0] == "stargate-0"  # warm
         base_fds = settle_fds(pids, 0, timeout_s=0.5)
         before = outcome_counts(router)
@@ -305,7 +305,7 @@ def test_pod_reset_mid_stream_reaches_the_client_promptly(tmp_path: Path, grpc_p
     try:
         router = start_router(tmp_path, [("stargate-0", "127.0.0.3", proxy.port, 1)])
         with router:
-            base_fds = settle_fds(router.pids(), 0, timeout_s=0.5)
+            base_fds = settle_fds(router.all_pids(), 0, timeout_s=0.5)
             with h2c_channel(router, host("stargate-0")) as channel:
                 outbox, replies = echo_stream(channel)
                 outbox.put(b"first")
@@ -321,7 +321,7 @@ def test_pod_reset_mid_stream_reaches_the_client_promptly(tmp_path: Path, grpc_p
             assert err.value.code() == grpc.StatusCode.UNAVAILABLE
             assert seen_after < PROMPTLY_S
             assert outcome_count(router, "h2c", "relay_error") == 1
-            assert settle_fds(router.pids(), base_fds + FD_SLACK) <= base_fds + FD_SLACK
+            assert settle_fds(router.all_pids(), base_fds + FD_SLACK) <= base_fds + FD_SLACK
             assert router.stop() == 0
     finally:
         proxy.close()
@@ -336,7 +336,7 @@ def test_blackholed_pod_is_cut_at_the_relay_idle_timeout(tmp_path: Path, protoco
             "--relay-idle-timeout-ms", str(RELAY_IDLE_TIMEOUT_MS),
         )
         with router:
-            base_fds = settle_fds(router.pids(), 0, timeout_s=0.5)
+            base_fds = settle_fds(router.all_pids(), 0, timeout_s=0.5)
             started = time.monotonic()
             if protocol == "h2c":
                 answer, elapsed = whoami(router, "stargate-0", timeout_s=20)
@@ -356,7 +356,7 @@ def test_blackholed_pod_is_cut_at_the_relay_idle_timeout(tmp_path: Path, protoco
             print(f"\nblackhole {protocol}: client cut after {elapsed:.3f}s")
             assert outcome_count(router, protocol, "accepted") == 1
             assert outcome_count(router, protocol, "completed") == 1
-            assert settle_fds(router.pids(), base_fds + FD_SLACK) <= base_fds + FD_SLACK
+            assert settle_fds(router.all_pids(), base_fds + FD_SLACK) <= base_fds + FD_SLACK
             assert router.stop() == 0
     finally:
         pod.close()
@@ -488,7 +488,7 @@ async def test_connection_churn_leaks_no_fds_or_memory(tmp_path: Path, connectio
             )
 
     try:
-        pids = router.pids()
+        pids = router.all_pids()
         assert all(await asyncio.gather(*(one(i) for i in range(200))))  # warm-up
         await asyncio.sleep(1.1)  # rejected connections linger <= 1 s; relays give back buffers
         base_fds, base_rss = open_fds(pids), rss_kib(pids)
@@ -518,7 +518,7 @@ async def test_clients_that_never_read_cost_the_router_bounded_memory(tmp_path: 
     router = await asyncio.to_thread(start_router, tmp_path, [("stargate-flood", "127.0.0.2", port, 1)])
     clients: list[socket.socket] = []
     try:
-        pids = router.pids()
+        pids = router.all_pids()
         base_fds, base_rss = open_fds(pids), rss_kib(pids)
         hello = client_hello([sni_extension(host("stargate-flood").encode())])
         for _ in range(connections):

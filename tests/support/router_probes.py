@@ -87,7 +87,7 @@ def raise_nofile_limit() -> int:
 
 
 Pids = int | Sequence[int]
-"""One process, or every process of one router (``RouterProcess.pids()``): a probe sums over them."""
+"""One process, or every process of one router (``RouterProcess.all_pids()``): a probe sums over them."""
 
 
 def _each(pids: Pids) -> Sequence[int]:

@@ -21,11 +21,15 @@ import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 
+import pytest
+
 from router.demo.command import endpoints_document
 
-LISTENING = re.compile(r'listening grpc=([^\s"]+):(\d+) quic=([^\s"]+):(\d+) health=([^\s"]+):(\d+)')
-"""The startup line, text or JSON: an address stops at a space or the quote ending a JSON message
-(the supervisor's line ends its message with the health address, then its ``workers`` field)."""
+_HOST_PORT = r"(\[[^\]]*\]|[^\s:\[\]\"]+):(\d+)"
+"""A listener's ``host:port`` (an IPv6 host in brackets), ending at its digits: in a JSON line a
+quote and more fields follow it."""
+LISTENING = re.compile(rf"listening grpc={_HOST_PORT} quic={_HOST_PORT} health={_HOST_PORT}")
+
 SUITE_WORKERS_ENV = "STARGATE_TEST_ROUTER_WORKERS"
 """How many worker processes every test's router runs (``--workers N``); unset: the router's default."""
 
@@ -43,6 +47,13 @@ def suite_workers() -> int | None:
 def chooses_workers(args: Sequence[str]) -> bool:
     """Whether ``args`` set ``--workers`` themselves (``--workers N``, ``--workers=N``)."""
     return any(a == "--workers" or a.startswith("--workers=") for a in args)
+
+
+def across_workers_gap(reason: str) -> pytest.MarkDecorator:
+    """Expected to fail when the suite runs ``--workers N`` (N > 1): behaviour that holds for one
+    process and is not yet shared across workers (``reason`` says what and where it is built).
+    Not strict: once it holds across workers the test passes; then drop the mark."""
+    return pytest.mark.xfail((suite_workers() or 1) > 1, reason=f"across --workers: {reason}", strict=False)
 
 
 def workers_in(args: Sequence[str]) -> int:
@@ -122,7 +133,7 @@ class RouterProcess:
             time.sleep(0.05)
         raise RuntimeError("router never became ready:\n" + "\n".join(self.lines[-30:]))
 
-    def pids(self) -> list[int]:
+    def all_pids(self) -> list[int]:
         """Every process of this router: the router itself, or the supervisor and its live workers
         (its children), so what one router holds (fds, memory, CPU) is summed over all of them."""
         children = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children")
