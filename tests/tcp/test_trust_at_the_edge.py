@@ -28,7 +28,7 @@ from tests.support.edge_clients import TLS_ALERT_RECORD, quic_from, read_some, t
 from tests.support.haproxy import HaproxyFront, haproxy_available
 from tests.support.names import host
 from tests.support.polling import eventually_blocking
-from tests.support.router_process import RouterProcess, router_args, write_endpoints
+from tests.support.router_process import RouterProcess, across_workers_gap, router_args, write_endpoints
 from tests.support.tcp_peers import read_to_eof
 from tests.support.tls import ssl_client_hello_records
 
@@ -44,6 +44,10 @@ PEEK_TIMEOUT_MS = 1500
 GRPC = f"{c.GRPC_CONNECTIONS_TOTAL}_total"
 QUIC = f"{c.QUIC_CONNECTIONS_TOTAL}_total"
 ALERT_INTERNAL_ERROR, ALERT_UNRECOGNIZED_NAME = 80, 112
+
+PER_CLIENT_LIMITS_PER_WORKER = across_workers_gap(
+    "a per-client limit is counted by each worker on its own (one count for all workers: branch shared-limits)"
+)
 
 
 @dataclass
@@ -230,6 +234,7 @@ def test_tls_past_the_limit_gets_a_fatal_alert_and_a_released_slot_is_reusable(l
             sock.close()
 
 
+@PER_CLIENT_LIMITS_PER_WORKER
 def test_h2c_past_the_limit_gets_unavailable_and_then_fits_again(limited: Edge) -> None:
     held = [_routed_tls(limited, "127.0.0.1") for _ in range(2)]  # grpcio connects from 127.0.0.1
     try:
@@ -253,6 +258,7 @@ def test_h2c_past_the_limit_gets_unavailable_and_then_fits_again(limited: Edge) 
 
 
 # -- per-client limits (QUIC) -------------------------------------------------------------
+@PER_CLIENT_LIMITS_PER_WORKER
 def test_quic_past_the_limit_is_closed_with_the_reason_and_the_slot_returns(tmp_path: Path, pki: DemoPki) -> None:
     asyncio.run(_quic_limit(tmp_path, pki))
 
