@@ -210,6 +210,7 @@ def _routed_tls(edge: Edge, source: str) -> socket.socket:
     return sock
 
 
+@PER_CLIENT_LIMITS_PER_WORKER
 def test_tls_past_the_limit_gets_a_fatal_alert_and_a_released_slot_is_reusable(limited: Edge) -> None:
     held = [_routed_tls(limited, "127.0.0.21") for _ in range(2)]
     other = _routed_tls(limited, "127.0.0.22")  # another client is not affected
