@@ -59,14 +59,14 @@ def pod_slice(pod: RunningPod, **metadata: Any) -> dict[str, Any]:
 async def start_router(api: FakeKubeApi, tmp_path: Path) -> AsyncIterator[Callable[..., Any]]:
     routers: list[RouterProcess] = []
 
-    async def _start(*extra: str) -> RouterProcess:
+    async def _start(*extra: str, one_process: str = "") -> RouterProcess:
         kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
         router = RouterProcess([
             "--listen-addr", "127.0.0.1:0", "--reverse-tunnel-listen-addr", "127.0.0.1:0",
             "--health-listen-addr", "127.0.0.1:0", "--kubeconfig", str(kubeconfig),
             "--target-namespace", NAMESPACE, "--shutdown-delay-ms", "0", "--drain-timeout-ms", "2000",
             *extra,
-        ])
+        ], one_process=one_process)
         routers.append(router)
         await asyncio.to_thread(router.wait_ready)
         return router
@@ -155,7 +155,8 @@ async def test_api_down_keeps_routing_on_the_last_snapshot_then_converges(
     age = await asyncio.to_thread(router.metric, c.DISCOVERY_LAST_SYNC_AGE_SECONDS)
     retries = await errors(router) - errors_before
     assert age >= outage_s * 0.9
-    assert 1 <= retries <= outage_s / dc.BACKOFF_INITIAL_S + 2  # retried, never in a hot loop
+    # Every worker watches on its own (its own discovery): each retried, none in a hot loop.
+    assert router.workers <= retries <= router.workers * (outage_s / dc.BACKOFF_INITIAL_S + 2)
     await api.start()  # same port
     took = await converges(
         router, {"stargate-0": "stargate-0", "stargate-1": "stargate-1", "stargate-2": "UNAVAILABLE"}, CONVERGE_S,
@@ -195,7 +196,7 @@ async def test_410_storm_keeps_routing_and_converges(
     print(f"\n410 storm: {relists} re-lists, {gone} HTTP 410s, "
           f"{len(probe.results)} calls ok, converged {took:.1f}s after the storm")
     assert relists >= 1
-    assert relists <= STORMS + 1  # one re-list per 410 at most: no list loop
+    assert relists <= router.workers * (STORMS + 1)  # one re-list per 410 per worker at most: no list loop
 
 
 async def test_watch_streams_cut_every_second_keep_routing_and_converge(
@@ -221,7 +222,7 @@ async def test_watch_streams_cut_every_second_keep_routing_and_converge(
     print(f"\nwatch cut every second: {rewatches} re-watches, {len(api.requests_of('list'))} lists, "
           f"{len(probe.results)} calls ok, converged {took:.1f}s after the last cut")
     assert rewatches >= 2
-    assert rewatches <= 3 * 10  # re-watched, never in a hot loop
+    assert rewatches <= router.workers * 3 * 10  # each worker re-watched, never in a hot loop
 
 
 async def test_slow_api_keeps_routing_and_converges(
@@ -231,9 +232,9 @@ async def test_slow_api_keeps_routing_and_converges(
     api.latency_s = 0.5  # even the first list is slow: the router becomes ready after it
     router = await start_router()
     deadline = time.monotonic() + QUICK_S
-    while api.open_watches < 1 and time.monotonic() < deadline:
+    while api.open_watches < router.workers and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
-    assert api.open_watches == 1
+    assert api.open_watches == router.workers  # one watch per worker
     probe = await start_probe(router)
     api.latency_s = 1.5
     api.freeze_watches()
@@ -278,10 +279,14 @@ async def test_api_back_after_an_outage_with_compaction_routes_the_new_world_at_
         await asyncio.sleep(0.5)
     assert await answer(router, "stargate-2") == "stargate-2"
     await api.start()
+    back = time.monotonic()
     took = await converges(
         router, {"stargate-0": "stargate-0", "stargate-1": "stargate-1", "stargate-2": "UNAVAILABLE"}, RETURN_S,
     )
-    assert await rewatches(router, "expired") == 1
+    # Calls show the workers they reached; every worker re-lists after its own expired re-watch in the same bound.
+    while await rewatches(router, "expired") < router.workers and time.monotonic() < back + RETURN_S:
+        await asyncio.sleep(0.05)
+    assert await rewatches(router, "expired") == router.workers
     print(f"\napi down {outage_s:.0f}s with compaction: routing followed {took:.2f}s after the API returned")
 
 
@@ -290,12 +295,16 @@ async def test_frozen_watch_is_replaced_within_the_idle_timeout_and_the_change_r
 ) -> None:
     api.upsert(pod_slice(pods["stargate-0"]))
     router = await start_router("--kube-watch-idle-timeout-ms", str(IDLE_MS))
-    await eventually(lambda: api.open_watches == 1)
+    await eventually(lambda: api.open_watches == router.workers)  # one watch per worker
     lists = len(api.requests_of("list"))
     api.hang_watches()  # open, silent: a half-open connection
     api.upsert(pod_slice(pods["stargate-1"]))
     took = await converges(router, {"stargate-0": "stargate-0", "stargate-1": "stargate-1"}, IDLE_MS / 1000 + QUICK_S)
-    assert await rewatches(router, "idle") == 1
+    # Routing through one worker shows one replaced watch; every worker replaces its own in the same bound.
+    deadline = time.monotonic() + IDLE_MS / 1000 + QUICK_S
+    while await rewatches(router, "idle") < router.workers and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    assert await rewatches(router, "idle") == router.workers
     assert len(api.requests_of("list")) == lists  # a re-watch from the last resourceVersion, not a re-list
     print(f"\nfrozen watch: replaced and the change routed {took:.2f}s after the write (idle timeout {IDLE_MS} ms)")
 
@@ -306,7 +315,7 @@ async def test_quiet_healthy_watch_is_kept(
     api.bookmark_interval_s = IDLE_MS / 1000 / 4
     api.upsert(pod_slice(pods["stargate-0"]))
     router = await start_router("--kube-watch-idle-timeout-ms", str(IDLE_MS))
-    await eventually(lambda: api.open_watches == 1)
+    await eventually(lambda: api.open_watches == router.workers)  # one watch per worker
     requests = len(api.requests)
     await asyncio.sleep(4 * IDLE_MS / 1000)  # four idle periods with bookmarks only
     assert len(api.requests) == requests
@@ -318,7 +327,10 @@ async def test_throttled_requests_are_spaced_by_retry_after(
     api: FakeKubeApi, start_router: Callable[..., Any], pods: dict[str, RunningPod],
 ) -> None:
     api.upsert(pod_slice(pods["stargate-0"]))
-    router = await start_router()
+    router = await start_router(
+        one_process="the spacing of one client's requests after 429s: the API cannot tell whose request is "
+        "whose when every worker watches on its own",
+    )
     await eventually(lambda: api.open_watches == 1)
     before = len(api.requests)
     api.throttle(3, retry_after_s=1)

@@ -285,7 +285,7 @@ async def _flood_router_process(
         with RouterProcess(router_args(endpoints)) as proc:
             await asyncio.to_thread(proc.wait_ready)
             port = proc.quic_port
-            rss_before = rss_kib(proc.proc.pid)
+            rss_before = rss_kib(proc.all_pids())
             flood = FloodSockets(loop)
             forge = FloodForge(rng)
             legit, stop, sampling = Legit(), asyncio.Event(), asyncio.Event()
@@ -308,7 +308,7 @@ async def _flood_router_process(
                 flood_drops = kernel_drops(flood.addresses)
                 replies = check_replies(flood.all_replies(), forge)
                 assert await whoami(port, "stargate-0", pki.ca_path) == "stargate-0"
-                peak_rss = peak_rss_kib(proc.proc.pid)
+                peak_rss = peak_rss_kib(proc.all_pids())
             finally:
                 flood.close()
             assert proc.stop() == 0

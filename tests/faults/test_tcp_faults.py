@@ -88,10 +88,12 @@ def grpc_pod() -> Iterator[RunningPod]:
         pod.stop()
 
 
-def start_router(tmp_path: Path, rows: list[tuple[str, str, int, int]], *extra: str) -> RouterProcess:
+def start_router(
+    tmp_path: Path, rows: list[tuple[str, str, int, int]], *extra: str, one_process: str = ""
+) -> RouterProcess:
     endpoints = tmp_path / "endpoints.json"
     write_endpoints(endpoints, rows)
-    router = RouterProcess(router_args(endpoints, *extra))
+    router = RouterProcess(router_args(endpoints, *extra), one_process=one_process)
     router.wait_ready()
     return router
 
@@ -120,9 +122,9 @@ def test_slowloris_peeks_close_at_the_peek_timeout_while_real_calls_pass(
         "--peek-timeout-ms", str(PEEK_TIMEOUT_MS),
     )
     with router:
-        pid = router.proc.pid
+        pids = router.all_pids()
         assert whoami(router, "stargate-0")[0] == "stargate-0"  # warm
-        base_fds = settle_fds(pid, 0, timeout_s=0.5)
+        base_fds = settle_fds(pids, 0, timeout_s=0.5)
         before = outcome_counts(router)
         kinds = [(SILENT, H2C_DRIP, TLS_DRIP)[i % 3] for i in range(connections)]
         socks: list[socket.socket] = []
@@ -162,16 +164,16 @@ def test_slowloris_peeks_close_at_the_peek_timeout_while_real_calls_pass(
                     if not data:
                         closed[i] = time.monotonic()
                         sel.unregister(socks[i])
-                peak_fds = max(peak_fds, open_fds(pid))
+                peak_fds = max(peak_fds, open_fds(pids))
             caller.stop()
         finally:
             sel.close()
             for sock in socks:
                 sock.close()
-        after_fds = settle_fds(pid, base_fds + FD_SLACK)
+        after_fds = settle_fds(pids, base_fds + FD_SLACK)
         after = outcome_counts(router)
         lifetimes = [closed[i] - opened[i] for i in closed]
-        peak_rss = peak_rss_kib(pid)
+        peak_rss = peak_rss_kib(pids)
         print(
             f"\nslowloris {connections}: router fds base={base_fds} peak={peak_fds} after={after_fds}; "
             f"held {min(lifetimes):.2f}-{max(lifetimes):.2f}s; legit calls={len(caller.results)} "
@@ -209,6 +211,8 @@ def test_fd_exhaustion_answers_unavailable_pauses_accepts_and_recovers(
     router = start_router(
         tmp_path, [("stargate-0", grpc_pod.address, grpc_pod.port, 1)],
         "--peek-timeout-ms", str(peek_timeout_ms),
+        one_process="one process's fd limit, filled to its last fd: the kernel picks the worker that "
+        "accepts each connection, so no client can fill one worker's fds exactly",
     )
     with router:
         pid = router.proc.pid
@@ -301,7 +305,7 @@ def test_pod_reset_mid_stream_reaches_the_client_promptly(tmp_path: Path, grpc_p
     try:
         router = start_router(tmp_path, [("stargate-0", "127.0.0.3", proxy.port, 1)])
         with router:
-            base_fds = settle_fds(router.proc.pid, 0, timeout_s=0.5)
+            base_fds = settle_fds(router.all_pids(), 0, timeout_s=0.5)
             with h2c_channel(router, host("stargate-0")) as channel:
                 outbox, replies = echo_stream(channel)
                 outbox.put(b"first")
@@ -317,7 +321,7 @@ def test_pod_reset_mid_stream_reaches_the_client_promptly(tmp_path: Path, grpc_p
             assert err.value.code() == grpc.StatusCode.UNAVAILABLE
             assert seen_after < PROMPTLY_S
             assert outcome_count(router, "h2c", "relay_error") == 1
-            assert settle_fds(router.proc.pid, base_fds + FD_SLACK) <= base_fds + FD_SLACK
+            assert settle_fds(router.all_pids(), base_fds + FD_SLACK) <= base_fds + FD_SLACK
             assert router.stop() == 0
     finally:
         proxy.close()
@@ -332,7 +336,7 @@ def test_blackholed_pod_is_cut_at_the_relay_idle_timeout(tmp_path: Path, protoco
             "--relay-idle-timeout-ms", str(RELAY_IDLE_TIMEOUT_MS),
         )
         with router:
-            base_fds = settle_fds(router.proc.pid, 0, timeout_s=0.5)
+            base_fds = settle_fds(router.all_pids(), 0, timeout_s=0.5)
             started = time.monotonic()
             if protocol == "h2c":
                 answer, elapsed = whoami(router, "stargate-0", timeout_s=20)
@@ -352,7 +356,7 @@ def test_blackholed_pod_is_cut_at_the_relay_idle_timeout(tmp_path: Path, protoco
             print(f"\nblackhole {protocol}: client cut after {elapsed:.3f}s")
             assert outcome_count(router, protocol, "accepted") == 1
             assert outcome_count(router, protocol, "completed") == 1
-            assert settle_fds(router.proc.pid, base_fds + FD_SLACK) <= base_fds + FD_SLACK
+            assert settle_fds(router.all_pids(), base_fds + FD_SLACK) <= base_fds + FD_SLACK
             assert router.stop() == 0
     finally:
         pod.close()
@@ -484,16 +488,16 @@ async def test_connection_churn_leaks_no_fds_or_memory(tmp_path: Path, connectio
             )
 
     try:
-        pid = router.proc.pid
+        pids = router.all_pids()
         assert all(await asyncio.gather(*(one(i) for i in range(200))))  # warm-up
         await asyncio.sleep(1.1)  # rejected connections linger <= 1 s; relays give back buffers
-        base_fds, base_rss = open_fds(pid), rss_kib(pid)
+        base_fds, base_rss = open_fds(pids), rss_kib(pids)
         started = time.monotonic()
         ok = await asyncio.gather(*(one(i) for i in range(connections)))
         elapsed = time.monotonic() - started
         await asyncio.sleep(1.1)
-        after_fds = await asyncio.to_thread(settle_fds, pid, base_fds + FD_SLACK)
-        after_rss, peak_rss = rss_kib(pid), peak_rss_kib(pid)
+        after_fds = await asyncio.to_thread(settle_fds, pids, base_fds + FD_SLACK)
+        after_rss, peak_rss = rss_kib(pids), peak_rss_kib(pids)
         print(f"\nchurn {connections} connections in {elapsed:.1f}s: router fds {base_fds} -> {after_fds}, "
               f"RSS {base_rss} KiB -> {after_rss} KiB ({after_rss - base_rss:+d} KiB), "
               f"peak RSS (VmHWM) {peak_rss} KiB")
@@ -514,8 +518,8 @@ async def test_clients_that_never_read_cost_the_router_bounded_memory(tmp_path: 
     router = await asyncio.to_thread(start_router, tmp_path, [("stargate-flood", "127.0.0.2", port, 1)])
     clients: list[socket.socket] = []
     try:
-        pid = router.proc.pid
-        base_fds, base_rss = open_fds(pid), rss_kib(pid)
+        pids = router.all_pids()
+        base_fds, base_rss = open_fds(pids), rss_kib(pids)
         hello = client_hello([sni_extension(host("stargate-flood").encode())])
         for _ in range(connections):
             sock = socket.create_connection(("127.0.0.1", router.grpc_port), timeout=5)
@@ -526,11 +530,11 @@ async def test_clients_that_never_read_cost_the_router_bounded_memory(tmp_path: 
         relayed = await asyncio.to_thread(
             router.metric, c.RELAYED_BYTES_TOTAL + "_total", protocol="tls", direction="pod_to_client"
         )
-        held_fds, held_rss, peak_rss = open_fds(pid), rss_kib(pid), peak_rss_kib(pid)
+        held_fds, held_rss, peak_rss = open_fds(pids), rss_kib(pids), peak_rss_kib(pids)
         for sock in clients:
             sock.close()
         clients.clear()
-        after_fds = await asyncio.to_thread(settle_fds, pid, base_fds + FD_SLACK)
+        after_fds = await asyncio.to_thread(settle_fds, pids, base_fds + FD_SLACK)
         print(f"\nnon-reading clients: {connections} stalled connections, RSS {base_rss} -> {held_rss} KiB "
               f"({held_rss - base_rss:+d} KiB, {relayed / 2**20:.0f} MiB reported relayed), "
               f"fds {base_fds} -> {held_fds} -> {after_fds}, peak RSS (VmHWM) {peak_rss} KiB")

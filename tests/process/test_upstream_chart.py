@@ -21,6 +21,7 @@ import pytest
 
 from router.memory_bounds import bounds_for
 from tests.support.chart_scenario import PODS, memory_bytes
+from tests.support.router_process import suite_workers_args, workers_in
 from tests.support.upstream_chart import chart_arg, chart_container
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -51,7 +52,7 @@ def chart_run() -> dict[str, Any]:
 def test_the_chart_runs_our_installed_router_with_its_command_and_args_unchanged(chart_run: dict[str, Any]) -> None:
     chart = chart_container()
     assert chart.command == ["/usr/local/bin/stargate-k8s-router"] == chart_run["command"]
-    assert chart_run["args"] == chart.args
+    assert chart_run["args"] == [*chart.args, *suite_workers_args(chart.args)]  # nothing but the suite's workers
 
 
 def test_sigterm_fails_readiness_at_once_while_liveness_holds(chart_run: dict[str, Any]) -> None:
@@ -84,7 +85,7 @@ def test_the_start_output_names_each_flag_without_effect(chart_run: dict[str, An
 
 def test_the_start_output_sizes_the_quic_tables_to_the_charts_memory_limit(chart_run: dict[str, Any]) -> None:
     chart = chart_container()
-    bounds = bounds_for(memory_bytes(chart.memory_limit))
+    bounds = bounds_for(memory_bytes(chart.memory_limit), workers_in(chart_run["args"]))  # the limit is shared
     line = next(line for line in chart_run["lines"] if "memory limit:" in line)
     assert f"memory limit: {memory_bytes(chart.memory_limit) // 2**20} MiB" in line
     assert f"QUIC pending flows <= {bounds.max_pending_flows}, QUIC flows <= {bounds.max_flows}" in line

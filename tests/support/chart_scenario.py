@@ -36,6 +36,7 @@ from router.demo.grpc_pods import RunningPod, call_whoami, start_pod
 from router.demo.pki import make_pki
 from router.demo.quic_pods import bound_port, quic_whoami, start_quic_pod
 from tests.support.fake_kube_api import FakeKubeApi, make_endpoint, make_slice
+from tests.support.router_process import suite_workers_args
 from tests.support.upstream_chart import ChartContainer, chart_arg, chart_container
 
 PODS = (("stargate-0", "127.0.0.2"), ("stargate-1", "127.0.0.3"))
@@ -100,7 +101,8 @@ async def scenario(workdir: Path) -> dict[str, Any]:
     router: subprocess.Popen[str] | None = None
     reader: threading.Thread | None = None
     lines: list[str] = []
-    facts: dict[str, Any] = {"command": chart.command, "args": chart.args}
+    args = [*chart.args, *suite_workers_args(chart.args)]  # STARGATE_TEST_ROUTER_WORKERS, when set
+    facts: dict[str, Any] = {"command": chart.command, "args": args}
     try:
         for pod, address in PODS:
             grpc_pods.append(start_pod(pod, address))
@@ -117,7 +119,7 @@ async def scenario(workdir: Path) -> dict[str, Any]:
         env = {k: v for k, v in os.environ.items() if k not in ("KUBERNETES_SERVICE_HOST", c.TARGET_NAMESPACE_ENV)}
         env |= {"KUBECONFIG": str(api.write_kubeconfig(workdir / "kubeconfig")),
                 c.CGROUP_MEMORY_MAX_PATH_ENV: str(memory_max)}
-        router = subprocess.Popen([installed_command(chart), *chart.args], env=env, stdin=subprocess.DEVNULL,
+        router = subprocess.Popen([installed_command(chart), *args], env=env, stdin=subprocess.DEVNULL,
                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         reader = threading.Thread(target=lambda: lines.extend(line.rstrip("\n") for line in router.stderr or ()),
                                   daemon=True)

@@ -292,5 +292,5 @@ async def sample_process(proc: RouterProcess, samples: ProcessSamples, stop: asy
     while not stop.is_set():
         pending = await asyncio.to_thread(proc.metric, c.PENDING_FLOWS)
         samples.max_pending = max(samples.max_pending, pending)
-        samples.max_rss_kib = max(samples.max_rss_kib, rss_kib(proc.proc.pid))
+        samples.max_rss_kib = max(samples.max_rss_kib, rss_kib(proc.all_pids()))
         await asyncio.sleep(0.1)

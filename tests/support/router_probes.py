@@ -1,5 +1,6 @@
-"""The router process seen from outside, for the fault suite: real gRPC calls through it,
-its fds, RSS and CPU time from ``/proc``, and its connection counters from a live scrape."""
+"""The router process seen from outside, for the fault suite: real gRPC calls through it, its fds,
+RSS and CPU time from ``/proc`` (summed over a supervisor and its workers), and its connection
+counters from a live scrape."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import queue
 import resource
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import grpc
 
@@ -85,9 +86,17 @@ def raise_nofile_limit() -> int:
     return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
 
 
-def open_fds(pid: int) -> int:
-    """File descriptors the process holds now."""
-    return len(os.listdir(f"/proc/{pid}/fd"))
+Pids = int | Sequence[int]
+"""One process, or every process of one router (``RouterProcess.all_pids()``): a probe sums over them."""
+
+
+def _each(pids: Pids) -> Sequence[int]:
+    return (pids,) if isinstance(pids, int) else pids
+
+
+def open_fds(pids: Pids) -> int:
+    """File descriptors the processes hold now."""
+    return sum(len(os.listdir(f"/proc/{pid}/fd")) for pid in _each(pids))
 
 
 CHART_PEAK_RSS_KIB = 200 * 1024
@@ -103,23 +112,24 @@ def _status_kib(pid: int, field: str) -> int:
     raise RuntimeError(f"no {field} for pid {pid}")
 
 
-def rss_kib(pid: int) -> int:
-    """Resident set size of the process in KiB."""
-    return _status_kib(pid, "VmRSS")
+def rss_kib(pids: Pids) -> int:
+    """Resident set size of the processes in KiB."""
+    return sum(_status_kib(pid, "VmRSS") for pid in _each(pids))
 
 
-def peak_rss_kib(pid: int) -> int:
-    """The highest resident set size the process ever had, in KiB (``VmHWM``): no sample misses a peak."""
-    return _status_kib(pid, "VmHWM")
+def peak_rss_kib(pids: Pids) -> int:
+    """The highest resident set size each process ever had, summed, in KiB (``VmHWM``): no sample
+    misses a peak, and the sum of the peaks is never below what the processes held at once."""
+    return sum(_status_kib(pid, "VmHWM") for pid in _each(pids))
 
 
-def settle_fds(pid: int, at_most: int, timeout_s: float = 10.0) -> int:
-    """Wait (bounded) until the process holds at most ``at_most`` fds; returns the last count."""
+def settle_fds(pids: Pids, at_most: int, timeout_s: float = 10.0) -> int:
+    """Wait (bounded) until the processes hold at most ``at_most`` fds; returns the last count."""
     deadline = time.monotonic() + timeout_s
-    count = open_fds(pid)
+    count = open_fds(pids)
     while count > at_most and time.monotonic() < deadline:
         time.sleep(0.05)
-        count = open_fds(pid)
+        count = open_fds(pids)
     return count
 
 
@@ -150,11 +160,14 @@ def moved(before: dict[tuple[str, str], float], after: dict[tuple[str, str], flo
             for p, o in after if after[p, o] != before.get((p, o), 0.0)}
 
 
-def cpu_seconds(pid: int) -> float:
-    """CPU time (user + system) the process has used so far."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+def cpu_seconds(pids: Pids) -> float:
+    """CPU time (user + system) the processes have used so far."""
+    ticks = 0
+    for pid in _each(pids):
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rpartition(")")[2].split()
+        ticks += int(fields[11]) + int(fields[12])
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def echo_stream(channel: grpc.Channel) -> tuple[queue.Queue[bytes | None], Iterator[bytes]]:

@@ -1,6 +1,10 @@
 """Run the real router (``python -m router``) as a child process for end-to-end tests.
 
 Every listener binds port 0; the router's startup log line tells the test the ports.
+
+``STARGATE_TEST_ROUTER_WORKERS=N`` runs every such router with ``--workers N`` (unless its args
+choose ``--workers`` or the test says why it needs one process): the black-box suite then talks to
+the supervisor, whose listening line, ``/readyz`` and merged ``/metrics`` stand for all N workers.
 """
 
 from __future__ import annotations
@@ -24,17 +28,61 @@ _HOST_PORT = r"(\[[^\]]*\]|[^\s:\[\]\"]+):(\d+)"
 quote and more fields follow it."""
 LISTENING = re.compile(rf"listening grpc={_HOST_PORT} quic={_HOST_PORT} health={_HOST_PORT}")
 
+SUITE_WORKERS_ENV = "STARGATE_TEST_ROUTER_WORKERS"
+"""How many worker processes every test's router runs (``--workers N``); unset: the router's default."""
+
+
+def suite_workers() -> int | None:
+    """``N`` of ``STARGATE_TEST_ROUTER_WORKERS``, None when unset or empty."""
+    value = os.environ.get(SUITE_WORKERS_ENV, "").strip()
+    if not value:
+        return None
+    if not value.isdigit() or int(value) < 1:
+        raise ValueError(f"{SUITE_WORKERS_ENV}: expected a positive integer, got {value!r}")
+    return int(value)
+
+
+def chooses_workers(args: Sequence[str]) -> bool:
+    """Whether ``args`` set ``--workers`` themselves (``--workers N``, ``--workers=N``)."""
+    return any(a == "--workers" or a.startswith("--workers=") for a in args)
+
+
+def workers_in(args: Sequence[str]) -> int:
+    """The ``--workers`` value ``args`` end up with (argparse keeps the last), 1 when absent."""
+    workers = "1"
+    for i, arg in enumerate(args):
+        if arg == "--workers" and i + 1 < len(args):
+            workers = args[i + 1]
+        elif arg.startswith("--workers="):
+            workers = arg.partition("=")[2]
+    return int(workers) if workers.isdigit() else 1
+
+
+def suite_workers_args(args: Sequence[str], one_process: str = "") -> list[str]:
+    """What the suite adds to ``args``: ``--workers N`` when asked for, unless ``args`` choose
+    ``--workers`` or ``one_process`` gives the reason the test needs a single router process."""
+    workers = suite_workers()
+    if workers is None or one_process or chooses_workers(args):
+        return []
+    return ["--workers", str(workers)]
+
 
 class RouterProcess:
     """A router child process; ``stop()`` sends SIGTERM and returns the exit status."""
 
-    def __init__(self, args: Sequence[str], env: dict[str, str] | None = None, module: str = "router") -> None:
-        """``module``: what ``python -m`` runs; a wrapper (``tests.support.no_io_uring``) runs the router too."""
+    def __init__(
+        self, args: Sequence[str], env: dict[str, str] | None = None, module: str = "router", one_process: str = ""
+    ) -> None:
+        """``module``: what ``python -m`` runs; a wrapper (``tests.support.no_io_uring``) runs the router too.
+        ``one_process``: why this test needs one router process whatever ``STARGATE_TEST_ROUTER_WORKERS`` says."""
         full_env = dict(os.environ)
         full_env.update(env or {})
         full_env.setdefault("POD_NAMESPACE", "demo")
+        self.args = [*args, *suite_workers_args(args, one_process)]
+        self.workers = workers_in(self.args)
+        """How many router processes serve (1: the router itself; more: a supervisor and its workers)."""
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", module, *args],
+            [sys.executable, "-m", module, *self.args],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             env=full_env,
@@ -75,6 +123,16 @@ class RouterProcess:
                 return
             time.sleep(0.05)
         raise RuntimeError("router never became ready:\n" + "\n".join(self.lines[-30:]))
+
+    def all_pids(self) -> list[int]:
+        """Every process of this router: the router itself, or the supervisor and its live workers
+        (its children), so what one router holds (fds, memory, CPU) is summed over all of them."""
+        children = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children")
+        try:
+            workers = [int(pid) for pid in children.read_text().split()]
+        except OSError:
+            workers = []
+        return [self.proc.pid, *workers]
 
     def metric(self, name: str, **labels: str) -> float:
         """Value of one series from a live ``/metrics`` scrape (KeyError if absent)."""
