@@ -152,7 +152,10 @@ async def test_forty_closed_connections_that_advertised_two_seconds_leave_no_flo
 
         for batch in range(4):
             await asyncio.wait_for(asyncio.gather(*(one(batch * 10 + i) for i in range(10))), 3 * T)
-        assert h.outcome("accepted") == 40 and h.router.active_flows == 40
+        # Every flow is live or already ended at its own timeout: on a loaded machine the four
+        # batches can take longer than a first batch's 4 s expiry, so some may have ended already.
+        assert h.outcome("accepted") == 40
+        assert h.router.active_flows + _terminations(h, "quic_idle_timeout") == 40
         bound = 3 * c.QUIC_IDLE_PROBE_TIMEOUT_MS / 1000 + c.QUIC_IDLE_GRACE_MS / 1000
         await eventually(lambda: h.router.active_flows == 0, timeout_s=bound + 3, what="every flow to end")
         assert _terminations(h, "quic_idle_timeout") == 40 and _terminations(h, "idle_timeout") == 0
