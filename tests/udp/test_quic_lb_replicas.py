@@ -18,7 +18,6 @@ from aioquic.asyncio import connect
 
 from router.demo.pki import DemoPki
 from router.demo.quic_pods import client_configuration, request
-from tests.support import quinn_client
 from tests.support.access_peers import access_lines
 from tests.support.names import host as sni
 from tests.support.polling import eventually
@@ -114,14 +113,6 @@ async def test_an_endpoints_connections_to_two_pods_move_together_and_each_reach
         finally:
             shared.close()
         assert (await r.outcome(a, "accepted"), await r.outcome(b, "joined")) == (2, 2)
-
-
-@pytest.fixture(scope="module")
-def quinn_peer() -> Path:
-    binary, why_not = quinn_client.build()
-    if binary is None:
-        pytest.skip(f"the quinn peer cannot be built here: {why_not}")
-    return binary
 
 
 async def test_a_quinn_pods_connection_moved_to_a_replica_that_never_saw_it_keeps_working(

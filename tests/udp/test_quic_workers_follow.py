@@ -23,7 +23,6 @@ from cryptography.hazmat.primitives.serialization import Encoding
 from router import constants as c
 from router.demo.pki import DemoPki
 from router.demo.quic_pods import bound_port, client_configuration, request, start_quic_pod
-from tests.support import quinn_client
 from tests.support.access_peers import access_lines
 from tests.support.names import host as sni
 from tests.support.polling import eventually_blocking
@@ -162,14 +161,6 @@ async def test_a_connection_opened_beside_a_moved_one_on_the_asking_worker_leave
         assert await _metric(router, HANDOFFS, kind="forwarded") > 0
         assert await _metric(router, DROPPED, reason="not_initial") == 0
         assert await asyncio.to_thread(router.stop, signal.SIGTERM, 30.0) == 0
-
-
-@pytest.fixture(scope="module")
-def quinn_peer() -> Path:
-    binary, why_not = quinn_client.build()
-    if binary is None:
-        pytest.skip(f"the quinn peer cannot be built here: {why_not}")
-    return binary
 
 
 @pytest.mark.parametrize(("datapath", "workers"), PAIRS_QUINN, indirect=["datapath"])

@@ -18,7 +18,6 @@ from cryptography.hazmat.primitives.serialization import Encoding
 from router import constants as c
 from router.demo.pki import DemoPki
 from router.demo.quic_pods import WHOAMI, client_configuration, request
-from tests.support import quinn_client
 from tests.support.names import host as sni
 from tests.support.polling import eventually
 from tests.support.quic_pods_harness import ROUTER_HOST, Harness, T, running
@@ -39,14 +38,6 @@ def _open_fds() -> int:
 
 
 # -- several connections on one socket ----------------------------------------------------
-@pytest.fixture(scope="module")
-def quinn_peer() -> Path:
-    binary, why_not = quinn_client.build()
-    if binary is None:
-        pytest.skip(f"the quinn peer cannot be built here: {why_not}")
-    return binary
-
-
 @pytest.mark.parametrize("at_once", [False, True], ids=["one_by_one", "at_once"])
 @pytest.mark.parametrize("order", [PODS, PODS[::-1]], ids=["0_then_1", "1_then_0"])
 async def test_a_quinn_endpoint_holds_connections_to_two_pods_through_its_rebinding(
