@@ -12,9 +12,9 @@ import asyncio
 import contextlib
 import gc
 import logging
-import os
 import resource
 import signal
+import socket
 import time
 from collections.abc import Callable
 from importlib import metadata
@@ -25,6 +25,7 @@ from discovery.settings import DiscoverySettings
 from discovery.targets import EMPTY_SNAPSHOT, TargetSnapshot
 from router.access_log import AccessLog
 from router.bind_failure import BindFailure, binding
+from router.client_count_table import LayoutError
 from router.config import RouterConfig
 from router.constants import GC_YOUNG_THRESHOLD
 from router.debug_endpoints import router_routes
@@ -39,7 +40,8 @@ from router.tcp.edge import TcpRouter, TcpRouterSettings
 from router.udp.edge import UdpRouter
 from router.udp.flow_limits import FlowLimits
 from router.udp.settings import UdpRouterSettings
-from router.udp.worker_link import worker_group
+from router.udp.worker_link import WorkerPeers
+from router.worker_seat import SeatError, WorkerReport, WorkerSeat, report
 
 log = logging.getLogger("router.app")  # pinned: operators filter logs by this name
 
@@ -94,14 +96,17 @@ class RouterApp:
 
     def __init__(
         self, config: RouterConfig, metrics: RouterMetrics | None = None, memory: MemoryBounds | None = None,
-        extensions: Extensions | None = None,
+        extensions: Extensions | None = None, seat: WorkerSeat | None = None,
     ) -> None:
         self.config = config
+        self.seat = seat
+        """This process's place among the supervisor's workers (None: the operator started it)."""
         self.extensions = choose() if extensions is None else extensions.require()
         """The C extensions both edges use, chosen once (``router.extensions``)."""
         # The QUIC tables' bounds: given, or sized to the cgroup's memory limit (router.memory_bounds).
         self.memory, self._memory_line = (
-            (memory, memory.describe("given")) if memory is not None else bounds_at_start()
+            (memory, memory.describe("given")) if memory is not None
+            else bounds_at_start(1 if seat is None else seat.count)
         )
         self.metrics = metrics if metrics is not None else RouterMetrics(version(), webtransport=config.webtransport)
         try:
@@ -116,7 +121,13 @@ class RouterApp:
         self.source = self._make_source()
         self.access = AccessLog(self.metrics, enabled=config.access_log)
         # In this process, or (``--workers N``) in the table the supervisor shares: chosen once here.
-        tcp_counts, quic_counts = client_counts(config.max_connections_per_client, config.max_quic_flows_per_client)
+        try:
+            tcp_counts, quic_counts = client_counts(
+                config.max_connections_per_client, config.max_quic_flows_per_client,
+                None if seat is None else seat.client_table_fd, 0 if seat is None else seat.index,
+            )
+        except LayoutError as exc:
+            raise SeatError(f"the supervisor's client table: {exc}") from None
         self.tcp = TcpRouter(
             TcpRouterSettings(
                 connect_timeout_s=config.connect_timeout_s,
@@ -142,7 +153,7 @@ class RouterApp:
                 max_flows_per_client=config.max_quic_flows_per_client,
                 client_counts=quic_counts,
                 quic_lb_server_id_bytes=config.quic_lb_server_id_bytes,
-                workers=worker_group(os.environ),
+                workers=None if seat is None else WorkerPeers(seat.index, seat.count, seat.inbox_fd, seat.outbox_fds),
                 extensions=self.extensions,
             ),
             self.template, self.snapshot, self.metrics, self.access,
@@ -203,8 +214,11 @@ class RouterApp:
     async def start(self) -> None:
         cfg = self.config
         try:
-            with binding("--health-listen-addr", cfg.health_listen_addr):
-                self.health_addr = await self.health.start(cfg.health_listen_addr.host, cfg.health_listen_addr.port)
+            if self.seat is not None:  # the private port the supervisor bound for this worker
+                self.health_addr = await self.health.start_on(socket.socket(fileno=self.seat.health_fd))
+            else:
+                with binding("--health-listen-addr", cfg.health_listen_addr):
+                    self.health_addr = await self.health.start(cfg.health_listen_addr.host, cfg.health_listen_addr.port)
             with binding("--listen-addr", cfg.listen_addr):
                 self.tcp_addr = await self.tcp.start(cfg.listen_addr.host, cfg.listen_addr.port)
             with binding("--reverse-tunnel-listen-addr", cfg.reverse_tunnel_listen_addr):
@@ -217,11 +231,17 @@ class RouterApp:
             raise
         self._source_task = asyncio.create_task(self.source.run(), name="discovery")
         log.info("%s", self._memory_line)
-        log.info(
-            "listening grpc=%s:%d quic=%s:%d health=%s:%d quic_datapath=%s quic_initials=%s tcp_pump=%s",
-            *self.tcp_addr[:2], *self.udp_addr[:2], *self.health_addr[:2], self.udp.datapath,
-            self.extensions.start_fields()["quic_initials"], self.tcp.pump,
+        datapaths = (
+            f"quic_datapath={self.udp.datapath} quic_initials={self.extensions.start_fields()['quic_initials']} "
+            f"tcp_pump={self.tcp.pump}"
         )
+        grpc, quic, health = (f"{a[0]}:{a[1]}" for a in (self.tcp_addr, self.udp_addr, self.health_addr))
+        if self.seat is None:
+            log.info("listening grpc=%s quic=%s health=%s %s", grpc, quic, health, datapaths)
+        else:  # the supervisor's own line names the public addresses once every worker has bound
+            log.info("worker %d bound grpc=%s quic=%s private-health=%s %s", self.seat.index, grpc, quic, health,
+                     datapaths)
+            report(self.seat, WorkerReport.BOUND)
 
     async def run(self) -> int:
         """Serve until SIGTERM/SIGINT, then drain; returns the exit status."""

@@ -10,15 +10,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import os
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from router.config import RouterConfig, build_parser, config_from_args
-from router.constants import WORKER_ENV
 from router.flag_values import CONFIG_ERROR_PREFIX, CONFIG_ERROR_STATUS, ConfigError
+from router.worker_seat import WorkerReport, WorkerSeat, report, seat_from_environ
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,13 +132,13 @@ def _new_event_loop() -> asyncio.AbstractEventLoop:
     return loop
 
 
-def run_router(config: RouterConfig) -> int:
-    """Run one router process until SIGTERM/SIGINT; returns its exit status. A ``ConfigError`` found
-    at start (a ``BindFailure`` among them) reaches ``main``, which prints it."""
+def run_router(config: RouterConfig, seat: WorkerSeat | None = None) -> int:
+    """Run one router process (a worker of ``seat``, or alone) until SIGTERM/SIGINT; returns its exit
+    status. A ``ConfigError`` found at start (a ``BindFailure`` among them) reaches ``main``, which says it."""
     from router.app import RouterApp
 
     async def _main() -> int:
-        return await RouterApp(config).run()
+        return await RouterApp(config, seat=seat).run()
 
     with asyncio.Runner(loop_factory=_new_event_loop) as runner:
         return runner.run(_main())
@@ -156,32 +155,42 @@ def _exit_status(exc: SystemExit) -> int:
     return exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 2
 
 
+def _config_error(exc: ConfigError, seat: WorkerSeat | None) -> int:
+    """Say a configuration error in one line: on stderr, or (a worker) to the supervisor, which says
+    it once for all its workers."""
+    if seat is not None:
+        report(seat, WorkerReport.CONFIG_ERROR, str(exc))
+    else:
+        print(f"{CONFIG_ERROR_PREFIX}{exc}", file=sys.stderr)
+    return CONFIG_ERROR_STATUS
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
+    seat: WorkerSeat | None = None
     try:
         if args[:1] and args[0] in SUBCOMMANDS:
             return SUBCOMMANDS[args[0]].run(subcommand_parser(args[0]), args[1:])
+        seat = seat_from_environ()
         top_parser().parse_args(args)  # --help, --version and unknown flags end here
         config = config_from_args(args)
     except SystemExit as exc:  # argparse's help, version and usage errors
         return _exit_status(exc)
     except ConfigError as exc:
-        print(f"{CONFIG_ERROR_PREFIX}{exc}", file=sys.stderr)
-        return CONFIG_ERROR_STATUS
+        return _config_error(exc, seat)
     from router.logging_setup import configure_logging
 
     configure_logging("json" if config.log_format == "json" else "text", config.log_level)
-    if os.environ.get(WORKER_ENV) is None:  # said once, by the process the operator started
+    if seat is None:  # said once, by the process the operator started
         announce_flags_without_effect(config)
     try:
-        if config.workers > 1:
+        if config.workers > 1 and seat is None:
             from router.supervisor import supervise
 
             return supervise(config, args)
-        return run_router(config)
+        return run_router(config, seat)
     except ConfigError as exc:  # found at start: a template the router rejects, a listener that cannot bind
-        print(f"{CONFIG_ERROR_PREFIX}{exc}", file=sys.stderr)
-        return CONFIG_ERROR_STATUS
+        return _config_error(exc, seat)
 
 
 def entrypoint() -> None:

@@ -205,8 +205,8 @@ def config_from_args(
     if ns.log_format not in ("text", "json"):
         raise ConfigError(f"--log-format: expected text or json, got {ns.log_format!r}")
     level = log_level(ns.log_level or env.get(c.LOG_LEVEL_ENV) or c.DEFAULT_LOG_LEVEL)
-    if not ns.workers.isdigit() or not 1 <= int(ns.workers) <= 64:
-        raise ConfigError(f"--workers: expected 1-64, got {ns.workers!r}")
+    if not ns.workers.isdigit() or not 1 <= int(ns.workers) <= c.MAX_WORKERS:
+        raise ConfigError(f"--workers: expected 1-{c.MAX_WORKERS}, got {ns.workers!r}")
     cid_length: int | None = None
     if ns.quic_cid_length is not None:
         if not ns.quic_cid_length.isdigit() or not 1 <= int(ns.quic_cid_length) <= 20:

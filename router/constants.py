@@ -155,8 +155,6 @@ is tried again)."""
 QUIC_LB_JOIN_BURST: Final = 1_000.0
 """The bucket's depth: a rolled-out replica's thousand tunnels join another at once."""
 # -- QUIC / UDP: flows followed across workers (router/udp/worker_follow.py, handoff_book.py, worker_link.py)
-QUIC_HANDOFF_SOCKET_PREFIX: Final = "stargate-router"
-"""First part of each worker's abstract AF_UNIX name (``\\0stargate-router/<group>/<index>``): no file anywhere."""
 QUIC_HANDOFF_ASKS_PER_S: Final = 1_000.0
 """Misses a worker may ask the others about per second (a token bucket): a flood of random short headers, this many."""
 QUIC_HANDOFF_ASK_BURST: Final = 1_000.0
@@ -294,14 +292,12 @@ REASON_TOO_MANY_CONNECTIONS: Final = "too many connections from client"
 """Reason (QUIC CONNECTION_CLOSE phrase, gRPC message) when a client is over its per-client limit."""
 
 # -- Worker processes (--workers N) and the merge of their metrics ------------
-WORKER_ENV: Final = "STARGATE_ROUTER_WORKER"
-"""Set to the worker index in each child of the supervisor; its presence means 'share the listeners'."""
-WORKER_COUNT_ENV: Final = "STARGATE_ROUTER_WORKERS"
-"""Set by the supervisor in each worker to N of ``--workers N``: the workers share one memory limit."""
-WORKER_GROUP_ENV: Final = "STARGATE_ROUTER_WORKER_GROUP"
-"""Set by the supervisor in each worker: a name unique to this supervisor run, for what workers share."""
-CLIENT_TABLE_FD_ENV: Final = "STARGATE_ROUTER_CLIENT_TABLE_FD"
-"""Set by the supervisor when a per-client limit is on: the fd of the count table every worker shares."""
+WORKER_SEAT_ENV: Final = "STARGATE_ROUTER_WORKER_SEAT"
+"""Set by the supervisor in each worker: its index and the descriptors passed to it (``router.worker_seat``)."""
+MAX_WORKERS: Final = 64
+"""``--workers`` at most: more processes than a pod's cores only add scheduling and memory."""
+WORKER_REPORT_MAX_BYTES: Final = 4096
+"""A worker's control line (bound, or a configuration error's one line) is cut at this length."""
 CLIENT_TABLE_CAPACITY: Final = 65_536
 """Clients holding slots the shared table counts at once, per limit: (16 + 4 x workers) bytes each."""
 CLIENT_TABLE_PROBE_WINDOW: Final = 64

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 from collections.abc import Awaitable, Callable, Mapping
 from http import HTTPStatus
 from typing import Any, cast
@@ -194,15 +195,21 @@ class ProbeHttpServer:
         return response
 
     async def start(self, host: str, port: int) -> tuple[str, int]:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        return await self.start_on(socket.create_server((host, port), family=family))
+
+    async def start_on(self, sock: socket.socket) -> tuple[str, int]:
+        """Serve on a bound socket (a worker's private port is bound by its supervisor)."""
         server = _BoundedServer(self._handle, self._max_head_bytes, self._timeout_s)
         self._runner = web.ServerRunner(server, shutdown_timeout=CLOSE_TIMEOUT_S)
         await self._runner.setup()
         try:
-            await web.TCPSite(self._runner, host, port, reuse_address=True).start()
+            await web.SockSite(self._runner, sock).start()
         except BaseException:
+            sock.close()
             await self.close()
             raise
-        sockname = self._runner.addresses[0]
+        sockname = sock.getsockname()
         return sockname[0], sockname[1]
 
     async def close(self) -> None:

@@ -99,12 +99,10 @@ def read_memory_limit(path: str) -> int | None:
     return parse_memory_max(text)
 
 
-def bounds_at_start(environ: Mapping[str, str] | None = None) -> tuple[MemoryBounds, str]:
-    """The bounds for this process (``WORKER_COUNT_ENV`` says how many share the limit) and the
-    start line saying what was chosen and why; an unreadable limit keeps the defaults."""
+def bounds_at_start(workers: int = 1, environ: Mapping[str, str] | None = None) -> tuple[MemoryBounds, str]:
+    """The bounds for this process (one of ``workers`` sharing the limit) and the start line saying
+    what was chosen and why; an unreadable limit keeps the defaults."""
     env = os.environ if environ is None else environ
-    count = env.get(c.WORKER_COUNT_ENV, "")
-    workers = int(count) if count.isdigit() and int(count) > 0 else 1
     path = memory_max_path(env)
     try:
         limit = read_memory_limit(path)

@@ -2,7 +2,7 @@
 
 When a per-client limit is on, the supervisor makes one anonymous memory file per run
 (``create_table_file``: ``memfd_create``, sized and headed once) and passes it to every worker it
-starts, restarts included: the same fd number (``pass_fds``), named in ``CLIENT_TABLE_FD_ENV``. It
+starts, restarts included: the same fd number (``pass_fds``), named in its ``router.worker_seat``. It
 never touches the table again. A worker maps it (``client_counts``) and counts through
 ``SharedClientLimitTable``, the ``ClientCounts`` the edges' ``ClientSlots`` take: each admission
 and release runs under an exclusive ``lockf`` of one byte per limit (TCP and QUIC never wait for
@@ -19,7 +19,7 @@ That is logged once per worker and limit.
 
 POSIX locks belong to the process, and closing any fd of the file drops them all: the worker is
 one thread, locks and unlocks around each call, and keeps its fd (and the map's) open for life.
-A process without the variable (``--workers 1``, the default) counts in its own dict
+A process without a seat (``--workers 1``, the default) counts in its own dict
 (``ClientLimitTable``): no file, no lock, no system call.
 """
 
@@ -29,7 +29,6 @@ import fcntl
 import logging
 import mmap
 import os
-from collections.abc import Mapping
 from enum import IntEnum
 
 from router import constants as c
@@ -188,19 +187,14 @@ class SharedClientLimitTable:
 
 
 def client_counts(
-    tcp_limit: int, quic_limit: int, environ: Mapping[str, str] | None = None
+    tcp_limit: int, quic_limit: int, table_fd: int | None = None, column: int = 0
 ) -> tuple[ClientCounts, ClientCounts]:
     """Where this process counts ``--max-connections-per-client`` and ``--max-quic-flows-per-client``:
-    the table the supervisor shares (``CLIENT_TABLE_FD_ENV``) for a limit that is on, else its own.
-    ``LayoutError`` when the variables name no usable table."""
-    env = os.environ if environ is None else environ
-    raw_fd = env.get(c.CLIENT_TABLE_FD_ENV, "")
-    if not raw_fd or not (tcp_limit or quic_limit):
+    the table the supervisor shares (``table_fd``, this worker's ``column``) for a limit that is on,
+    else its own. ``LayoutError`` when the descriptor holds no usable table."""
+    if table_fd is None or not (tcp_limit or quic_limit):
         return ClientLimitTable(tcp_limit), ClientLimitTable(quic_limit)
-    raw_column = env.get(c.WORKER_ENV, "")
-    if not (raw_fd.isdigit() and raw_column.isdigit()):
-        raise LayoutError(f"{c.CLIENT_TABLE_FD_ENV}={raw_fd!r} {c.WORKER_ENV}={raw_column!r}: not numbers")
-    shared = SharedTableFile(int(raw_fd), int(raw_column))
+    shared = SharedTableFile(table_fd, column)
     tcp: ClientCounts = shared.counts(CountedRegion.TCP_CONNECTIONS, tcp_limit) if tcp_limit else ClientLimitTable(0)
     quic: ClientCounts = shared.counts(CountedRegion.QUIC_FLOWS, quic_limit) if quic_limit else ClientLimitTable(0)
     return tcp, quic

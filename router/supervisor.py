@@ -10,16 +10,21 @@ the same ones), starts the workers, passes their stderr on line by line, restart
 one with capped backoff, and owns the public health port: ``/healthz`` and ``/livez`` are its own
 liveness, ``/readyz`` asks every worker, ``/metrics`` merges every worker's exposition
 (``router.metrics_merge``); ``router.worker_scrape`` asks the workers. Each worker serves
-its own health port on loopback only; its ``listening ... health=`` log line, which
-tells the supervisor that port, is re-emitted as ``worker I bound ... private-health=``
-so the supervisor's own ``listening`` line is the only one naming public addresses (tools and tests parse that line).
+its own health port on loopback, a socket the supervisor bound and passed it; the worker says it
+has bound its listeners on a control pipe (``router.worker_seat``), so the supervisor's own
+``listening`` line is the only one naming public addresses (tools and tests parse that line).
+
+The supervisor reads its workers' stderr as bytes to pass on, never for meaning: a worker logs a
+rejected hostname word for word, so a client can write anything there. Everything the supervisor
+acts on comes over descriptors it made itself: the health sockets, the control pipes, and the
+socket pairs the workers reach each other by.
 
 SIGTERM/SIGINT: ``/readyz`` fails at once, every worker gets SIGTERM and runs its own
 shutdown delay and drain; stragglers are killed after that budget plus a grace period.
 
 A listener that cannot bind ends the supervisor before any worker starts (it binds each address
-once, ``concrete_address``). A worker exiting 2 (a bad flag, a failed bind) is not restarted: its
-line is passed on once, not once per worker, and the supervisor exits 2.
+once, ``concrete_address``). A worker exiting 2 (a bad flag, a failed bind) is not restarted: the
+line it sent on its control pipe is said once, not once per worker, and the supervisor exits 2.
 """
 
 from __future__ import annotations
@@ -28,7 +33,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import secrets
 import signal
 import socket
 import sys
@@ -58,20 +62,18 @@ from router.metrics_merge import ExpositionError, merge_expositions
 from router.shared_client_limits import table_file_for
 from router.worker_process import (
     LineSplitter,
+    WorkerChannels,
     WorkerSlot,
     describe_exit,
     parent_death_signal,
-    rewrite_listening_line,
+    private_health_socket,
     stop_budget_s,
     worker_argv,
 )
 from router.worker_scrape import HostPort, WorkerClient
+from router.worker_seat import WorkerReport, decode_report
 
 log = logging.getLogger("router.workers")  # pinned: operators filter logs by this name
-
-_CONFIG_ERROR_LINE = CONFIG_ERROR_PREFIX.encode()
-"""How a worker's one line for a bad flag or a failed bind starts."""
-
 
 # ---------------------------------------------------------------------------
 # IO
@@ -107,13 +109,13 @@ class Supervisor:
         self._stopping = False
         self._status = 0
         """The exit status: 1 if a keeper crashed, ``CONFIG_ERROR_STATUS`` if a worker could not start."""
-        self._config_errors: set[bytes] = set()
-        """The workers' config error lines passed on so far: N workers failing alike say it once."""
+        self._config_errors: set[str] = set()
+        """The workers' config error lines said so far: N workers failing alike say it once."""
         self._stop = asyncio.Event()
         self._preexec = parent_death_signal()
         self.workers = WorkerClient()
-        self.group = f"{os.getpid()}-{secrets.token_hex(4)}"
-        """This run's name (``WORKER_GROUP_ENV``): workers name what they share with it, no files needed."""
+        self.channels = WorkerChannels(config.workers)
+        """The workers' inboxes, made before any worker starts and kept for the whole run."""
         self.client_table = table_file_for(
             config.workers, config.max_connections_per_client, config.max_quic_flows_per_client
         )
@@ -148,6 +150,7 @@ class Supervisor:
         announce.cancel()
         await server.close()
         await self.workers.close()
+        self.channels.close()
         log.info("all workers stopped; exiting")
         return self._status
 
@@ -199,52 +202,82 @@ class Supervisor:
             self.restarts.inc()
 
     async def _run_once(self, slot: WorkerSlot, argv: list[str]) -> int | None:
-        """Start one worker process, pass its stderr on until it exits; its exit status."""
-        env = {
-            **os.environ, c.WORKER_ENV: str(slot.index), c.WORKER_COUNT_ENV: str(len(self.slots)),
-            c.WORKER_GROUP_ENV: self.group,
-        }
-        if self.client_table is not None:
-            env[c.CLIENT_TABLE_FD_ENV] = str(self.client_table)
+        """Start one worker process, pass its stderr on and act on its control pipe until it exits;
+        its exit status."""
+        try:
+            health = private_health_socket()
+        except OSError as exc:
+            log.error("worker %d has no private health port: %s", slot.index, exc)
+            return None
+        private_health: HostPort = health.getsockname()[:2]
+        control, control_end = os.pipe()
+        seat = self.channels.seat(slot.index, health.fileno(), control_end, self.client_table)
         try:
             proc = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "router", *argv,
                 stdin=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
-                env=env, preexec_fn=self._preexec,
-                pass_fds=() if self.client_table is None else (self.client_table,),
+                env={**os.environ, c.WORKER_SEAT_ENV: seat.to_env()}, preexec_fn=self._preexec,
+                pass_fds=seat.fds(),
             )
         except OSError as exc:
             log.error("worker %d could not be started: %s", slot.index, exc)
+            os.close(control)
             return None
+        finally:  # the worker holds them now; a restart gets new ones
+            health.close()
+            os.close(control_end)
         slot.process, slot.generation = proc, slot.generation + 1
+        slot.private_health = private_health
         log.info("worker %d started: pid=%d", slot.index, proc.pid)
         if self._stopping:
             with contextlib.suppress(ProcessLookupError):
                 proc.terminate()
-        assert proc.stderr is not None
-        splitter = LineSplitter()
-        while chunk := await proc.stderr.read(65536):
-            self._relay_lines(slot, splitter.feed(chunk))
-        self._relay_lines(slot, splitter.flush())
+        reports = asyncio.create_task(self._read_reports(slot, control))
+        if proc.stderr is not None:
+            splitter = LineSplitter()
+            while chunk := await proc.stderr.read(65536):
+                self._relay_lines(splitter.feed(chunk))
+            self._relay_lines(splitter.flush())
         returncode = await proc.wait()
+        await reports  # the pipe ends with the worker: every report it wrote is read
         self._retire(slot)
         return returncode
 
-    def _relay_lines(self, slot: WorkerSlot, lines: list[bytes]) -> None:
-        """Re-emit a worker's lines on our stderr; a closed stderr loses logs, never routing."""
-        for line in lines:
-            if line.startswith(_CONFIG_ERROR_LINE):
-                if line in self._config_errors:
-                    continue
-                self._config_errors.add(line)
-            out, health = rewrite_listening_line(line, slot.index)
-            if health is not None:
-                slot.health = health
-                slot.first_bound.set()
+    async def _read_reports(self, slot: WorkerSlot, fd: int) -> None:
+        """Act on what a worker says on its control pipe, until the pipe closes."""
+        loop = asyncio.get_running_loop()
+        reader = asyncio.StreamReader(limit=c.WORKER_REPORT_MAX_BYTES, loop=loop)
+        transport, _ = await loop.connect_read_pipe(
+            lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(fd, "rb", buffering=0)
+        )
+        try:
+            while line := await reader.readline():
+                self._act_on(slot, line)
+        except (ValueError, OSError) as exc:  # an over-long line: a bug of ours, not routing's
+            log.error("worker %d control pipe unreadable: %s", slot.index, exc)
+        finally:
+            transport.close()
+
+    def _act_on(self, slot: WorkerSlot, line: bytes) -> None:
+        decoded = decode_report(line)
+        if decoded is None:
+            log.error("worker %d sent an unknown report: %r", slot.index, line[:80])
+            return
+        kind, text = decoded
+        if kind is WorkerReport.BOUND:  # its health port answers from now on
+            slot.health = slot.private_health
+            slot.first_bound.set()
+        elif kind is WorkerReport.CONFIG_ERROR and text not in self._config_errors:
+            self._config_errors.add(text)
             with contextlib.suppress(OSError, ValueError):
-                sys.stderr.flush()
-                sys.stderr.buffer.write(out)
+                print(f"{CONFIG_ERROR_PREFIX}{text}", file=sys.stderr, flush=True)
+
+    def _relay_lines(self, lines: list[bytes]) -> None:
+        """Re-emit a worker's lines on our stderr as they are; a closed stderr loses logs, never routing."""
         with contextlib.suppress(OSError, ValueError):
+            sys.stderr.flush()
+            for line in lines:
+                sys.stderr.buffer.write(line)
             sys.stderr.buffer.flush()
 
     def _retire(self, slot: WorkerSlot) -> None:

@@ -1,6 +1,6 @@
-"""One worker process of ``--workers N``, as the supervisor sees it: the argv it starts with, its
-stderr lines (the startup line re-emitted without public addresses), how it ended, how long it may
-take to stop, the hook that ends it with the supervisor, and the slot it fills.
+"""One worker process of ``--workers N``, as the supervisor sees it: the argv it starts with, the
+descriptors it is handed (``router.worker_seat``), its stderr cut into lines, how it ended, how long
+it may take to stop, the hook that ends it with the supervisor, and the slot it fills.
 """
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import asyncio
 import contextlib
 import ctypes
 import os
-import re
 import signal
+import socket
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -19,33 +19,50 @@ from router import constants as c
 from router.config import RouterConfig
 from router.flag_values import SocketAddress
 from router.worker_scrape import HostPort
-
-_WORKER_LISTENING = re.compile(
-    rb"listening (grpc=\S+ quic=\S+) health=(\[[0-9A-Fa-f:.]+\]|[0-9A-Za-z.:-]+):(\d+)"
-)
-"""A worker's startup line (``RouterApp.start``); the address regex stops before JSON quotes."""
+from router.worker_seat import NO_FD, WorkerSeat
 
 
 def worker_argv(argv: Sequence[str], grpc: SocketAddress, quic: SocketAddress) -> list[str]:
     """The supervisor's argv with the overrides appended: argparse keeps the last value of a flag,
-    so this wins over any spelling (``--workers=4``, abbreviations) without rewriting argv."""
+    so this wins over any spelling (``--workers=4``, abbreviations) without rewriting argv. The
+    health port is not among them: a worker serves the socket its seat names."""
     return [
         *argv,
         "--workers", "1",
         "--listen-addr", str(grpc),
         "--reverse-tunnel-listen-addr", str(quic),
-        "--health-listen-addr", f"{c.WORKER_HEALTH_HOST}:0",
     ]
 
 
-def rewrite_listening_line(line: bytes, index: int) -> tuple[bytes, HostPort | None]:
-    """``(line to re-emit, private health address)``; lines other than the startup line pass unchanged."""
-    match = _WORKER_LISTENING.search(line)
-    if match is None:
-        return line, None
-    host = match[2].decode("ascii").strip("[]")
-    replacement = b"worker %d bound %s private-health=%s:%s" % (index, match[1], match[2], match[3])
-    return line[: match.start()] + replacement + line[match.end():], (host, int(match[3]))
+class WorkerChannels:
+    """The workers' inboxes for one run: a non-blocking ``AF_UNIX`` datagram socket pair per worker,
+    made before any worker starts and kept across restarts (``router.worker_seat``)."""
+
+    def __init__(self, count: int) -> None:
+        self.pairs: list[tuple[socket.socket, socket.socket]] = []
+        for _ in range(count):
+            inbox, outbox = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+            inbox.setblocking(False)  # the file description's flag: every worker holding it sees it
+            outbox.setblocking(False)
+            self.pairs.append((inbox, outbox))
+
+    def seat(self, index: int, health_fd: int, control_fd: int, client_table_fd: int | None) -> WorkerSeat:
+        outboxes = tuple(NO_FD if i == index else outbox.fileno() for i, (_in, outbox) in enumerate(self.pairs))
+        return WorkerSeat(
+            index, len(self.pairs), health_fd, control_fd, self.pairs[index][0].fileno(), outboxes, client_table_fd
+        )
+
+    def close(self) -> None:
+        for inbox, outbox in self.pairs:
+            inbox.close()
+            outbox.close()
+        self.pairs = []
+
+
+def private_health_socket() -> socket.socket:
+    """A worker's private ``/readyz`` and ``/metrics`` port: bound and listening on loopback by the
+    supervisor, so the supervisor knows its address without the worker saying it."""
+    return socket.create_server((c.WORKER_HEALTH_HOST, 0))
 
 
 class LineSplitter:
@@ -114,7 +131,10 @@ class WorkerSlot:
     index: int
     process: asyncio.subprocess.Process | None = None
     generation: int = 0
+    private_health: HostPort | None = None
+    """The loopback port the supervisor bound for this generation."""
     health: HostPort | None = None
+    """``private_health`` once the worker said it has bound its listeners (it serves it then)."""
     exposition: str | None = None
     """The last ``/metrics`` text of this generation, reused if a scrape of it fails."""
     first_bound: asyncio.Event = field(default_factory=asyncio.Event)

@@ -1,6 +1,7 @@
 """The messages workers of one router pass each other about client datagrams: bytes <-> records.
 
-Sans-IO. A message (one ``AF_UNIX`` datagram, ``worker_link``) holds one or more records, each:
+Sans-IO. A message (one ``AF_UNIX`` datagram, ``worker_link``) is its sender's index (u8) and one
+or more records, each:
 
     kind: u8 | ask id: u32 | family: u8 (4 or 6) | client IP (4 or 16 octets) | client port: u16
     | (family 6: flowinfo u32, scope id u32) | payload length: u16 | payload
@@ -23,6 +24,7 @@ from typing import Any
 MAX_PAYLOAD_BYTES = 0xFFFF
 """A UDP datagram's payload fits the u16 length (IPv4's largest is 65,507 octets)."""
 
+_SENDER = struct.Struct("!B")
 _HEAD = struct.Struct("!BIB")
 _PORT = struct.Struct("!H")
 _SCOPE = struct.Struct("!II")
@@ -113,3 +115,20 @@ def decode_handoffs(message: bytes) -> list[Handoff]:
         records.append(Handoff(kind, ask_id, address, bytes(view[offset:offset + length])))
         offset += length
     return records
+
+
+def encode_message_head(sender: int) -> bytes:
+    """What every message of worker ``sender`` starts with."""
+    if not 0 <= sender <= 0xFF:
+        raise HandoffError(f"worker index {sender} does not fit a message head")
+    return _SENDER.pack(sender)
+
+
+def decode_message(message: bytes, workers: int) -> tuple[int, list[Handoff]]:
+    """``(sender, records)`` of one message from one of ``workers`` workers; ``HandoffError`` otherwise."""
+    if len(message) < _SENDER.size:
+        raise HandoffError("empty message")
+    (sender,) = _SENDER.unpack_from(message)
+    if sender >= workers:
+        raise HandoffError(f"sender {sender} is not one of {workers} workers")
+    return sender, decode_handoffs(message[_SENDER.size:])

@@ -76,8 +76,8 @@ class WorkerFollow(ServerIdJoins):
         self._workers = WorkerLink(workers, self._handed_over, self._forwards_lost)
 
     def _open_following(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Bind this worker's name; if that fails (the name held by a process of a run that did not
-        end), this worker routes as a lone one would: its misses are dropped, the router runs."""
+        """Read this worker's inbox; if its descriptors are unusable (a supervisor of another
+        version), this worker routes as a lone one would: its misses are dropped, the router runs."""
         if self._workers is None:
             return
         try:

@@ -1,19 +1,16 @@
-"""The workers' channel to each other: one ``AF_UNIX`` datagram socket each, in the abstract namespace.
+"""The workers' channel to each other: unnamed ``AF_UNIX`` datagram sockets the supervisor made.
 
-With ``--workers N`` each worker binds ``\\0stargate-router/<group>/<index>`` (``WORKER_GROUP_ENV``
-names the supervisor's run, ``WORKER_ENV`` the worker): no file, so it works on the chart's
-read-only root filesystem with no ``/tmp``, and it disappears with the process. A restarted
-worker binds its name again. Abstract names are scoped to the network namespace: in a pod only
-its own containers can reach them. A message is read only if it comes from another worker's name
-of the same group (the kernel reports the sender's bound name, and a name is held by one socket at
-a time: the group's are held by its live workers), so a stray process in the pod cannot feed it.
+With ``--workers N`` the supervisor makes one socket pair per worker before starting any
+(``router.worker_seat``) and keeps them across restarts: worker ``i`` reads its inbox, the others
+write to it through its outbox. No name reaches them (no path, no abstract name), so only the
+router's own processes hold them: while a worker is dead its inbox waits for its successor, which
+drops what queued meanwhile. Each message starts with its sender's index, trusted because only
+the supervisor's workers hold an outbox.
 
 Records (``handoff_codec``) queued for one worker within one loop iteration leave as one message,
-right after that iteration's I/O callbacks, as ``pod_link.Outboxes`` does for pods: the kernel
-queues at most ``net.unix.max_dgram_qlen`` (10 by default) unread datagrams per receiving socket,
-so one message per burst, not one per client datagram. A message the kernel refuses (the reader's
-queue full, the worker restarting) is lost as a UDP datagram is; ``lost`` is told how many
-forwarded client datagrams went with it.
+right after that iteration's I/O callbacks, as ``pod_link.Outboxes`` does for pods: one message per
+burst, not one per client datagram. A message the kernel refuses (the reader's queue full) is lost
+as a UDP datagram is; ``lost`` is told how many forwarded client datagrams went with it.
 """
 
 from __future__ import annotations
@@ -21,57 +18,44 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import socket
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from router import constants as c
-from router.udp.handoff_codec import Handoff, HandoffError, decode_handoffs
+from router.udp.handoff_codec import Handoff, HandoffError, decode_message, encode_message_head
 
 log = logging.getLogger("router.udp_router")
 
 
 @dataclass(frozen=True, slots=True)
-class WorkerGroup:
-    """This worker among the supervisor's: what names the sockets of the group."""
+class WorkerPeers:
+    """This worker among the supervisor's: its index, its inbox and every other worker's outbox."""
 
-    group: str
     index: int
     count: int
-
-    def name(self, index: int) -> bytes:
-        """Worker ``index``'s abstract socket name (the leading NUL makes it abstract)."""
-        return f"\0{c.QUIC_HANDOFF_SOCKET_PREFIX}/{self.group}/{index}".encode()
+    inbox_fd: int
+    outbox_fds: tuple[int, ...]
+    """Worker ``i``'s inbox is written through ``outbox_fds[i]`` (this worker's own entry unused)."""
 
     @property
     def others(self) -> tuple[int, ...]:
         return tuple(i for i in range(self.count) if i != self.index)
 
 
-def worker_group(env: Mapping[str, str]) -> WorkerGroup | None:
-    """The group this process is a worker of (set by the supervisor), or None: a single process,
-    or a malformed environment (then nothing is shared, as with one worker)."""
-    try:
-        count, index = int(env.get(c.WORKER_COUNT_ENV, "")), int(env.get(c.WORKER_ENV, ""))
-    except ValueError:
-        return None
-    group = env.get(c.WORKER_GROUP_ENV, "")
-    if count < 2 or not 0 <= index < count or not group:
-        return None
-    return WorkerGroup(group, index, count)
-
-
 class WorkerLink:
-    """This worker's socket to the others: queued records out (batched), decoded records in."""
+    """This worker's sockets to the others: queued records out (batched), decoded records in."""
 
     def __init__(
-        self, workers: WorkerGroup, received: Callable[[Handoff, int], None], lost: Callable[[int], None]
+        self, workers: WorkerPeers, received: Callable[[Handoff, int], None], lost: Callable[[int], None]
     ) -> None:
         self.workers = workers
         self._received = received
         self._lost = lost
-        self._senders = {workers.name(i): i for i in workers.others}
-        self._sock: socket.socket | None = None
+        self._head = encode_message_head(workers.index)
+        self._inbox: socket.socket | None = None
+        self._outboxes: dict[int, socket.socket] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._queued: dict[int, bytearray] = {}
         """Per worker: this iteration's records, one message."""
@@ -80,24 +64,38 @@ class WorkerLink:
         self._scheduled = False
 
     def open(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Bind this worker's name and read it on ``loop``; ``OSError`` if the name is taken."""
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_NONBLOCK)
+        """Read the inbox on ``loop`` (what queued while no worker read it is dropped first: asks
+        and forwards for a predecessor's flows); ``OSError`` if a descriptor is not a socket."""
+        sockets: list[socket.socket] = []
         try:
-            sock.bind(self.workers.name(self.workers.index))
+            for fd in (self.workers.inbox_fd, *(self.workers.outbox_fds[i] for i in self.workers.others)):
+                sockets.append(socket.socket(fileno=os.dup(fd)))
+            if any(s.family != socket.AF_UNIX or s.type != socket.SOCK_DGRAM for s in sockets):
+                raise OSError(f"worker channels are not AF_UNIX datagram sockets: {sockets!r}")
         except OSError:
-            sock.close()
+            for sock in sockets:
+                sock.close()
             raise
-        self._sock, self._loop = sock, loop
-        loop.add_reader(sock.fileno(), self._readable)
+        inbox, outboxes = sockets[0], sockets[1:]
+        for sock in sockets:
+            sock.setblocking(False)
+        with contextlib.suppress(OSError):
+            while inbox.recv(c.QUIC_HANDOFF_MAX_MESSAGE_BYTES):
+                pass
+        self._inbox, self._loop = inbox, loop
+        self._outboxes = dict(zip(self.workers.others, outboxes, strict=True))
+        loop.add_reader(inbox.fileno(), self._readable)
 
     def close(self) -> None:
-        if self._sock is None:
+        if self._inbox is None:
             return
         if self._loop is not None:
             with contextlib.suppress(RuntimeError):  # the loop is already closed
-                self._loop.remove_reader(self._sock.fileno())
-        self._sock.close()
-        self._sock = None
+                self._loop.remove_reader(self._inbox.fileno())
+        for sock in (self._inbox, *self._outboxes.values()):
+            sock.close()
+        self._inbox = None
+        self._outboxes = {}
         self._queued.clear()
         self._forwards.clear()
 
@@ -109,7 +107,7 @@ class WorkerLink:
             self._send(index, self._queued.pop(index), self._forwards.pop(index, 0))
             message = None
         if message is None:
-            message = self._queued[index] = bytearray()
+            message = self._queued[index] = bytearray(self._head)
         message += record
         if forward:
             self._forwards[index] = self._forwards.get(index, 0) + 1
@@ -126,36 +124,35 @@ class WorkerLink:
             self._send(index, message, forwards.get(index, 0))
 
     def _send(self, index: int, message: bytearray, forwards: int) -> None:
-        sock = self._sock
-        if sock is None:
+        outbox = self._outboxes.get(index)
+        if outbox is None:
             return
         try:
-            sock.sendto(message, self.workers.name(index))
-        except OSError as exc:  # EAGAIN: its queue is full; ECONNREFUSED/ENOENT: it is restarting
+            outbox.send(message)
+        except OSError as exc:  # EAGAIN: its inbox is full (a worker restarting reads it later)
             log.debug("handoff to worker %d lost: %s", index, exc)
             if forwards:
                 self._lost(forwards)
 
     def _readable(self) -> None:
-        sock = self._sock
+        inbox = self._inbox
         for _ in range(c.QUIC_HANDOFF_READS_PER_CALLBACK):
-            if sock is None:
+            if inbox is None:
                 return
             try:
-                message, sender = sock.recvfrom(c.QUIC_HANDOFF_MAX_MESSAGE_BYTES)
+                message = inbox.recv(c.QUIC_HANDOFF_MAX_MESSAGE_BYTES)
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as exc:
                 log.debug("handoff read failed: %s", exc)
                 return
-            index = self._senders.get(sender) if isinstance(sender, bytes) else None
-            if index is None:  # not a worker of this group: not read
-                continue
             try:
-                records = decode_handoffs(message)
+                sender, records = decode_message(message, self.workers.count)
             except HandoffError as exc:
-                log.debug("handoff from worker %d unreadable: %s", index, exc)
+                log.debug("handoff message unreadable: %s", exc)
+                continue
+            if sender == self.workers.index:
                 continue
             for record in records:
-                self._received(record, index)
-            sock = self._sock
+                self._received(record, sender)
+            inbox = self._inbox

@@ -92,18 +92,18 @@ def limit_file(tmp_path: Path, text: str) -> dict[str, str]:
 
 def test_the_start_line_says_what_was_chosen_from_which_file(tmp_path: Path) -> None:
     env = limit_file(tmp_path, "268435456\n")
-    bounds, line = bounds_at_start(env)
+    bounds, line = bounds_at_start(1, env)
     assert bounds == bounds_for(CHART_LIMIT)
     assert line == (f"memory limit: 256 MiB ({env[c.CGROUP_MEMORY_MAX_PATH_ENV]}); "
                     f"QUIC pending flows <= {bounds.max_pending_flows}, QUIC flows <= {bounds.max_flows}")
-    bounds, line = bounds_at_start({**env, c.WORKER_COUNT_ENV: "2"})
+    bounds, line = bounds_at_start(2, env)
     assert bounds == bounds_for(CHART_LIMIT, 2) and line.endswith("per worker of 2")
 
 
 def test_max_or_an_unreadable_limit_keeps_the_defaults_and_says_so(tmp_path: Path) -> None:
-    bounds, line = bounds_at_start(limit_file(tmp_path, "max\n"))
+    bounds, line = bounds_at_start(1, limit_file(tmp_path, "max\n"))
     assert bounds == MemoryBounds() and line.startswith("memory limit: none (") and "(the defaults)" in line
-    bounds, line = bounds_at_start(limit_file(tmp_path, "lots\n"))
+    bounds, line = bounds_at_start(1, limit_file(tmp_path, "lots\n"))
     assert bounds == MemoryBounds() and "expected 'max' or a number of bytes" in line and "kept" in line
 
 

@@ -9,7 +9,6 @@ from collections.abc import Iterator
 
 import pytest
 
-from router import constants as c
 from router.client_count_table import LayoutError
 from router.client_limits import ClientLimitTable, ClientSlots
 from router.shared_client_limits import (
@@ -93,32 +92,24 @@ def test_client_slots_take_the_shared_counts(table_fd: int) -> None:
 
 
 def test_one_process_counts_in_its_own_dict_and_a_worker_in_the_shared_table(table_fd: int) -> None:
-    alone = client_counts(2, 3, {})
+    alone = client_counts(2, 3)
     assert [type(t) for t in alone] == [ClientLimitTable, ClientLimitTable]
     assert [t.limit for t in alone] == [2, 3]
-    env = {c.CLIENT_TABLE_FD_ENV: str(table_fd), c.WORKER_ENV: "1"}
-    tcp, quic = client_counts(2, 0, env)
+    tcp, quic = client_counts(2, 0, table_fd, 1)
     assert isinstance(tcp, SharedClientLimitTable) and tcp.limit == 2
     assert isinstance(quic, ClientLimitTable) and not quic.enabled
-    assert all(type(t) is ClientLimitTable for t in client_counts(0, 0, env))
+    assert all(type(t) is ClientLimitTable for t in client_counts(0, 0, table_fd, 1))
 
 
-@pytest.mark.parametrize(
-    "env",
-    [
-        {c.CLIENT_TABLE_FD_ENV: "x", c.WORKER_ENV: "0"},
-        {c.CLIENT_TABLE_FD_ENV: "999999", c.WORKER_ENV: "0"},
-        {c.CLIENT_TABLE_FD_ENV: "0", c.WORKER_ENV: "0"},  # stdin: not a table
-    ],
-)
-def test_variables_naming_no_table_are_a_layout_error(env: dict[str, str]) -> None:
+@pytest.mark.parametrize("fd", [999999, 0])  # no such descriptor; stdin: not a table
+def test_descriptors_naming_no_table_are_a_layout_error(fd: int) -> None:
     with pytest.raises(LayoutError):
-        client_counts(1, 1, env)
+        client_counts(1, 1, fd, 0)
 
 
 def test_a_worker_index_past_the_tables_columns_is_a_layout_error(table_fd: int) -> None:
     with pytest.raises(LayoutError):
-        client_counts(1, 1, {c.CLIENT_TABLE_FD_ENV: str(table_fd), c.WORKER_ENV: "2"})
+        client_counts(1, 1, table_fd, 2)
 
 
 def test_the_supervisor_makes_a_table_only_for_several_workers_with_a_limit() -> None:

@@ -20,8 +20,17 @@ from router.demo.pki import DemoPki
 from router.demo.quic_pods import bound_port, quic_whoami, start_quic_pod
 from router.flag_values import SocketAddress
 from router.supervisor import concrete_address
-from router.worker_process import LineSplitter, describe_exit, rewrite_listening_line, stop_budget_s, worker_argv
+from router.worker_process import LineSplitter, describe_exit, stop_budget_s, worker_argv
 from router.worker_scrape import ProbeError, WorkerClient
+from router.worker_seat import (
+    NO_FD,
+    SeatError,
+    WorkerReport,
+    WorkerSeat,
+    decode_report,
+    encode_report,
+    seat_from_environ,
+)
 from tests.support.router_process import Supervised, router_args, write_endpoints
 
 # ---------------------------------------------------------------------------
@@ -36,29 +45,43 @@ def test_worker_argv_overrides_win_because_argparse_keeps_the_last_value() -> No
     assert config.workers == 1
     assert config.listen_addr == SocketAddress("0.0.0.0", 5000)
     assert config.reverse_tunnel_listen_addr == SocketAddress("::", 5001)
-    assert config.health_listen_addr == SocketAddress(c.WORKER_HEALTH_HOST, 0)
+    assert config.health_listen_addr == config_from_args(argv, environ={}).health_listen_addr  # the seat's socket
     assert config.target_namespace == "ns"
 
 
-def test_listening_line_is_rewritten_and_yields_the_private_health_port() -> None:
-    line = b"2025-01-01T00:00:00.000Z info router.app listening grpc=0.0.0.0:1 quic=0.0.0.0:2 health=127.0.0.1:9\n"
-    out, health = rewrite_listening_line(line, 1)
-    assert health == ("127.0.0.1", 9)
-    assert out == b"2025-01-01T00:00:00.000Z info router.app worker 1 bound grpc=0.0.0.0:1 quic=0.0.0.0:2 " \
-        b"private-health=127.0.0.1:9\n"
-    assert b"listening grpc=" not in out
+def test_a_seat_survives_the_environment_and_names_every_descriptor_once() -> None:
+    seat = WorkerSeat(1, 3, 10, 11, 12, (13, NO_FD, 14), client_table_fd=15)
+    assert WorkerSeat.from_env(seat.to_env()) == seat
+    assert sorted(seat.fds()) == list(range(10, 16)) and seat.others == (0, 2)
+    assert seat_from_environ({}) is None
+    assert seat_from_environ({c.WORKER_SEAT_ENV: seat.to_env()}) == seat
 
 
-def test_listening_line_in_json_and_ipv6() -> None:
-    line = b'{"level":"info","msg":"listening grpc=:::1 quic=:::2 health=::1:8080","x":1}\n'
-    out, health = rewrite_listening_line(line, 0)
-    assert health == ("::1", 8080)
-    assert out == b'{"level":"info","msg":"worker 0 bound grpc=:::1 quic=:::2 private-health=::1:8080","x":1}\n'
+@pytest.mark.parametrize(
+    "text",
+    [
+        "", "[]", "{}", '{"index":0}', "not json",
+        '{"index":0,"count":1,"health":10,"control":11,"inbox":12,"outboxes":[-1],"client_table":null}',
+        '{"index":2,"count":2,"health":10,"control":11,"inbox":12,"outboxes":[13,-1],"client_table":null}',
+        '{"index":0,"count":2,"health":10,"control":11,"inbox":12,"outboxes":[13,14],"client_table":null}',
+        '{"index":0,"count":2,"health":10,"control":10,"inbox":12,"outboxes":[-1,13],"client_table":null}',
+        '{"index":0,"count":2,"health":1,"control":11,"inbox":12,"outboxes":[-1,13],"client_table":null}',
+        '{"index":0,"count":2,"health":"10","control":11,"inbox":12,"outboxes":[-1,13],"client_table":null}',
+        '{"index":true,"count":2,"health":10,"control":11,"inbox":12,"outboxes":[-1,13],"client_table":null}',
+    ],
+)
+def test_a_malformed_seat_is_a_config_error_naming_the_variable(text: str) -> None:
+    with pytest.raises(SeatError, match=c.WORKER_SEAT_ENV):
+        seat_from_environ({c.WORKER_SEAT_ENV: text})
 
 
-def test_other_lines_pass_unchanged() -> None:
-    line = b"info router.tcp rejected outcome=unknown_authority\n"
-    assert rewrite_listening_line(line, 0) == (line, None)
+def test_control_reports_are_one_bounded_line_and_nothing_else_is_one() -> None:
+    assert decode_report(encode_report(WorkerReport.BOUND)) == (WorkerReport.BOUND, "")
+    line = encode_report(WorkerReport.CONFIG_ERROR, "--listen-addr x:1: bad\nsecond line")
+    assert line.count(b"\n") == 1
+    assert decode_report(line) == (WorkerReport.CONFIG_ERROR, "--listen-addr x:1: bad second line")
+    assert len(encode_report(WorkerReport.CONFIG_ERROR, "x" * 100_000)) == c.WORKER_REPORT_MAX_BYTES
+    assert decode_report(b"listening grpc=a quic=b health=127.0.0.1:1\n") is None
 
 
 def test_line_splitter_keeps_partial_lines_and_cuts_over_long_ones() -> None:

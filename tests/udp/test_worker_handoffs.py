@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ipaddress
-import secrets
+import os
 import socket
 
 import pytest
@@ -17,8 +17,16 @@ from hypothesis import strategies as st
 from router.demo.pki import DemoPki
 from router.demo.quic_pods import client_configuration, request
 from router.udp.handoff_book import HandoffBook
-from router.udp.handoff_codec import Handoff, HandoffError, HandoffKind, decode_handoffs, encode_handoff
-from router.udp.worker_link import WorkerGroup, WorkerLink, worker_group
+from router.udp.handoff_codec import (
+    Handoff,
+    HandoffError,
+    HandoffKind,
+    decode_handoffs,
+    encode_handoff,
+    encode_message_head,
+)
+from router.udp.worker_link import WorkerLink, WorkerPeers
+from router.worker_process import WorkerChannels
 from tests.support.names import host as sni
 from tests.support.polling import eventually
 from tests.support.quic_pods_harness import ROUTER_HOST, running
@@ -175,53 +183,79 @@ def test_the_book_refuses_bounds_that_would_not_bound() -> None:
         _book(forward_idle_s=0.0)
 
 
-# -- which process is which worker --------------------------------------------------------
-def test_a_worker_group_comes_from_the_supervisors_environment_only_when_complete() -> None:
-    env = {"STARGATE_ROUTER_WORKERS": "4", "STARGATE_ROUTER_WORKER": "2", "STARGATE_ROUTER_WORKER_GROUP": "9-ab"}
-    group = worker_group(env)
-    assert group == WorkerGroup("9-ab", 2, 4) and group.others == (0, 1, 3)
-    assert group.name(1) == b"\0stargate-router/9-ab/1"
-    for broken in ({"STARGATE_ROUTER_WORKERS": "1"}, {"STARGATE_ROUTER_WORKER": "4"},
-                   {"STARGATE_ROUTER_WORKER_GROUP": ""}, {"STARGATE_ROUTER_WORKERS": "x"}):
-        assert worker_group(env | broken) is None
-    assert worker_group({}) is None
+# -- the link: the supervisor's socket pairs, in one process ------------------------------------
+def _peers(channels: WorkerChannels, index: int) -> WorkerPeers:
+    seat = channels.seat(index, 1000 + index, 2000 + index, None)  # health/control unused here
+    return WorkerPeers(seat.index, seat.count, seat.inbox_fd, seat.outbox_fds)
 
 
-# -- the link: real abstract sockets, in one process ------------------------------------------
-async def test_links_batch_an_iterations_records_and_read_only_their_groups_workers() -> None:
-    group = f"test-{secrets.token_hex(4)}"
+async def test_links_batch_an_iterations_records_and_a_late_worker_drops_what_queued_for_it() -> None:
+    channels = WorkerChannels(3)
     got: list[tuple[Handoff, int]] = []
     lost: list[int] = []
-    links = [WorkerLink(WorkerGroup(group, i, 3), lambda h, s: got.append((h, s)), lost.append) for i in range(3)]
+    links = [WorkerLink(_peers(channels, i), lambda h, s: got.append((h, s)), lost.append) for i in range(3)]
     loop = asyncio.get_running_loop()
-    for link in links[:2]:  # worker 2 is not up: what is sent to it is lost, and said so
+    for link in links[:2]:  # worker 2 is not up: its inbox holds what is sent to it
         link.open(loop)
     try:
-        with pytest.raises(OSError):  # a name is one socket's
-            WorkerLink(WorkerGroup(group, 0, 3), got.append, lost.append).open(loop)  # type: ignore[arg-type]
         for n in range(3):
             links[0].queue(1, encode_handoff(HandoffKind.FORWARD, 0, A, b"d%d" % n), forward=True)
-        links[0].queue(2, encode_handoff(HandoffKind.FORWARD, 0, A, b"x"), forward=True)
         links[0].queue(2, encode_handoff(HandoffKind.ASK, 5, A, b"y"))
-        stranger = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        stranger.bind(f"\0stargate-router/{group}/9".encode())  # a name, but not one of the group's workers
-        stranger.sendto(encode_handoff(HandoffKind.CLAIM, 1, A), WorkerGroup(group, 1, 3).name(1))
-        stranger.close()
         await eventually(lambda: len(got) == 3, what="the forwards to arrive")
         assert [(h.payload, sender) for h, sender in got] == [(b"d0", 0), (b"d1", 0), (b"d2", 0)]
-        assert lost == [1]  # the message to worker 2 held one forward
+        links[2].open(loop)  # a restarted worker: its predecessor's asks are not its own
+        links[1].queue(2, encode_handoff(HandoffKind.ASK, 6, A, b"z"))
+        await eventually(lambda: len(got) == 4, what="the ask sent after worker 2 started")
+        assert (got[3][0].payload, got[3][1]) == (b"z", 1)
+        assert lost == []
     finally:
         for link in links:
             link.close()
+        channels.close()
 
 
-async def test_a_worker_whose_name_is_taken_routes_as_a_lone_worker_and_says_so(
+async def test_a_full_inbox_loses_the_message_and_says_how_many_forwards_went_with_it() -> None:
+    channels = WorkerChannels(2)
+    lost: list[int] = []
+    sender = WorkerLink(_peers(channels, 0), lambda h, s: None, lost.append)
+    sender.open(asyncio.get_running_loop())
+    try:
+        for _ in range(10_000):  # worker 1 reads nothing: its queue fills, then sends are refused
+            sender.queue(1, encode_handoff(HandoffKind.FORWARD, 0, A, b"x" * 1000), forward=True)
+            sender.queue(1, encode_handoff(HandoffKind.FORWARD, 0, A, b"y" * 1000), forward=True)
+            sender.flush()
+            if lost:
+                break
+        assert lost and set(lost) == {2}
+    finally:
+        sender.close()
+        channels.close()
+
+
+async def test_messages_naming_no_sibling_as_sender_are_not_read() -> None:
+    channels = WorkerChannels(2)
+    got: list[tuple[Handoff, int]] = []
+    reader = WorkerLink(_peers(channels, 1), lambda h, s: got.append((h, s)), lambda n: None)
+    reader.open(asyncio.get_running_loop())
+    try:
+        outbox = channels.pairs[1][1]
+        record = encode_handoff(HandoffKind.CLAIM, 1, A)
+        for head in (b"\x07", b"\x01", b""):  # past the workers, itself, no head at all
+            outbox.send(head + record)
+        outbox.send(encode_message_head(0) + record)
+        await eventually(lambda: len(got) == 1, what="the one message from worker 0")
+        assert got[0][1] == 0
+    finally:
+        reader.close()
+        channels.close()
+
+
+async def test_a_worker_whose_descriptors_are_not_its_channels_routes_as_a_lone_worker_and_says_so(
     pki: DemoPki, caplog: pytest.LogCaptureFixture
 ) -> None:
-    workers = WorkerGroup(f"test-{secrets.token_hex(4)}", 0, 2)
-    holder = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    holder.bind(workers.name(0))
+    read_end, write_end = os.pipe()  # a pipe, not a socket pair
     try:
+        workers = WorkerPeers(0, 2, read_end, (-1, write_end))
         async with running(pki, workers=workers) as h:
             assert h.router.handoff_book is None
             assert "cannot reach the other workers" in caplog.text
@@ -229,17 +263,17 @@ async def test_a_worker_whose_name_is_taken_routes_as_a_lone_worker_and_says_so(
             async with connect(ROUTER_HOST, h.port, configuration=config) as client:
                 assert await request(client, b"alone") == b"stargate-0:alone"
     finally:
-        holder.close()
+        os.close(read_end)
+        os.close(write_end)
 
 
-async def test_a_worker_of_a_group_binds_its_name_and_lets_it_go_when_closed(pki: DemoPki) -> None:
-    workers = WorkerGroup(f"test-{secrets.token_hex(4)}", 1, 2)
-    async with running(pki, workers=workers) as h:
-        assert h.router.handoff_book is not None
-        probe = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        with pytest.raises(OSError):
-            probe.bind(workers.name(1))
-        probe.close()
-    probe = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    probe.bind(workers.name(1))  # free again
-    probe.close()
+async def test_a_worker_reads_its_own_copies_and_leaves_the_supervisors_channels_open(pki: DemoPki) -> None:
+    channels = WorkerChannels(2)
+    try:
+        async with running(pki, workers=_peers(channels, 1)) as h:
+            assert h.router.handoff_book is not None
+        inbox, outbox = channels.pairs[1]
+        outbox.send(b"still here")  # the worker closed its duplicates, not the run's sockets
+        assert inbox.recv(100) == b"still here"
+    finally:
+        channels.close()

@@ -1,0 +1,128 @@
+"""What the ``--workers`` supervisor hands one worker: its place and the descriptors it made for it.
+
+A worker learns nothing about its siblings or its supervisor from text another process could write.
+Before it starts a worker the supervisor makes every channel itself and passes the descriptors down
+(``pass_fds``); one environment variable, ``WORKER_SEAT_ENV``, says which descriptor is which:
+
+- ``health``: a TCP socket the supervisor bound on loopback and listens on: the worker's private
+  ``/readyz`` and ``/metrics``. The supervisor knows the address because it bound it.
+- ``control``: the write end of a pipe only the supervisor reads: the worker says there that it has
+  bound its listeners, or the one line of a configuration error (``WorkerReport``). Its stderr is
+  logs, passed on as they are and never read for meaning: a rejected hostname is logged word for
+  word, so a client can write anything there.
+- ``inbox`` / ``outboxes``: unnamed ``AF_UNIX`` datagram socket pairs, one per worker, made once
+  per run and kept across restarts: a worker reads its own inbox and writes to the others' (the
+  QUIC edge's handoffs, ``router.udp.worker_link``). No name in any namespace reaches them, so no
+  other process in the pod can read a dead worker's messages or speak for it.
+- ``client_table``: the memfd the per-client limits are counted in (``router.shared_client_limits``).
+
+The seat is read once at start (``seat_from_environ``); a malformed one is a ``SeatError`` (a
+``ConfigError``: one line, exit 2), never a silent single-process router among workers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+
+from router import constants as c
+from router.flag_values import ConfigError
+
+NO_FD = -1
+"""The outbox at a worker's own index: it never writes to itself."""
+
+
+class SeatError(ConfigError):
+    """``WORKER_SEAT_ENV`` is set but does not describe a usable seat."""
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerSeat:
+    """One worker's place among ``count`` and the descriptors the supervisor passed it."""
+
+    index: int
+    count: int
+    health_fd: int
+    control_fd: int
+    inbox_fd: int
+    outbox_fds: tuple[int, ...]
+    """Worker ``i``'s inbox is written through ``outbox_fds[i]``; ``NO_FD`` at ``index``."""
+    client_table_fd: int | None = None
+
+    def __post_init__(self) -> None:
+        if not 2 <= self.count <= c.MAX_WORKERS or not 0 <= self.index < self.count:
+            raise SeatError(f"{c.WORKER_SEAT_ENV}: worker {self.index!r} of {self.count!r} is not a seat")
+        if len(self.outbox_fds) != self.count or self.outbox_fds[self.index] != NO_FD:
+            raise SeatError(f"{c.WORKER_SEAT_ENV}: expected {self.count} outboxes, none at index {self.index}")
+        if len(set(self.fds())) != len(self.fds()) or min(self.fds()) < 3:
+            raise SeatError(f"{c.WORKER_SEAT_ENV}: descriptors must be distinct and above stderr")
+
+    @property
+    def others(self) -> tuple[int, ...]:
+        return tuple(i for i in range(self.count) if i != self.index)
+
+    def fds(self) -> tuple[int, ...]:
+        """Every descriptor of the seat: what the supervisor passes to the worker."""
+        table = () if self.client_table_fd is None else (self.client_table_fd,)
+        outboxes = tuple(fd for fd in self.outbox_fds if fd != NO_FD)
+        return (self.health_fd, self.control_fd, self.inbox_fd, *outboxes, *table)
+
+    def to_env(self) -> str:
+        return json.dumps({
+            "index": self.index, "count": self.count, "health": self.health_fd, "control": self.control_fd,
+            "inbox": self.inbox_fd, "outboxes": list(self.outbox_fds), "client_table": self.client_table_fd,
+        }, separators=(",", ":"))
+
+    @classmethod
+    def from_env(cls, text: str) -> WorkerSeat:
+        try:
+            raw = json.loads(text)
+            fields = (raw["index"], raw["count"], raw["health"], raw["control"], raw["inbox"])
+            outboxes, table = raw["outboxes"], raw["client_table"]
+        except (ValueError, TypeError, KeyError):
+            raise SeatError(f"{c.WORKER_SEAT_ENV}: not a seat: {text[:200]!r}") from None
+        if not (all(type(v) is int for v in fields) and isinstance(outboxes, list)
+                and all(type(v) is int for v in outboxes) and (table is None or type(table) is int)):
+            raise SeatError(f"{c.WORKER_SEAT_ENV}: descriptors must be integers: {text[:200]!r}")
+        index, count, health, control, inbox = fields
+        return cls(index, count, health, control, inbox, tuple(outboxes), table)
+
+
+def seat_from_environ(env: Mapping[str, str] | None = None) -> WorkerSeat | None:
+    """This process's seat among the supervisor's workers; None when the operator started it."""
+    text = (os.environ if env is None else env).get(c.WORKER_SEAT_ENV)
+    return None if text is None else WorkerSeat.from_env(text)
+
+
+class WorkerReport(StrEnum):
+    """What a worker writes on its control pipe: one line, ``<kind> <text>``."""
+
+    BOUND = "bound"
+    """Every listener is bound: the supervisor may say ``listening`` once all workers have."""
+    CONFIG_ERROR = "config-error"
+    """The worker exits 2 after this; its text is said once by the supervisor for all workers."""
+
+
+def encode_report(kind: WorkerReport, text: str = "") -> bytes:
+    """One control line; the text is cut at ``WORKER_REPORT_MAX_BYTES`` and kept on one line."""
+    line = f"{kind} {text}".replace("\n", " ").encode("utf-8", "replace")
+    return line[: c.WORKER_REPORT_MAX_BYTES - 1] + b"\n"
+
+
+def decode_report(line: bytes) -> tuple[WorkerReport, str] | None:
+    """``(kind, text)`` of one control line; None for anything else (a worker of another version)."""
+    kind, _, text = line.rstrip(b"\n").decode("utf-8", "replace").partition(" ")
+    try:
+        return WorkerReport(kind), text
+    except ValueError:
+        return None
+
+
+def report(seat: WorkerSeat, kind: WorkerReport, text: str = "") -> None:
+    """Tell the supervisor ``kind``; a gone supervisor is not this worker's failure."""
+    with contextlib.suppress(OSError):
+        os.write(seat.control_fd, encode_report(kind, text))
