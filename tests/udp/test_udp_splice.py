@@ -458,12 +458,12 @@ def test_the_loop_callbacks_hand_back_datagrams_learned_headers_and_failures_in_
                        (short(2), x.client.getsockname())]
         x.splicer.attach(x.link.fileno(), x.client.getsockname(), x.flow)
         x.pod.sendto(pod_header(b"Q" * 8), x.link.getsockname())
-        x.splicer.pump_pods(lambda: 4.0, lambda *a: got.append(a), lambda *a: failed.append(a))
+        x.splicer.pump_pods(lambda: 4.0, lambda *a: got.append(a), lambda *a: failed.append(a), print)
         assert got[-1] == (x.flow, b"Q" * 8)
         x.pod.close()
         x.client.sendto(short(4), to)
         x.splicer.pump_clients(lambda: 4.0, on_datagram, lambda *a: failed.append(a))
-        x.splicer.pump_pods(lambda: 4.0, lambda *a: got.append(a), lambda *a: failed.append(a))
+        x.splicer.pump_pods(lambda: 4.0, lambda *a: got.append(a), lambda *a: failed.append(a), print)
         assert failed == [(x.flow, errno.ECONNREFUSED)]
         with pytest.raises(ZeroDivisionError):
             x.client.sendto(long_header(5), to)
