@@ -357,10 +357,6 @@ DURATION_BUCKETS_S: Final = (
     0.001, 0.01, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0, 21600.0, 86400.0,
 )
 """From a refused connection (ms) to a day-long reverse tunnel; the idle timeout (300 s) is a bucket edge."""
-DEBUG_CONNECTIONS_DEFAULT_LIMIT: Final = 100
-"""Connections ``/debug/connections`` lists without ``?limit=``: a screenful, newest first."""
-DEBUG_CONNECTIONS_MAX_LIMIT: Final = 10_000
-"""Largest ``?limit=``: about 2 MB of JSON, still quick to build on the event loop."""
 LIVE_VIEW_MAX_ENTRIES: Final = QUIC_MAX_FLOWS + QUIC_MAX_PENDING_FLOWS + 65_536
 """Connections and flows the live view tracks at once (every QUIC flow and pending flow, and as many
 TCP connections as a process has fds for); beyond it they are counted in ``total`` but not listed."""
