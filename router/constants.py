@@ -342,6 +342,9 @@ HEALTH_MAX_REQUEST_HEAD_BYTES: Final = 8 * 1024
 """Probe and scrape requests are a few hundred bytes; anything larger is refused."""
 HEALTH_REQUEST_TIMEOUT_S: Final = 5.0
 """A probe client that cannot send its request (or read the answer) in this long is cut off."""
+PROBE_ERROR_LOG_LINES_PER_S: Final = 1.0
+"""A route that fails (a bug) logs its traceback at most once a second; a client repeating the
+request cannot flood the log, and the next line counts the ones left out."""
 
 # -- Access log and the live view (operators' view of each connection and flow)
 DEFAULT_ACCESS_LOG: Final = "on"
