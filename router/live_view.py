@@ -131,6 +131,28 @@ def targets_view(
     }
 
 
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def is_connections_view(answer: object) -> bool:
+    """Whether a worker's ``/debug/connections`` answer has the shape ``merge_connections`` reads;
+    one that has not is left out, so no answer can make the merge raise."""
+    if not isinstance(answer, dict) or not isinstance(answer.get("total"), int):
+        return False
+    entries = answer.get("connections")
+    return isinstance(entries, list) and all(isinstance(e, dict) and _is_number(e.get("age_s")) for e in entries)
+
+
+def is_targets_view(answer: object) -> bool:
+    """Whether a worker's ``/debug/targets`` answer has the shape ``merge_targets`` reads."""
+    if not isinstance(answer, dict):
+        return False
+    age, targets = answer.get("last_sync_age_s"), answer.get("targets")
+    return ((age is None or _is_number(age)) and isinstance(targets, list)
+            and all(isinstance(t, dict) and isinstance(t.get("pod"), str) for t in targets))
+
+
 def merge_connections(views: Sequence[Mapping[str, Any]], limit: int) -> dict[str, Any]:
     """One ``/debug/connections`` answer from every worker's: totals summed, the newest ``limit``."""
     entries = [entry for view in views for entry in view.get("connections", ())]

@@ -13,6 +13,8 @@ from router.live_view import (
     LIMIT_MAX_DIGITS,
     LimitError,
     LiveConnections,
+    is_connections_view,
+    is_targets_view,
     merge_connections,
     merge_targets,
     parse_limit,
@@ -100,3 +102,20 @@ def test_workers_answers_merge_into_one() -> None:
     assert [t["pod"] for t in merged_targets["targets"]] == ["sg-0", "sg-1"]
     assert merge_targets([t0, targets_view([], "file", False, None)])["last_sync_age_s"] is None
 
+
+MALFORMED_CONNECTIONS = [
+    [], {"total": "3", "connections": []}, {"total": 1, "connections": 5},
+    {"total": 1, "connections": [{"age_s": "x"}]}, {"total": 1, "connections": [["age_s", 1]]},
+    {"total": 1, "connections": [{"age_s": True}]}, {"connections": []},
+]
+MALFORMED_TARGETS = [
+    [], {"targets": [{"address": "x"}]}, {"targets": [{"pod": 1}]}, {"targets": {}},
+    {"targets": [], "last_sync_age_s": "1"}, {"targets": ["sg-0"]},
+]
+
+
+def test_a_worker_answer_the_merge_cannot_read_is_left_out_not_raised_on() -> None:
+    good = {"total": 1, "connections": [{"client": "a", "age_s": 1.0}]}
+    assert is_connections_view(good) and is_targets_view(targets_view([], "file", True, 0.1))
+    assert not any(is_connections_view(bad) for bad in MALFORMED_CONNECTIONS)
+    assert not any(is_targets_view(bad) for bad in MALFORMED_TARGETS)
