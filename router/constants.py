@@ -58,8 +58,9 @@ MIN_KUBE_WATCH_IDLE_TIMEOUT_MS: Final = 100
 """Below this the watchdog would re-open a quiet watch in a near-hot loop."""
 DEFAULT_ACCEPT_PROXY_PROTOCOL: Final = False
 """PROXY protocol off: a router reached without a balancer in front would otherwise refuse every worker."""
-DEFAULT_PROXY_PROTOCOL_TRUSTED_CIDRS: Final = ("0.0.0.0/0", "::/0")
-"""Every source may send a PROXY header: inside a cluster the Gateway's pod IPs are not stable."""
+DEFAULT_PROXY_PROTOCOL_TRUSTED_CIDRS: Final = ()
+"""No source may send a PROXY header until the flag names the balancer's (nginx's ``set_real_ip_from``):
+a header believed from any pod lets that pod claim any client address."""
 DEFAULT_TCP_DEFER_ACCEPT: Final = "on"
 """Accept once the first bytes came (every protocol here speaks first): no wait, task or second
 read per connection (9% of its CPU on the bench), nothing held for a silent client."""

@@ -95,8 +95,8 @@ def per_client_limit(flag: str, value: str) -> int:
 
 
 def parse_cidrs(flag: str, value: str) -> tuple[IPNetwork, ...]:
-    """Comma-separated IPv4/IPv6 networks (a bare address is a /32 or /128); () when they cover
-    every address, so the edge skips the check."""
+    """Comma-separated IPv4/IPv6 networks (a bare address is a /32 or /128), at least one; a /0
+    is kept as given (the edge checks it like any other network)."""
     networks: list[IPNetwork] = []
     for item in (part.strip() for part in value.split(",")):
         if not item:
@@ -107,10 +107,6 @@ def parse_cidrs(flag: str, value: str) -> tuple[IPNetwork, ...]:
             raise ConfigError(f"{flag}: {item!r} is not a CIDR ({exc})") from None
     if not networks:
         raise ConfigError(f"{flag}: expected at least one CIDR, got {value!r}")
-    if any(n.prefixlen == 0 for n in networks if n.version == 4) and any(
-        n.prefixlen == 0 for n in networks if n.version == 6
-    ):
-        return ()
     return tuple(networks)
 
 

@@ -182,9 +182,10 @@ def test_a_missing_file_is_one_error_line_naming_the_flag_and_file(tmp_path: Pat
         (("--target-namespace", "s", "--kubeconfig", "/nonexistent/kubeconfig"), "--kubeconfig"),
         (("--target-namespace", "s", "--bogus"), "--bogus"),
         (("--target-namespace",), "--target-namespace"),
+        (("--target-namespace", "s", "--accept-proxy-protocol"), "--proxy-protocol-trusted-cidrs"),
     ],
     ids=["no-namespace", "workers", "timeout", "listen-addr", "template-field", "template-ascii", "kubeconfig",
-         "unknown-flag", "missing-value"],
+         "unknown-flag", "missing-value", "proxy-without-trusted-cidrs"],
 )
 def test_a_bad_flag_is_one_error_line_naming_it(args: tuple[str, ...], flag: str) -> None:
     run = check(*args, "--endpoints-file", str(EXAMPLE))
