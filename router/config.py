@@ -19,6 +19,7 @@ from router.flag_values import (
     IPNetwork,
     SocketAddress,
     boolean,
+    every_source_warning,
     log_level,
     non_negative_ms,
     parse_cidrs,
@@ -31,7 +32,7 @@ from router.inert_flags import InertFlags, add_inert_flags, parse_inert_flags
 from router.udp.quic_lb import MAX_SERVER_ID_BYTES
 
 TRUSTED_CIDRS_FLAG = "--proxy-protocol-trusted-cidrs"
-"""Named by its parser and the PROXY-on check."""
+"""Named by its parser, the PROXY-on check and the trust-everything warning."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +76,12 @@ class RouterConfig:
     """``raw-quic`` or ``webtransport``: routed alike; says which counter the QUIC listener's flows go to."""
     inert: InertFlags = field(default_factory=InertFlags)
     """The Rust router's certificate and keep-alive flags, accepted with no effect (``router.inert_flags``)."""
+
+    def proxy_trust_warning(self) -> str | None:
+        """One line at start when PROXY headers are believed from every IPv4 or IPv6 source."""
+        if not self.accept_proxy_protocol:
+            return None
+        return every_source_warning(TRUSTED_CIDRS_FLAG, self.proxy_protocol_trusted_cidrs)
 
     @property
     def webtransport(self) -> bool:

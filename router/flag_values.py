@@ -110,6 +110,16 @@ def parse_cidrs(flag: str, value: str) -> tuple[IPNetwork, ...]:
     return tuple(networks)
 
 
+def every_source_warning(flag: str, networks: tuple[IPNetwork, ...]) -> str | None:
+    """One line when ``networks`` trust every IPv4 or IPv6 source (a /0, given explicitly); else None."""
+    versions = sorted({n.version for n in networks if n.prefixlen == 0})
+    if not versions:
+        return None
+    sources = "every source" if versions == [4, 6] else f"every IPv{versions[0]} source"
+    return (f"{flag} trusts {sources}: any peer that reaches --listen-addr can claim any client address "
+            "(name the balancer's addresses instead)")
+
+
 def log_level(value: str) -> str:
     """A level name (Python's or the Rust router's ``trace``/``warn``). A Rust env-filter such as
     ``info,kube=warn`` is accepted for drop-in compatibility: its bare default level is used."""

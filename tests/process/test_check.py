@@ -192,6 +192,14 @@ def test_a_bad_flag_is_one_error_line_naming_it(args: tuple[str, ...], flag: str
     assert_one_error_line(run, flag)
 
 
+def test_trusting_every_proxy_source_is_said_on_one_warning_line() -> None:
+    run = check("--target-namespace", "s", "--endpoints-file", str(EXAMPLE), "--accept-proxy-protocol",
+                "--proxy-protocol-trusted-cidrs=0.0.0.0/0,::/0")
+    assert (run.returncode, run.stdout.splitlines()[:2]) == (0, EXAMPLE_TABLE), run
+    [warning] = run.error_lines
+    assert warning.startswith("stargate-router check: warning: --proxy-protocol-trusted-cidrs trusts every source: ")
+
+
 def test_check_help_describes_the_table_and_lists_the_routers_flags() -> None:
     run = check("--help")
     assert run.returncode == 0, run

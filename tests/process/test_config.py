@@ -36,6 +36,7 @@ def test_trust_at_the_edge_is_off_and_unlimited_by_default() -> None:
     cfg = config_from_args([], environ={"POD_NAMESPACE": "x"})
     assert cfg.accept_proxy_protocol is c.DEFAULT_ACCEPT_PROXY_PROTOCOL is False
     assert cfg.proxy_protocol_trusted_cidrs == c.DEFAULT_PROXY_PROTOCOL_TRUSTED_CIDRS == ()  # no source trusted
+    assert cfg.proxy_trust_warning() is None
     assert cfg.max_connections_per_client == c.DEFAULT_MAX_CONNECTIONS_PER_CLIENT == 0
     assert cfg.max_quic_flows_per_client == c.DEFAULT_MAX_QUIC_FLOWS_PER_CLIENT == 0
 
@@ -69,6 +70,32 @@ def test_proxy_on_without_trusted_cidrs_is_one_line_naming_the_flag(args: list[s
 def test_trusted_cidrs_without_proxy_are_parsed_and_unused() -> None:
     cfg = config_from_args([LOOPBACK_BALANCER], environ={"POD_NAMESPACE": "x"})
     assert not cfg.accept_proxy_protocol and [str(n) for n in cfg.proxy_protocol_trusted_cidrs] == ["127.0.0.9/32"]
+
+
+@pytest.mark.parametrize(
+    ("cidrs", "warning"),
+    [("0.0.0.0/0,::/0", "trusts every source"), ("0.0.0.0/0", "trusts every IPv4 source"),
+     ("10.0.0.0/8,::/0", "trusts every IPv6 source"), ("10.0.0.0/8,fd00::/8", None)],
+)
+def test_an_explicit_every_source_is_kept_and_warned_about(cidrs: str, warning: str | None) -> None:
+    cfg = config_from_args(["--accept-proxy-protocol", f"--proxy-protocol-trusted-cidrs={cidrs}"],
+                           environ={"POD_NAMESPACE": "x"})
+    assert ",".join(str(n) for n in cfg.proxy_protocol_trusted_cidrs) == cidrs
+    said = cfg.proxy_trust_warning()
+    if warning is None:
+        assert said is None
+    else:
+        assert said is not None and said.startswith(f"--proxy-protocol-trusted-cidrs {warning}: ")
+
+
+def test_trusted_cidrs_and_limits_are_parsed() -> None:
+    cfg = config_from_args(
+        ["--accept-proxy-protocol", "--proxy-protocol-trusted-cidrs", "10.0.0.0/8, 127.0.0.9,fd00::/8",
+         "--max-connections-per-client", "50", "--max-quic-flows-per-client", "20"],
+        environ={"POD_NAMESPACE": "x"},
+    )
+    assert [str(n) for n in cfg.proxy_protocol_trusted_cidrs] == ["10.0.0.0/8", "127.0.0.9/32", "fd00::/8"]
+    assert (cfg.max_connections_per_client, cfg.max_quic_flows_per_client) == (50, 20)
 
 
 def test_quic_lb_is_off_by_default_and_takes_a_server_id_of_1_to_15_bytes() -> None:

@@ -97,3 +97,18 @@ def test_a_pod_outside_the_trusted_cidrs_cannot_claim_a_client_address(
         assert any(f"via={BALANCER}:" in line for line in naming_the_forged_client(proc))
         assert proc.stop() == 0
 
+
+def test_trusting_every_source_takes_an_explicit_cidr_and_is_warned_about(
+    tmp_path: Path, pods: list[RunningPod]
+) -> None:
+    """``0.0.0.0/0,::/0`` stays allowed (nginx allows it too: a router only a balancer can reach),
+    but never by default, and the start says what it means in one warning line naming the flag."""
+    flags = ("--accept-proxy-protocol", "--proxy-protocol-trusted-cidrs=0.0.0.0/0,::/0")
+    with router(tmp_path, pods, *flags) as proc:
+        proc.wait_ready()
+        warnings = [line for line in proc.lines if "--proxy-protocol-trusted-cidrs" in line]
+        assert len(warnings) == 1 and " warning " in warnings[0], proc.lines
+        assert "trusts every source" in warnings[0]
+        forge(proc, OTHER_POD)
+        eventually_blocking(lambda: naming_the_forged_client(proc), 10, what="the forged client, as asked")
+        assert proc.stop() == 0
