@@ -207,6 +207,9 @@ QUIC_MAX_REMEMBERED_REJECTIONS: Final = 4_096
 """Refused attempts remembered at once (oldest forgotten first); bounds a spoofed-source flood."""
 QUIC_ANSWERS_PER_REJECTION: Final = 3
 """CONNECTION_CLOSE answers per refused attempt: the first plus two for lost ones, then silence."""
+QUIC_DATAGRAM_ERROR_LOG_LINES_PER_S: Final = 1.0
+"""Tracebacks a second of a bug a client datagram met (it costs that datagram only): one names the
+bug, the rest are counted as suppressed, so a flood of such datagrams is no flood of tracebacks."""
 
 
 # -- QUIC / UDP: sockets and batched I/O (GRO reads, GSO sends) ---------------

@@ -35,9 +35,10 @@ class RateLimitedLog:
 
     def log(
         self, level: int, msg: str, *args: Any, extra: dict[str, Any] | None = None,
-        exc_info: BaseException | None = None,
+        exc_info: BaseException | bool | None = None,
     ) -> bool:
-        """Log unless over the rate; returns whether the line was written."""
+        """Log unless over the rate; returns whether the line was written. ``exc_info``: an exception, or
+        True for the one being handled, whose traceback the line carries (only if admitted)."""
         if not self._logger.isEnabledFor(level) or not self.admit():
             return False
         self.write(level, msg, *args, extra=extra, exc_info=exc_info)
@@ -57,7 +58,7 @@ class RateLimitedLog:
 
     def write(
         self, level: int, msg: str, *args: Any, extra: dict[str, Any] | None = None,
-        exc_info: BaseException | None = None,
+        exc_info: BaseException | bool | None = None,
     ) -> None:
         """Write an admitted line; it carries the count of the lines suppressed since the last one."""
         if self.suppressed:
