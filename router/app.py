@@ -147,7 +147,7 @@ class RouterApp:
             UdpRouterSettings(
                 limits=FlowLimits(
                     idle_timeout_s=config.relay_idle_timeout_s, max_pending_flows=self.memory.max_pending_flows,
-                    max_flows=self.memory.max_flows,
+                    max_flows=self.memory.max_flows, handshake_timeout_s=config.quic_handshake_timeout_s,
                 ),
                 cid_length=config.quic_cid_length,
                 max_flows_per_client=config.max_quic_flows_per_client,

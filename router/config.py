@@ -72,6 +72,8 @@ class RouterConfig:
     """``/debug/targets`` and ``/debug/connections`` on the health listener (they show client addresses)."""
     quic_lb_server_id_bytes: int = c.DEFAULT_QUIC_LB_SERVER_ID_BYTES
     """QUIC-LB server ID length, 1..15 octets (``--quic-lb-server-id-bytes``); 0 = off."""
+    quic_handshake_timeout_s: float = c.DEFAULT_QUIC_HANDSHAKE_TIMEOUT_MS / 1000
+    """How long a QUIC flow may live unconfirmed (``--quic-handshake-timeout-ms``, ``handshake_watch``)."""
     tunnel_protocol: str = c.DEFAULT_TUNNEL_PROTOCOL
     """``raw-quic`` or ``webtransport``: routed alike; says which counter the QUIC listener's flows go to."""
     inert: InertFlags = field(default_factory=InertFlags)
@@ -141,6 +143,11 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         "--quic-lb-server-id-bytes", default=str(c.DEFAULT_QUIC_LB_SERVER_ID_BYTES),
         help="pods issue QUIC-LB connection IDs whose server ID is the last N bytes of their address: "
         "route datagrams no flow knows by it (1-15; 0 = off)",
+    )
+    add(
+        "--quic-handshake-timeout-ms", default=str(c.DEFAULT_QUIC_HANDSHAKE_TIMEOUT_MS),
+        help="a QUIC flow whose client and pod are not seen talking by then is ended; until then it is "
+        "the first to make room when the flow table is full",
     )
     add(
         "--accept-proxy-protocol", nargs="?", const="true", default=str(c.DEFAULT_ACCEPT_PROXY_PROTOCOL).lower(),
@@ -277,6 +284,7 @@ def config_from_args(
         tcp_defer_accept=ns.tcp_defer_accept == "on",
         debug_endpoints=bool(ns.debug_endpoints),
         quic_lb_server_id_bytes=int(server_id_bytes),
+        quic_handshake_timeout_s=positive_ms("--quic-handshake-timeout-ms", ns.quic_handshake_timeout_ms),
         tunnel_protocol=ns.tunnel_protocol,
         inert=inert,
     )

@@ -135,6 +135,11 @@ QUIC_PENDING_FLOW_TIMEOUT_MS: Final = 3_000
 """A pending flow whose ClientHello is still incomplete after this is dropped."""
 QUIC_MAX_FLOWS: Final = 65_536
 """Established UDP flows at once; each holds one connected socket (file descriptor)."""
+DEFAULT_QUIC_HANDSHAKE_TIMEOUT_MS: Final = 10_000
+"""``--quic-handshake-timeout-ms``: a routed flow not confirmed by then (its client never sent a 1-RTT
+packet to the pod's connection ID, or the pod never answered) is ended. A handshake takes 1-2 round
+trips plus a few PTOs of loss recovery: seconds on the worst path, as Envoy's QUIC handshake timeout
+and HAProxy's are. A forged Initial holds a socket this long, not its claimed idle timeout."""
 QUIC_MAX_LEARNED_CIDS_PER_FLOW: Final = 16
 """Pod connection IDs remembered per flow for migration (aioquic issues up to 8)."""
 QUIC_FLOW_SWEEP_INTERVAL_MS: Final = 500

@@ -168,3 +168,9 @@ class Termination(StrEnum):
     """Refused before any pod was dialled: no, unknown or unroutable hostname, or unparsable bytes."""
     ROUTER_ERROR = "router_error"
     """The router failed on its side (an OS error that is no peer's reset, or a bug)."""
+    HANDSHAKE_TIMEOUT = "handshake_timeout"
+    """(QUIC) routed, but not confirmed within ``--quic-handshake-timeout-ms``: its client never sent a
+    1-RTT packet to the pod's connection ID, or the pod never answered (``router.udp.handshake_watch``)."""
+    EVICTED = "evicted"
+    """(QUIC) routed but not confirmed yet, and the oldest such flow when the flow table was full: it
+    made room for a new one (a confirmed flow never does)."""

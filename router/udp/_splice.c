@@ -42,6 +42,11 @@
  *     SCID for its flow is sent and its SCID returned (flow, scid): Python learns the pod's
  *     connection IDs from them.
  *
+ * A flow attached unconfirmed (router/udp/handshake_watch.py: a forged Initial or a junk join may have
+ * opened it) is watched by Python until confirm(): its client's short headers go to Python, and its
+ * pod's datagrams are handed over (flow, datagram) instead of sent, so Python sees the handshake both
+ * ways; its long headers to the learned CID (the handshake itself) are spliced as any flow's.
+ *
  * A pod socket error (ECONNREFUSED after an ICMP) is queued as (flow, errno) for Python to end
  * the flow. A full socket buffer drops, as UDP drops. The flows' byte counts and activity times
  * are written to the Python flow objects once per call (client_bytes, last_active; pod_bytes,
@@ -109,6 +114,8 @@ typedef struct Slot {
     struct Slot *next_here;            /* the next flow at its client address (by_key names the first) */
     int shared;                        /* it has met another flow at an address, or learn() named it: chosen
                                           by DCID from then on */
+    int unconfirmed;                   /* not confirmed yet (router/udp/handshake_watch.py): its short headers
+                                          go to Python and its pod's datagrams are handed over, not sent */
 } Slot;
 
 typedef struct {
@@ -126,6 +133,7 @@ typedef struct {
     Py_ssize_t flows;
     PyObject *by_key;   /* client address key -> pod fd of the address's first flow */
     PyObject *failures; /* list of (flow, errno) */
+    PyObject *handed;   /* list of (flow, datagram): unconfirmed flows' pod datagrams, for Python to send */
     Slot **touched;     /* the flows this call counted: each once, so never more than are attached */
     Py_ssize_t touched_len, touched_cap;
     char *client_buffers; /* BATCH x BUFFER_BYTES, mmap'd: only touched pages count */
@@ -562,7 +570,8 @@ Splicer_init(Splicer *self, PyObject *args, PyObject *kwds)
     self->pod_out = PyMem_Calloc(OUT_DATAGRAMS, sizeof(Datagram));
     self->by_key = PyDict_New();
     self->failures = PyList_New(0);
-    if (!self->pod_out || !self->by_key || !self->failures) {
+    self->handed = PyList_New(0);
+    if (!self->pod_out || !self->by_key || !self->failures || !self->handed) {
         PyErr_NoMemory();
         return -1;
     }
@@ -603,6 +612,8 @@ release_all(Splicer *self)
     self->client_buffers = self->pod_buffers = NULL;
     if (self->by_key)
         PyDict_Clear(self->by_key);
+    if (self->handed)
+        PyList_SetSlice(self->handed, 0, PyList_GET_SIZE(self->handed), NULL);
     send_ring_close(&self->ring);
 }
 
@@ -620,6 +631,7 @@ Splicer_traverse(Splicer *self, visitproc visit, void *arg)
     }
     Py_VISIT(self->by_key);
     Py_VISIT(self->failures);
+    Py_VISIT(self->handed);
     return 0;
 }
 
@@ -629,6 +641,7 @@ Splicer_clear(Splicer *self)
     release_all(self);
     Py_CLEAR(self->by_key);
     Py_CLEAR(self->failures);
+    Py_CLEAR(self->handed);
     return 0;
 }
 
@@ -779,9 +792,9 @@ named_here(Slot *first, const unsigned char *data, unsigned int length)
 static PyObject *
 Splicer_attach(Splicer *self, PyObject *args)
 {
-    int fd;
+    int fd, confirmed = 1;
     PyObject *address, *flow;
-    if (!PyArg_ParseTuple(args, "iOO", &fd, &address, &flow) || !ready(self))
+    if (!PyArg_ParseTuple(args, "iOO|p", &fd, &address, &flow, &confirmed) || !ready(self))
         return NULL;
     if (fd < 0 || fd == self->listener || slot_for_fd(self, fd)) {
         PyErr_Format(PyExc_ValueError, "pod fd %d is negative, the listener's or attached already", fd);
@@ -829,6 +842,7 @@ Splicer_attach(Splicer *self, PyObject *args)
         return NULL;
     }
     slot->scid_len = -1;
+    slot->unconfirmed = !confirmed;
     slot->client = client;
     slot->client_len = client_len;
     slot->flow = Py_NewRef(flow);
@@ -848,6 +862,23 @@ Splicer_detach(Splicer *self, PyObject *arg)
         unplace(self, slot);
         free_slot(self, slot);
     }
+    Py_RETURN_NONE;
+}
+
+/* confirm(pod_fd): the flow's client and pod are talking (router/udp/handshake_watch.py): from now on
+ * its datagrams are spliced both ways like any attached flow's. */
+static PyObject *
+Splicer_confirm(Splicer *self, PyObject *arg)
+{
+    long fd = PyLong_AsLong(arg);
+    if ((fd == -1 && PyErr_Occurred()) || !ready(self))
+        return NULL;
+    Slot *slot = fd >= 0 && fd <= INT_MAX ? slot_for_fd(self, (int)fd) : NULL;
+    if (!slot) {
+        PyErr_Format(PyExc_KeyError, "pod fd %ld is not attached", fd);
+        return NULL;
+    }
+    slot->unconfirmed = 0;
     Py_RETURN_NONE;
 }
 
@@ -999,7 +1030,7 @@ client_pieces(Splicer *self, PyObject *slow, Piece *pieces, int n)
         }
         Slot *slot = found && found->shared ? named_here(found, data, length) : found;
         if (slot && length > 0 && slot->slow_call != self->call &&
-            (!(data[0] & 0x80) || to_learned_cid(slot, data, length))) {
+            (!(data[0] & 0x80) ? !slot->unconfirmed : to_learned_cid(slot, data, length))) {
             slots[i] = slot;
             continue;
         }
@@ -1189,7 +1220,8 @@ Splicer_from_pods(Splicer *self, PyObject *arg)
                     continue;
                 unsigned char *data = (unsigned char *)iov[i].iov_base;
                 unsigned int segment = gro_segment(&in[i].msg_hdr, length);
-                slot->pod_bytes += length;
+                if (!slot->unconfirmed)
+                    slot->pod_bytes += length; /* an unconfirmed flow's bytes are counted where they are sent */
                 for (unsigned int at = 0; at < length; at += segment) { /* each datagram of a GRO read */
                     unsigned int size = length - at < segment ? length - at : segment;
                     unsigned char *datagram = data + at;
@@ -1201,6 +1233,13 @@ Splicer_from_pods(Splicer *self, PyObject *arg)
                         if (!item || PyList_Append(learned, item) < 0)
                             failed = 1;
                         Py_XDECREF(item);
+                    }
+                    if (slot->unconfirmed) { /* Python sends it, and watches the flow's handshake */
+                        PyObject *item = Py_BuildValue("(Oy#)", slot->flow, (const char *)datagram, (Py_ssize_t)size);
+                        if (!item || PyList_Append(self->handed, item) < 0)
+                            failed = 1;
+                        Py_XDECREF(item);
+                        continue;
                     }
                     if (queued == OUT_DATAGRAMS) { /* tiny segments: send what is queued (the buffers stay) */
                         send_to_clients(self, out, queued);
@@ -1244,6 +1283,23 @@ Splicer_take_failures(Splicer *self, PyObject *unused)
         return NULL;
     }
     return failures;
+}
+
+/* The unconfirmed flows' pod datagrams read since the last call, [(flow, datagram)], in order. */
+static PyObject *
+Splicer_take_handed(Splicer *self, PyObject *unused)
+{
+    if (!self->handed) {
+        PyErr_SetString(PyExc_RuntimeError, "Splicer is not initialised");
+        return NULL;
+    }
+    PyObject *handed = self->handed;
+    self->handed = PyList_New(0);
+    if (!self->handed) {
+        self->handed = handed;
+        return NULL;
+    }
+    return handed;
 }
 
 /* An exception a callback raised, taken off the thread state to be raised again once every item
@@ -1383,8 +1439,8 @@ Splicer_pump_clients(Splicer *self, PyObject *const *args, Py_ssize_t nargs)
 static PyObject *
 Splicer_pump_pods(Splicer *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 3 || !all_callable(args, 3)) { /* before any datagram is taken off a socket */
-        PyErr_SetString(PyExc_TypeError, "pump_pods(clock, on_learn, on_failure): three callables");
+    if (nargs != 4 || !all_callable(args, 4)) { /* before any datagram is taken off a socket */
+        PyErr_SetString(PyExc_TypeError, "pump_pods(clock, on_learn, on_failure, on_handed): four callables");
         return NULL;
     }
     PyObject *now = now_from(args[0]);
@@ -1392,7 +1448,24 @@ Splicer_pump_pods(Splicer *self, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     PyObject *list = Splicer_from_pods(self, now);
     Py_DECREF(now);
-    return deliver(self, list, args[1], args[2]);
+    PyObject *done = deliver(self, list, args[1], args[2]);
+    if (!done && !PyErr_ExceptionMatches(PyExc_Exception))
+        return NULL; /* KeyboardInterrupt, SystemExit: at once */
+    Raised raised = { NULL, NULL, NULL, 0 };
+    if (!done)
+        keep_raised(&raised); /* the handed datagrams still go out, the exception after them */
+    Py_XDECREF(done);
+    PyObject *rest = deliver(self, Splicer_take_handed(self, NULL), args[3], args[2]);
+    if (!raised.set)
+        return rest;
+    if (!rest && !PyErr_ExceptionMatches(PyExc_Exception)) {
+        forget_raised(&raised);
+        return NULL;
+    }
+    PyErr_Clear();
+    Py_XDECREF(rest);
+    raise_kept(&raised);
+    return NULL;
 }
 
 static PyObject *
@@ -1448,7 +1521,7 @@ Splicer_get_has_failures(Splicer *self, void *closure)
 
 static PyMethodDef Splicer_methods[] = {
     { "attach", (PyCFunction)Splicer_attach, METH_VARARGS,
-      "attach(pod_fd, client_address, flow): splice this flow here." },
+      "attach(pod_fd, client_address, flow, confirmed=True): splice this flow here (unconfirmed: through Python)." },
     { "detach", (PyCFunction)Splicer_detach, METH_O, "detach(pod_fd): stop splicing it (before the fd is closed)." },
     { "rekey", (PyCFunction)Splicer_rekey, METH_VARARGS, "rekey(pod_fd, client_address): the client moved." },
     { "learn", (PyCFunction)Splicer_learn, METH_VARARGS,
@@ -1460,8 +1533,12 @@ static PyMethodDef Splicer_methods[] = {
     { "pump_clients", (PyCFunction)(void (*)(void))Splicer_pump_clients, METH_FASTCALL,
       "pump_clients(clock, on_datagram, on_failure): from_clients(clock()), then the callbacks." },
     { "pump_pods", (PyCFunction)(void (*)(void))Splicer_pump_pods, METH_FASTCALL,
-      "pump_pods(clock, on_learn, on_failure): from_pods(clock()), then the callbacks." },
+      "pump_pods(clock, on_learn, on_failure, on_handed): from_pods(clock()), then the callbacks." },
     { "take_failures", (PyCFunction)Splicer_take_failures, METH_NOARGS, "[(flow, errno)] since the last call." },
+    { "take_handed", (PyCFunction)Splicer_take_handed, METH_NOARGS,
+      "[(flow, datagram)]: unconfirmed flows' pod datagrams read since the last call, for Python to send." },
+    { "confirm", (PyCFunction)Splicer_confirm, METH_O,
+      "confirm(pod_fd): the flow's handshake is seen done: splice its datagrams both ways from now on." },
     { "take_counts", (PyCFunction)Splicer_take_counts, METH_NOARGS,
       "(bytes to pods, bytes to clients) since the last call." },
     { "close", (PyCFunction)Splicer_close, METH_NOARGS, "Forget every flow and close the epoll set." },

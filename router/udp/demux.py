@@ -88,6 +88,9 @@ class ClientDemux(WorkerFollow):
         """Into the flow's outbox, sent with every outbox touched in this loop iteration."""
         flow.last_active = now
         flow.client_bytes += len(data)
+        watch = flow.handshake
+        if watch is not None and watch.client_sent(data, flow.cids):
+            self._confirm(flow)
         link = flow.handle
         if link.sock is not None:
             self._outboxes.add(link, data)
@@ -166,6 +169,7 @@ class ClientDemux(WorkerFollow):
         evicted = self._table.make_room(addr)
         if evicted is not None:
             self._evict(evicted)
+        self._make_room_for_flow()
         sniffer = InitialSniffer(self.settings.max_crypto_bytes, native=self.settings.extensions.initials)
         opened = self._table.open_pending(addr, sniffer, now, dcid=header.dcid, scid=header.scid)
         if isinstance(opened, QuicDropReason):

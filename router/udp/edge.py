@@ -102,7 +102,7 @@ class UdpRouter(ClientDemux):
         self._series.active.set_function(lambda: self._table.flow_count)
         self._empty = asyncio.Event()
         self._empty.set()
-        self._replies = ClientReplies(self._learn_from_pod, self._flow_failed, self._now)
+        self._replies = ClientReplies(self._learn_from_pod, self._flow_failed, self._now, self._pod_answered)
         self._datagram_errors = RateLimitedLog(log, c.QUIC_DATAGRAM_ERROR_LOG_LINES_PER_S)
         self._outboxes: Outboxes[Flow[Link]] = Outboxes(self._call_soon)
 
@@ -126,7 +126,8 @@ class UdpRouter(ClientDemux):
             # cannot splice comes back to _from_client in arrival order; the new SCIDs of pod
             # long headers teach the flow the pod's CIDs.
             loop.add_reader(sock.fileno(), splicer.pump_clients, loop.time, self._handed_back, self._splice_failed)
-            loop.add_reader(splicer.epoll_fd, splicer.pump_pods, loop.time, self._learn_pod_cid, self._splice_failed)
+            loop.add_reader(splicer.epoll_fd, splicer.pump_pods, loop.time, self._learn_pod_cid, self._splice_failed,
+                            self._from_pod_unconfirmed)
             sockname = sock.getsockname()
         self._open_following(loop)
         s = self.settings  # ending flows in time: ``flow_endings``
@@ -194,6 +195,23 @@ class UdpRouter(ClientDemux):
         """A new SCID the C splice read from the pod's long header (no datagram copy, no parse)."""
         self._table.learn_pod_cid(flow, scid, self.settings.cid_length)
 
+    def _pod_answered(self, flow: Flow[Link], size: int, count: int) -> None:
+        """``count`` datagrams of at most ``size`` bytes the pod sent an unconfirmed flow's client."""
+        watch = flow.handshake
+        if watch is not None and watch.pod_sent(size, count):
+            self._confirm(flow)
+
+    def _from_pod_unconfirmed(self, flow: Flow[Link], datagram: bytes) -> None:
+        """A pod datagram of an unconfirmed flow the C splice read and handed over: sent to the client
+        here (its SCID was learned already), and watched (``handshake_watch``)."""
+        if flow.handle.sock is None or self._transport is None:  # ended earlier in this batch
+            return
+        flow.pod_bytes += len(datagram)
+        flow.last_active = self._clock()
+        self._replies.sent_bytes += len(datagram)
+        self._transport.sendto(datagram, flow.address)
+        self._pod_answered(flow, len(datagram), 1)
+
     # -- decisions ------------------------------------------------------------------------
     def _route(self, pending: PendingFlow[InitialSniffer], info: ClientHelloInfo, now: float) -> None:
         self._series.decision.observe(now - pending.created_at)
@@ -228,12 +246,12 @@ class UdpRouter(ClientDemux):
         now = self._clock()
         self._series.dial.observe(now - started)
         link: Link = PodLink(self._loop, sock, self._flow_failed, self._splicer)
-        flow = self._table.establish(pending, target.pod_name, link, now, idle_timeout_s)
+        flow = self._table.establish(pending, target.pod_name, link, now, idle_timeout_s, joined)
         self._slots.move(pending, flow)
         link.flow = flow
         self._access.established(pending, flow, target.quic_endpoint)
-        if self._splicer is not None:
-            self._splicer.attach(sock.fileno(), flow.address, flow)
+        if self._splicer is not None:  # unconfirmed: the splice hands its datagrams to the edge
+            self._splicer.attach(sock.fileno(), flow.address, flow, False)
         else:
             self._loop.add_reader(sock.fileno(), self._replies.readable, link)
         if self._handoffs is not None:  # (with --workers N) beside a moved connection forwarded elsewhere?

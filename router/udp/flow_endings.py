@@ -72,6 +72,8 @@ class FlowEndings:
             self._drop(QuicDropReason.PENDING_TIMEOUT, max(1, len(pending.datagrams)))
             self._slots.release(pending)
             self._access.end_pending(pending, None, Termination.PEEK_TIMEOUT, now)
+        for flow in expired.unconfirmed:  # its client and pod were never seen talking: a flood's, or a failed handshake
+            self._finish(flow, QuicOutcome.COMPLETED, Termination.HANDSHAKE_TIMEOUT)
         relay_idle_s = self._table.limits.idle_timeout_s
         for flow in expired.flows:  # the client's own idle timeout ended it, or the relay's bound
             ending = Termination.QUIC_IDLE_TIMEOUT if flow.idle_timeout_s < relay_idle_s else Termination.IDLE_TIMEOUT
@@ -103,6 +105,19 @@ class FlowEndings:
         self._table.discard_pending(pending)
         self._slots.release(pending)
         self._note_if_empty()
+
+    def _make_room_for_flow(self) -> None:
+        """A new flow is about to be opened: with the table full, the oldest unconfirmed flow ends
+        to make room (none: the new one is refused, ``flow_table_full``)."""
+        evicted = self._table.evict_unconfirmed()
+        if evicted is not None:
+            self._finish(evicted, QuicOutcome.COMPLETED, Termination.EVICTED)
+
+    def _confirm(self, flow: Flow[Link]) -> None:
+        """The flow's client and pod are talking (``handshake_watch``): it lives its connection's
+        idle timeout now, and the C splice moves its datagrams both ways."""
+        self._table.confirm(flow)
+        flow.handle.confirm()
 
     def _evict(self, pending: PendingFlow[InitialSniffer]) -> None:
         """The oldest pending flow made room for a new one: its datagrams count as ``pending_full``."""

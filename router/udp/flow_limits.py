@@ -26,6 +26,8 @@ class FlowLimits:
     max_pending_datagrams_per_flow: int = c.QUIC_MAX_PENDING_DATAGRAMS_PER_FLOW
     max_pending_bytes_per_flow: int = c.QUIC_MAX_PENDING_BYTES_PER_FLOW
     pending_flow_timeout_s: float = c.QUIC_PENDING_FLOW_TIMEOUT_MS / 1000
+    handshake_timeout_s: float = c.DEFAULT_QUIC_HANDSHAKE_TIMEOUT_MS / 1000
+    """``--quic-handshake-timeout-ms``: the longest a flow may live unconfirmed (``handshake_watch``)."""
     max_flows: int = c.QUIC_MAX_FLOWS
     idle_timeout_s: float = c.DEFAULT_RELAY_IDLE_TIMEOUT_MS / 1000
     """``--relay-idle-timeout-ms``: the longest any flow may be silent."""

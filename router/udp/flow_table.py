@@ -14,6 +14,12 @@ a miss (``worker_follow``). CIDs the pod issues later in encrypted NEW_CONNECTIO
 migrates *and* switches to one at once is not followed. A pending flow is keyed by address and
 its first Initial's DCID: a new connection beside an address's flows, never a threat to them. A
 silent flow ends at its connection's own idle timeout (``FlowLimits.flow_idle_timeout_s``).
+
+A flow starts *unconfirmed* (``handshake_watch``): until its client and pod are seen talking it
+lives at most ``FlowLimits.handshake_timeout_s`` from its opening, and when the table is full a new
+flow takes the place of the oldest unconfirmed one (``evict_unconfirmed``). A confirmed flow is
+never evicted for a newcomer: a flood of forged Initials or junk joins only ever competes with
+itself.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from quic.packet import QuicPacketError, long_header_scid, short_header_dcid
 from router import constants as c
 from router.outcomes import QuicDropReason
 from router.udp.flow_limits import FlowLimits, FlowTableError
+from router.udp.handshake_watch import HandshakeWatch
 
 Address = tuple[Any, ...]
 """A socket address as asyncio reports it: ``(host, port)`` or ``(host, port, flow, scope)``."""
@@ -86,6 +93,12 @@ class Flow(Generic[H]):
     """Bytes of the datagrams the client sent on this flow (its access line's count)."""
     pod_bytes: int = 0
     """Bytes of the datagrams the pod sent the client on this flow."""
+    handshake: HandshakeWatch | None = None
+    """What the flow has shown while unconfirmed; None once confirmed (``handshake_watch``)."""
+
+    @property
+    def confirmed(self) -> bool:
+        return self.handshake is None
 
 
 @dataclass(slots=True, eq=False)
@@ -100,10 +113,12 @@ class Rejection:
 
 @dataclass(frozen=True, slots=True)
 class Expired(Generic[S, H]):
-    """What one sweep removed: pending flows that never completed, and silent flows."""
+    """What one sweep removed: pending flows that never completed, flows never confirmed within the
+    handshake timeout, and silent flows."""
 
     pending: tuple[PendingFlow[S], ...]
     flows: tuple[Flow[H], ...]
+    unconfirmed: tuple[Flow[H], ...] = ()
 
 
 class UdpFlowTable(Generic[S, H]):
@@ -119,6 +134,8 @@ class UdpFlowTable(Generic[S, H]):
         self._more: dict[Address, list[Flow[H]]] = {}
         """An address's other flows, oldest first (only addresses with several)."""
         self._flow_count = 0
+        self._unconfirmed: dict[Flow[H], None] = {}
+        """Flows not confirmed yet, oldest first: the first to expire and to be evicted."""
         self._by_cid: dict[bytes, Flow[H]] = {}
         self._cid_lengths: dict[int, int] = {}
         self._rejections: OrderedDict[PendingKey, Rejection] = OrderedDict()
@@ -180,6 +197,15 @@ class UdpFlowTable(Generic[S, H]):
         return self._flow_count
 
     @property
+    def unconfirmed_count(self) -> int:
+        return len(self._unconfirmed)
+
+    @property
+    def full(self) -> bool:
+        """No room for one more flow or pending flow (``FlowLimits.max_flows`` counts both)."""
+        return self._flow_count + len(self._pending) >= self.limits.max_flows
+
+    @property
     def idle(self) -> bool:
         """Nothing that time could expire: no flow, no pending flow, no remembered rejection."""
         return not (self._flows or self._pending or self._rejections)
@@ -197,7 +223,7 @@ class UdpFlowTable(Generic[S, H]):
         """Start buffering a new connection (its address and first DCID), or say (a drop reason) why not."""
         if (address, dcid) in self._pending:
             raise FlowTableError(f"address {address!r} already has a pending flow for that DCID")
-        if self._flow_count + len(self._pending) >= self.limits.max_flows:
+        if self.full:
             return QuicDropReason.FLOW_TABLE_FULL
         if len(self._pending) >= self.limits.max_pending_flows or not self._pending_room(address):
             return QuicDropReason.PENDING_FULL
@@ -251,19 +277,37 @@ class UdpFlowTable(Generic[S, H]):
             self._take_pending(pending)
 
     def establish(
-        self, pending: PendingFlow[S], pod_name: str, handle: H, now: float, idle_timeout_s: float | None = None
+        self, pending: PendingFlow[S], pod_name: str, handle: H, now: float, idle_timeout_s: float | None = None,
+        joined: bool = False,
     ) -> Flow[H]:
-        """Turn a pending flow into a spliced one beside any flows of its address; its datagrams
-        stay on ``pending`` to flush."""
+        """Turn a pending flow into a spliced, unconfirmed one beside any flows of its address (``joined``:
+        opened by QUIC-LB, confirmed by the pod's answers); its datagrams stay on ``pending`` to flush."""
         if self._pending.get(pending.key) is not pending:
             raise FlowTableError(f"address {pending.address!r} has no such pending flow")
         self._take_pending(pending)
         idle = self.limits.idle_timeout_s if idle_timeout_s is None else idle_timeout_s
-        flow: Flow[H] = Flow(pending.address, pod_name, handle, now, idle, client_scid=pending.scid)
+        flow: Flow[H] = Flow(pending.address, pod_name, handle, now, idle, client_scid=pending.scid,
+                             handshake=HandshakeWatch(now, joined))
         if pending.dcid:
             flow.client_dcids.append(pending.dcid)
         self._place(flow)
         self._flow_count += 1
+        self._unconfirmed[flow] = None
+        return flow
+
+    def confirm(self, flow: Flow[H]) -> None:
+        """The flow's client and pod are talking: it lives its connection's idle timeout and is
+        never evicted for a newcomer."""
+        flow.handshake = None
+        self._unconfirmed.pop(flow, None)
+
+    def evict_unconfirmed(self) -> Flow[H] | None:
+        """With the table full, remove its oldest unconfirmed flow and return it, to make room for a
+        new one; None when the table has room or every flow is confirmed."""
+        if not self.full or not self._unconfirmed:
+            return None
+        flow = next(iter(self._unconfirmed))
+        self.remove(flow)
         return flow
 
     # -- established flows ----------------------------------------------------------------
@@ -334,6 +378,7 @@ class UdpFlowTable(Generic[S, H]):
         if not self._unplace(flow):
             return False
         self._flow_count -= 1
+        self._unconfirmed.pop(flow, None)
         for cid in flow.cids:
             self._forget_cid(flow, cid)
         flow.cids.clear()
@@ -385,6 +430,13 @@ class UdpFlowTable(Generic[S, H]):
             stale.append(pending)
         for pending in stale:
             self._take_pending(pending)
+        late: list[Flow[H]] = []
+        for flow in self._unconfirmed:  # insertion order is opening order
+            if flow.handshake is None or now - flow.handshake.opened_at < self.limits.handshake_timeout_s:
+                break
+            late.append(flow)
+        for flow in late:
+            self.remove(flow)
         every = chain(self._flows.values(), chain.from_iterable(self._more.values()))
         silent = [f for f in every if now - f.last_active >= f.idle_timeout_s]
         for flow in silent:
@@ -394,4 +446,4 @@ class UdpFlowTable(Generic[S, H]):
             if rejection.expires_at > now:
                 break
             del self._rejections[key]
-        return Expired(tuple(stale), tuple(silent))
+        return Expired(tuple(stale), tuple(silent), tuple(late))

@@ -82,6 +82,12 @@ class PodLink(Generic[F]):
         if self.splicer is not None and self.sock is not None:
             self.splicer.rekey(self.sock.fileno(), address)
 
+    def confirm(self) -> None:
+        """The flow is confirmed (``handshake_watch``): the C splice moves its datagrams from now on
+        instead of handing every one to the edge."""
+        if self.splicer is not None and self.sock is not None:
+            self.splicer.confirm(self.sock.fileno())
+
     def learned(self, cid: bytes) -> None:
         """A pod connection ID of the flow learned outside the pod's long headers (QUIC-LB): the C
         splice tells the flow's client datagrams apart by it from then on."""

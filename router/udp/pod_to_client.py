@@ -40,9 +40,12 @@ class ClientReplies:
         learn: Callable[[Any, bytes], None],
         failed: Callable[[Any, Exception], None],
         clock: Callable[[], float],
+        answered: Callable[[Any, int, int], None],
     ) -> None:
         self._learn = learn
         """Called with (flow, first datagram) for a long header: the pod's CIDs follow migrations."""
+        self._answered = answered
+        """Called with (flow, segment size, datagrams) for each read of an unconfirmed flow's pod socket."""
         self._failed = failed
         self._clock = clock
         self._buffer = memoryview(bytearray(c.QUIC_POD_RECEIVE_BUFFER_BYTES))
@@ -90,6 +93,8 @@ class ClientReplies:
             size = gro_segment_size(ancdata, length)
             if buffer[run.stop] & 0x80:  # a long header: handshake packets are never GRO-batched
                 self._learn(flow, bytes(buffer[run.stop:run.stop + size]))
+            if flow.handshake is not None:  # unconfirmed: watched (router.udp.handshake_watch)
+                self._answered(flow, size, -(-length // size))
             if not run.joins(length, size):
                 self._send(flow, buffer[run.start:run.stop], run.size)
                 run.restart(run.stop)

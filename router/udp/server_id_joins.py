@@ -128,6 +128,7 @@ class ServerIdJoins(FlowEndings):
         if not self._join_budget.take(1, now):
             self._drop(QuicDropReason.QUIC_LB_RATE_LIMITED)
             return
+        self._make_room_for_flow()
         opened = self._table.open_pending(addr, self._unread, now, dcid=cid)
         if isinstance(opened, QuicDropReason):
             self._drop(opened)

@@ -60,6 +60,9 @@ class Harness:
     def dropped(self, reason: str) -> float:
         return self.count(f"{c.QUIC_DROPPED_DATAGRAMS_TOTAL}_total", reason=reason)
 
+    def terminations(self, termination: str) -> float:
+        return self.count(f"{c.TERMINATIONS_TOTAL}_total", protocol="quic", termination=termination)
+
     async def whoami(self, pod_or_name: str | None, version: int = QUIC_V1) -> str:
         return await quic_whoami(ROUTER_HOST, self.port, pod_or_name, self.cafile, version, timeout_s=T)
 

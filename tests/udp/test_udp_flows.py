@@ -30,8 +30,12 @@ def _pending(table: Table, address: tuple[str, int], now: float = 0.0) -> Pendin
     return opened
 
 
-def _flow(table: Table, address: tuple[str, int], now: float = 0.0) -> Flow[str]:
-    return table.establish(_pending(table, address, now), "stargate-0", "link", now)
+def _flow(table: Table, address: tuple[str, int], now: float = 0.0, confirmed: bool = True) -> Flow[str]:
+    """A flow to stargate-0; ``confirmed`` (by default): its client and pod were seen talking."""
+    flow = table.establish(_pending(table, address, now), "stargate-0", "link", now)
+    if confirmed:
+        table.confirm(flow)
+    return flow
 
 
 def test_limits_that_bound_nothing_are_refused_naming_the_field() -> None:
@@ -149,11 +153,42 @@ def test_a_flows_idle_timeout_is_its_clients_at_least_three_ptos_never_past_the_
 def test_each_flow_expires_after_its_own_idle_timeout() -> None:
     table = _table(idle_timeout_s=300.0)
     quick = table.establish(_pending(table, A), "stargate-0", "link", 0.0, idle_timeout_s=4.0)
+    table.confirm(quick)
     slow = _flow(table, B, now=0.0)
     assert (quick.idle_timeout_s, slow.idle_timeout_s) == (4.0, 300.0)
     assert table.expire(3.9).flows == ()
     assert table.expire(4.0).flows == (quick,)
     assert table.expire(299.9).flows == () and table.expire(300.0).flows == (slow,)
+
+
+def test_an_unconfirmed_flow_lives_the_handshake_timeout_whatever_its_idle_timeout() -> None:
+    table = _table(idle_timeout_s=300.0, handshake_timeout_s=10.0)
+    silent = _flow(table, A, now=0.0, confirmed=False)
+    chatty = _flow(table, B, now=1.0, confirmed=False)
+    talking = _flow(table, C, now=0.0, confirmed=False)
+    table.confirm(talking)
+    chatty.last_active = 10.5  # a flood's datagrams keep no unconfirmed flow alive
+    assert not silent.confirmed and talking.confirmed and table.unconfirmed_count == 2
+    assert table.expire(9.9).unconfirmed == ()
+    assert table.expire(10.0).unconfirmed == (silent,)
+    assert table.expire(11.0).unconfirmed == (chatty,)
+    assert table.flows() == (talking,) and table.unconfirmed_count == 0
+    assert table.expire(299.9).flows == () and table.expire(300.0).flows == (talking,)
+
+
+def test_a_full_table_evicts_its_oldest_unconfirmed_flow_never_a_confirmed_one() -> None:
+    table = _table(max_flows=3)
+    assert table.evict_unconfirmed() is None  # room left: nobody is evicted
+    confirmed = _flow(table, A, now=0.0)
+    older = _flow(table, B, now=1.0, confirmed=False)
+    newer = _flow(table, C, now=2.0, confirmed=False)
+    assert table.full and table.evict_unconfirmed() is older
+    assert table.flows() == (confirmed, newer) and not table.full
+    _flow(table, B, now=3.0)
+    assert table.evict_unconfirmed() is newer
+    _flow(table, C, now=4.0)
+    assert table.full and table.evict_unconfirmed() is None  # all confirmed: a newcomer is refused
+    assert table.open_pending(("192.0.2.4", 4), "s", 5.0) == "flow_table_full"
 
 
 def test_learned_cids_find_the_flow_and_are_bounded_oldest_first() -> None:
@@ -263,7 +298,7 @@ _ADDRESSES = [("198.51.100.1", port) for port in range(6)]
 _CIDS = [bytes([i]) * length for i in range(6) for length in (4, 8)]
 _OPS = st.lists(
     st.tuples(
-        st.sampled_from(["open", "buffer", "establish", "learn", "migrate", "remove", "expire"]),
+        st.sampled_from(["open", "buffer", "establish", "confirm", "learn", "migrate", "remove", "expire"]),
         st.integers(0, len(_ADDRESSES) - 1),
         st.integers(0, len(_CIDS) - 1),
         st.floats(0, 4.0),
@@ -296,7 +331,10 @@ def test_any_sequence_keeps_bounds_and_the_cid_index_consistent(
         elif op == "buffer" and pending is not None:
             table.buffer(pending, b"x" * 1200)
         elif op == "establish" and pending is not None:
-            table.establish(pending, "stargate-0", "link", now, idle_timeout_s=dt + 1.0)
+            table.evict_unconfirmed()
+            table.establish(pending, "stargate-0", "link", now, idle_timeout_s=dt + 1.0, joined=k % 2 == 0)
+        elif op == "confirm" and flows:
+            table.confirm(flows[k % len(flows)])
         elif op == "learn" and flows:
             table.learn_cid(flows[k % len(flows)], cid)
         elif op == "migrate" and flows:
@@ -332,6 +370,10 @@ def _check_invariants(table: Table, limits: FlowLimits) -> None:
             assert table.flow_for_cid(cid) is flow
             lengths[len(cid)] = lengths.get(len(cid), 0) + 1
     assert sorted(table.cid_lengths) == sorted(lengths)
+    unconfirmed = [f for f in flows if not f.confirmed]
+    assert table.unconfirmed_count == len(unconfirmed)
+    oldest_first = [f.handshake.opened_at for f in table._unconfirmed if f.handshake is not None]
+    assert set(table._unconfirmed) == set(unconfirmed) and oldest_first == sorted(oldest_first)
     for pending in table.pending_flows():
         assert len(pending.datagrams) <= limits.max_pending_datagrams_per_flow
         assert pending.buffered_bytes <= limits.max_pending_bytes_per_flow

@@ -233,7 +233,9 @@ def test_a_pump_without_callables_is_refused_before_it_takes_a_datagram() -> Non
         with pytest.raises(TypeError):
             x.splicer.pump_clients(lambda: 1.0, None, None)
         with pytest.raises(TypeError):
-            x.splicer.pump_pods(lambda: 1.0, print, "not callable")
+            x.splicer.pump_pods(lambda: 1.0, print, print, "not callable")
+        with pytest.raises(TypeError):
+            x.splicer.pump_pods(lambda: 1.0, print, print)  # type: ignore[call-arg]
         assert x.splicer.from_clients(2.0) == []  # the datagram waited for a proper call
         assert x.reaches_pod(0, short(5))
 
@@ -296,7 +298,7 @@ def test_a_learn_callback_that_raises_for_one_flow_costs_the_other_flows_nothing
                 raise ValueError("a bug on the first flow's CID")
 
         with pytest.raises(ValueError, match="first flow"):  # the three were sent: one call reads them all
-            x.splicer.pump_pods(lambda: 1.0, on_learn, lambda *a: None)
+            x.splicer.pump_pods(lambda: 1.0, on_learn, lambda *a: None, lambda *a: None)
         assert sorted(scid for _flow, scid in learned) == [bytes([n]) * 8 for n in range(3)]
 
 

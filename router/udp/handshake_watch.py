@@ -1,0 +1,66 @@
+"""When a routed QUIC flow is *confirmed*: a real client and its pod are talking, not a flood.
+
+Sans-IO: datagram sizes and first bytes in, a verdict out. A flow the router has opened but not
+seen confirmed costs a pod socket and a place in the table while a forged Initial or junk short
+header is all it took to open it; until confirmed it lives only ``--quic-handshake-timeout-ms``
+(not its connection's idle timeout) and is the first to go when a new flow needs its place
+(``flow_table``). Confirmation is what a blind sender cannot produce:
+
+- a flow routed by its ClientHello is confirmed by a client short header (a 1-RTT packet) whose
+  DCID is a connection ID the pod chose, which the router read from the pod's long headers. The
+  client learns it only from the pod's answer, so a spoofed source never sends it; a client past
+  its handshake always does. A pod that chose a zero-length connection ID gives nothing to check:
+  then any client short header after the pod's answer confirms.
+- a flow opened by QUIC-LB (no ClientHello: a connection moved here) is confirmed when the pod
+  answers it as a live connection would: a datagram at least as long as the longest the client
+  sent on it, or more datagrams than the client sent. A pod's answer to a connection ID it does not
+  know, a stateless reset (RFC 9000 section 10.3), does neither: it is one datagram per datagram
+  received, each shorter than the one that caused it.
+
+One ``HandshakeWatch`` per unconfirmed flow, dropped at confirmation: a confirmed flow carries none.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+LONG_HEADER = 0x80
+"""RFC 9000 section 17: the first bit of a long header; a short header (1-RTT) has it clear."""
+
+
+class HandshakeWatch:
+    """What one unconfirmed flow has shown so far."""
+
+    __slots__ = ("client_datagrams", "joined", "longest_client", "opened_at", "pod_answered", "pod_datagrams")
+
+    def __init__(self, opened_at: float, joined: bool = False) -> None:
+        self.opened_at = opened_at
+        """When the flow was opened: its handshake deadline counts from here."""
+        self.joined = joined
+        """Opened by QUIC-LB: the pod's answers confirm it, not the client's short headers."""
+        self.pod_answered = False
+        self.client_datagrams = 0
+        self.longest_client = 0
+        self.pod_datagrams = 0
+
+    def client_sent(self, datagram: bytes, pod_cids: Iterable[bytes]) -> bool:
+        """A client datagram of the flow; True when it confirms the flow."""
+        self.client_datagrams += 1
+        self.longest_client = max(self.longest_client, len(datagram))
+        if self.joined or not datagram or datagram[0] & LONG_HEADER:
+            return False
+        learned = False
+        for cid in pod_cids:
+            learned = True
+            if datagram.startswith(cid, 1):
+                return True
+        return self.pod_answered and not learned
+
+    def pod_sent(self, size: int, count: int = 1) -> bool:
+        """``count`` pod datagrams of at most ``size`` bytes each (a GRO read: equal segments but the
+        last); True when they confirm a joined flow."""
+        self.pod_answered = True
+        self.pod_datagrams += count
+        if not self.joined:
+            return False
+        return size >= self.longest_client or self.pod_datagrams > self.client_datagrams
