@@ -93,9 +93,15 @@ the router opens no TLS to the pod, the worker's session reaches it."""
 # -- Hostnames ------------------------------------------------------------------
 MAX_HOSTNAME_LENGTH: Final = 253
 """Longest DNS name (RFC 1035); longer :authority / SNI values never route."""
-HOSTNAME_CACHE_ENTRIES: Final = 8192
+MAX_PORT_DIGITS: Final = 5
+"""Digits of a ``:port`` after the name (65535 has 5); a longer port never routes."""
+MAX_AUTHORITY_LENGTH: Final = MAX_HOSTNAME_LENGTH + len(".") + len(":") + MAX_PORT_DIGITS
+"""The longest :authority / SNI that may name a pod (260: the name, its trailing dot, the port): a longer
+one is refused as an unknown name before the template, or its table of names, looks at it."""
+HOSTNAME_CACHE_ENTRIES: Final = 4096
 """Hostnames whose pod name the template remembers (workers name the same pods again and again;
-the match is a regex). Only names of a pod are kept and the table is emptied when full: <= ~2 MiB."""
+the match is a regex). Only names of a pod are kept and the table is emptied when full: at most 4,096
+names of MAX_AUTHORITY_LENGTH characters with their pod names, <= ~2 MiB (1.8 MiB measured)."""
 MAX_POD_NAME_LENGTH: Final = 63
 """A pod name extracted from a hostname must be one DNS-1123 label."""
 

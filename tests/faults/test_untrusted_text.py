@@ -1,0 +1,247 @@
+"""A client's text, bounded before the router holds or writes it (issue 41, finding 3).
+
+Each attack runs against the router process, with real peers: an ``h2`` client that validates nothing
+(the names below are no client library's), hand-built ClientHellos where no TLS library sends such a
+name, aioquic clients for QUIC, and raw TCP pods.
+
+* **Names longer than any legal authority never route and are never remembered**: the longest
+  legal one (a 253-octet name, its trailing dot, ``:`` and 5 digits: 260) routes; one port digit
+  more, or a 15,000-digit port, is refused as an unknown name (h2c, TLS, QUIC), and 1,500 distinct
+  15 KB names leave the router's RSS where it was (the issue measured +22 MB).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import ssl
+import struct
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import h2.config
+import h2.connection
+import hpack
+import pytest
+from aioquic.asyncio import connect
+
+from router import constants as c
+from router.demo.pki import DemoPki
+from router.demo.quic_pods import WHOAMI, bound_port, client_configuration, start_quic_pod
+from tests.support.h2 import frame, grpc_status_of
+from tests.support.router_probes import rss_kib
+from tests.support.router_process import RouterProcess, router_args, write_endpoints
+from tests.support.tcp_peers import CountingPod, read_to_eof
+from tests.support.tls import client_hello, sni_extension
+from wire.grpc import GrpcStatus
+from wire.h2_frames import H2_PREFACE, Flag, FrameType
+from wire.tls import TlsAlert, tls_alert
+
+pytestmark = pytest.mark.timeout(180)
+
+POD = "stargate-0"
+SUFFIX = ".".join(["x" * 61] * 3) + "." + "y" * 56
+"""The template's suffix: ``stargate-0.`` and it make a 253-octet name, the longest DNS name."""
+TEMPLATE = "{pod_name}." + SUFFIX
+LONGEST_NAME = f"{POD}.{SUFFIX}"
+LONGEST_AUTHORITY = f"{LONGEST_NAME}.:65535"
+"""The longest authority that may name a pod: 253 + trailing dot + ``:`` + 5 digits = 260."""
+ROUND_ROBIN_PATH = c.DEFAULT_ROUND_ROBIN_PATHS[0]
+LINGER_RESET = struct.pack("ii", 1, 0)
+
+assert len(LONGEST_NAME) == 253 and len(LONGEST_AUTHORITY) == 260
+
+
+def h2c_bytes(authority: bytes, path: bytes = b"/x.Y/Z") -> bytes:
+    """A client's first bytes: preface, SETTINGS and one gRPC request with exactly this authority, its
+    header block not Huffman-coded (``h2`` would code a 15 KB name in ~15 ms of pure Python per request)."""
+    headers = _request_headers(authority, path)
+    block = hpack.Encoder().encode(headers, huffman=False)
+    return H2_PREFACE + frame(FrameType.SETTINGS, 0, 0) + frame(
+        FrameType.HEADERS, Flag.END_HEADERS | Flag.END_STREAM, 1, block)
+
+
+def _request_headers(authority: bytes, path: bytes) -> list[tuple[bytes, bytes]]:
+    return [(b":method", b"POST"), (b":scheme", b"http"), (b":path", path), (b":authority", authority),
+            (b"content-type", b"application/grpc"), (b"te", b"trailers")]
+
+
+def h2c_status(port: int, authority: bytes) -> str | None:
+    """The grpc-status a real ``h2`` client (validating nothing) reads for its one request."""
+    config = h2.config.H2Configuration(client_side=True, validate_outbound_headers=False,
+                                       normalize_outbound_headers=False, validate_inbound_headers=False)
+    conn = h2.connection.H2Connection(config)
+    conn.initiate_connection()
+    conn.send_headers(1, _request_headers(authority, b"/x.Y/Z"), end_stream=True)
+    return grpc_status_of(conn, exchange(port, conn.data_to_send()))
+
+
+def tls_bytes(name: bytes) -> bytes:
+    """A ClientHello naming ``name`` (no TLS library sends a name longer than 255 octets)."""
+    return client_hello([sni_extension(name)])
+
+
+def exchange(port: int, first_bytes: bytes) -> bytes:
+    """Send the first bytes, read the answer to the router's (or the pod's) close."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(first_bytes)
+        return read_to_eof(sock, timeout_s=10)
+
+
+async def exchange_many(port: int, requests: list[bytes], concurrency: int = 32) -> None:
+    """Each request on its own connection, ``concurrency`` at a time, each read to the router's close."""
+    gate = asyncio.Semaphore(concurrency)
+
+    async def one(data: bytes) -> None:
+        async with gate:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            try:
+                writer.write(data)
+                await writer.drain()
+                async with asyncio.timeout(10):
+                    while await reader.read(65536):
+                        pass
+            except (ConnectionError, TimeoutError):
+                pass
+            finally:
+                writer.close()
+
+    await asyncio.gather(*(one(r) for r in requests))
+
+
+def counts(router: RouterProcess, protocol: str, *outcomes: str) -> dict[str, float]:
+    return {o: router.metric(c.GRPC_CONNECTIONS_TOTAL + "_total", protocol=protocol, outcome=o) for o in outcomes}
+
+
+def wait_until(what: str, predicate: Any, timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+# ---------------------------------------------------------------------------
+# 3. Names longer than any legal authority: never routed, never remembered
+# ---------------------------------------------------------------------------
+class Deployment:
+    def __init__(self, router: RouterProcess, pod: CountingPod) -> None:
+        self.router, self.pod = router, pod
+
+
+@pytest.fixture(scope="module")
+def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
+    pod = CountingPod("127.0.0.2")
+    endpoints = tmp_path_factory.mktemp("untrusted") / "endpoints.json"
+    write_endpoints(endpoints, [(POD, pod.address, pod.port, 1)])
+    args = router_args(endpoints, "--advertised-hostname-template", TEMPLATE, "--log-format", "json")
+    try:
+        with RouterProcess(args) as router:
+            router.wait_ready()
+            yield Deployment(router, pod)
+            assert router.stop() == 0
+    finally:
+        pod.stop()
+
+
+TOO_LONG = {
+    "port-of-6-digits": f"{LONGEST_NAME}:650710",
+    "dot-and-port-of-6-digits": f"{LONGEST_NAME}.:000001",
+    "port-of-15000-digits": f"{LONGEST_NAME}:" + "7" * 15_000,
+}
+"""Authorities (and SNIs) longer than the longest legal one whose name part matches the template."""
+
+
+@pytest.mark.parametrize("protocol", ["h2c", "tls"])
+def test_the_longest_legal_authority_routes(deployment: Deployment, protocol: str) -> None:
+    router, accepted = deployment.router, deployment.pod.accepted
+    before = counts(router, protocol, "accepted")
+    exchange(router.grpc_port, h2c_bytes(LONGEST_AUTHORITY.encode()) if protocol == "h2c"
+             else tls_bytes(LONGEST_AUTHORITY.encode()))
+    wait_until("the pod's accept", lambda: deployment.pod.accepted == accepted + 1)
+    assert counts(router, protocol, "accepted")["accepted"] == before["accepted"] + 1
+
+
+@pytest.mark.parametrize("name", list(TOO_LONG.values()), ids=list(TOO_LONG))
+@pytest.mark.parametrize("protocol", ["h2c", "tls"])
+def test_a_longer_authority_is_an_unknown_name_never_routed(deployment: Deployment, protocol: str, name: str) -> None:
+    router, accepted = deployment.router, deployment.pod.accepted
+    outcome = "unknown_authority"
+    before = counts(router, protocol, outcome, "accepted")
+    if protocol == "h2c":
+        assert h2c_status(router.grpc_port, name.encode()) == str(int(GrpcStatus.INVALID_ARGUMENT))
+    else:
+        assert exchange(router.grpc_port, tls_bytes(name.encode())) == tls_alert(TlsAlert.UNRECOGNIZED_NAME)
+    after = counts(router, protocol, outcome, "accepted")
+    assert (after[outcome] - before[outcome], after["accepted"] - before["accepted"]) == (1, 0)
+    time.sleep(0.05)
+    assert deployment.pod.accepted == accepted, "an over-long name reached the pod"
+
+
+def test_distinct_15k_names_leave_the_rss_where_it_was(deployment: Deployment) -> None:
+    """Before the fix every one was remembered (the cache holds only names of a pod, in or out of the
+    snapshot): 1,500 of them took ~22 MB. Warm-up names of the same size that never matched come
+    first, so the measured round holds only what the names themselves could add."""
+    router = deployment.router
+    pids = router.all_pids()
+
+    def names(prefix: str, count: int) -> list[bytes]:
+        return [h2c_bytes(f"{prefix}.{SUFFIX}:{i:015000d}".encode()) for i in range(count)]
+
+    def refused() -> float:  # unknown_authority now; target_unavailable before the fix
+        return sum(counts(router, "h2c", "unknown_authority", "target_unavailable").values())
+
+    asyncio.run(exchange_many(router.grpc_port, [h2c_bytes(f"nobody{i}.example:{i:015000d}".encode())
+                                                 for i in range(300)]))
+    before_kib, before = rss_kib(pids), refused()
+    asyncio.run(exchange_many(router.grpc_port, names("stargate-9", 1_500)))  # a pod not in the snapshot
+    wait_until("the 1,500 refusals", lambda: refused() >= before + 1_500)
+    grown_kib = rss_kib(pids) - before_kib
+    assert grown_kib < 6 * 1024, f"RSS grew {grown_kib} KiB over 1,500 distinct 15 KB names"
+
+
+async def test_a_quic_sni_longer_than_any_legal_authority_is_refused(pki: DemoPki, tmp_path: Path) -> None:
+    """aioquic sends the name as it is; the router refuses it as an unknown SNI, and the longest
+    legal one (the positive control) is routed."""
+    pod = await start_quic_pod(POD, "127.0.0.2", 0, pki.cert_path, pki.key_path)
+    endpoints = tmp_path / "endpoints.json"
+    write_endpoints(endpoints, [(POD, "127.0.0.2", 1, bound_port(pod))])
+    router = RouterProcess(router_args(endpoints, "--advertised-hostname-template", TEMPLATE))
+    try:
+        await asyncio.to_thread(router.wait_ready)
+
+        def quic(outcome: str) -> float:
+            return router.metric(c.QUIC_CONNECTIONS_TOTAL + "_total", outcome=outcome)
+
+        for name, outcome in ((f"{LONGEST_NAME}:" + "0" * 6_000, "unknown_sni"),
+                              (f"{LONGEST_NAME}:650710", "unknown_sni"),
+                              (LONGEST_AUTHORITY, "accepted")):
+            before = quic(outcome), quic("accepted")
+            config = client_configuration(name, pki.ca_path)
+            config.verify_mode = ssl.CERT_NONE  # the demo certificate does not name these
+            with pytest.raises((ConnectionError, TimeoutError)) if outcome != "accepted" else _nothing():
+                async with asyncio.timeout(10), connect("127.0.0.1", router.quic_port, configuration=config,
+                                                        wait_connected=True) as client:
+                    stream_reader, stream_writer = await client.create_stream()
+                    stream_writer.write(WHOAMI)
+                    stream_writer.write_eof()
+                    assert (await stream_reader.read()).startswith(POD.encode())
+            after = quic(outcome), quic("accepted")
+            if outcome == "accepted":
+                assert after[0] == before[0] + 1, name
+            else:
+                assert (after[0] - before[0], after[1] - before[1]) == (1, 0), name
+        assert await asyncio.to_thread(router.stop) == 0
+    finally:
+        router.__exit__()
+        pod.close()
+
+
+class _nothing:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
