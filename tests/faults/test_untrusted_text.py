@@ -1,4 +1,4 @@
-"""A client's text, bounded before the router holds or writes it (issue 41, finding 3).
+"""A client's text, bounded before the router holds or writes it (issue 41, findings 3 and 5).
 
 Each attack runs against the router process, with real peers: an ``h2`` client that validates nothing
 (the names below are no client library's), hand-built ClientHellos where no TLS library sends such a
@@ -8,11 +8,16 @@ name, aioquic clients for QUIC, and raw TCP pods.
   legal one (a 253-octet name, its trailing dot, ``:`` and 5 digits: 260) routes; one port digit
   more, or a 15,000-digit port, is refused as an unknown name (h2c, TLS, QUIC), and 1,500 distinct
   15 KB names leave the router's RSS where it was (the issue measured +22 MB).
+* **No control character reaches the log raw**, in either format: ESC, BEL, DEL (the ones a
+  client's ASCII name can carry) are escaped in rejection lines and access lines alike, and the
+  JSON format gives the name back exactly.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
+import re
 import socket
 import ssl
 import struct
@@ -245,3 +250,65 @@ class _nothing:
 
     def __exit__(self, *exc: object) -> None:
         return None
+
+
+# ---------------------------------------------------------------------------
+# 5. Control characters never reach the log raw
+# ---------------------------------------------------------------------------
+HOSTILE = "stargate-0\x1b]0;owned\x07\x1b[2J\x1b[31m\x08\x7f\x0b\x0c\x1c\x1d\x1e.example"
+"""Terminal escapes (OSC title, clear screen, colour), BEL, BS, DEL and the separators ``str.splitlines``
+honours (VT, FF, FS, GS, RS): every control character an ASCII name can carry."""
+RAW_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def assert_no_raw_control(lines: list[str]) -> None:
+    bad = [line for line in lines if RAW_CONTROL.search(line)]
+    assert not bad, bad[:3]
+
+
+@pytest.mark.parametrize("log_format", ["text", "json"])
+def test_control_characters_of_names_are_escaped_in_every_line(tmp_path: Path, log_format: str) -> None:
+    pod = CountingPod("127.0.0.2")
+    endpoints = tmp_path / "endpoints.json"
+    write_endpoints(endpoints, [(POD, pod.address, pod.port, 1)])
+    try:
+        with RouterProcess(router_args(endpoints, "--log-format", log_format)) as router:
+            router.wait_ready()
+            since = len(router.lines)
+            hostile = HOSTILE.encode()
+            exchange(router.grpc_port, h2c_bytes(hostile))  # refused: a rejection line and an access line
+            exchange(router.grpc_port, tls_bytes(hostile))
+            exchange(router.grpc_port, h2c_bytes(hostile, ROUND_ROBIN_PATH.encode()))  # accepted: the direct line
+            wait_until("the lines", lambda: sum("owned" in line for line in router.lines[since:]) >= 5)
+            assert router.stop() == 0
+            mine = [line for line in router.lines[since:] if "owned" in line]
+            assert_no_raw_control(router.lines)
+            if log_format == "json":
+                names = [json.loads(line).get("hostname") for line in mine]
+                assert names.count(HOSTILE) >= 3, names  # escaped, not altered: JSON gives it back exactly
+            else:
+                assert any("hostname=\"stargate-0\\u001b]0;owned\\u0007" in line for line in mine), mine
+    finally:
+        pod.stop()
+
+
+async def test_control_characters_of_a_quic_sni_are_escaped(pki: DemoPki, tmp_path: Path) -> None:
+    endpoints = tmp_path / "endpoints.json"
+    write_endpoints(endpoints, [(POD, "127.0.0.2", 1, 1)])
+    router = RouterProcess(router_args(endpoints, "--log-format", "text"))
+    try:
+        await asyncio.to_thread(router.wait_ready)
+        config = client_configuration(HOSTILE, pki.ca_path)
+        with pytest.raises((ConnectionError, TimeoutError)):
+            async with asyncio.timeout(10), connect("127.0.0.1", router.quic_port, configuration=config,
+                                                    wait_connected=True):
+                pass
+        for _ in range(100):
+            if sum("owned" in line for line in router.lines) >= 2:
+                break
+            await asyncio.sleep(0.05)
+        assert await asyncio.to_thread(router.stop) == 0
+        assert sum("owned" in line for line in router.lines) >= 2, router.lines[-5:]
+        assert_no_raw_control(router.lines)
+    finally:
+        router.__exit__()

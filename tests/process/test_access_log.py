@@ -191,8 +191,9 @@ def test_accepted_outcomes_bypass_the_limiter(outcome: str) -> None:
 
 # The accepted connection's line is rendered by ``render_text_line`` / ``render_json_line``, not by
 # the formatters: they must write exactly the formatters' bytes for any value a record can hold.
-_CLEAN = ["10.0.0.7:53114", "[::1]:5000", "sg-0.stargate.external", "ünïcödé", "😀", "\u2028", "x"]
-_DIRTY = ["", " ", 'say "hi"', "a=b", "back\\slash", "tab\there", "cr\rlf\n", "\x00\x1f", "\\"]
+_CLEAN = ["10.0.0.7:53114", "[::1]:5000", "sg-0.stargate.external", "ünïcödé", "😀", "\ufffd", "x"]
+_DIRTY = ["", " ", 'say "hi"', "a=b", "back\\slash", "tab\there", "cr\rlf\n", "\x00\x1f", "\\",
+          "\x1b[2J\x07", "del\x7f", "nel\x85csi\x9b", "\u2028\u2029", "rlo\u202e\u2066", "tag\U000e0041", "\ud800"]
 _TS = "2025-01-02T03:04:05.678Z"
 _LOGGER_NAMES = [c.ACCESS_LOGGER_NAME, 'odd "name" \\ é']
 
