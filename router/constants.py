@@ -346,6 +346,13 @@ REJECT_LINGER_S: Final = 1.0
 """After a rejection, read (and discard) this long so the client reads our answer, not a RST."""
 REJECTION_LOG_LINES_PER_S: Final = 20.0
 """Rejection log lines per second per listener; the rest are counted and reported as suppressed."""
+LOG_FIELD_MAX_CHARS: Final = 300
+"""A client's text in a log line (the ``hostname`` of an access line or a rejection, a refusal's detail) or
+in a gRPC rejection message is cut to this many characters and marked: every legal authority (260) fits
+whole, and a line stays small however long the name was (its escapes aside: at most 6 bytes a character)."""
+LOG_MESSAGE_MAX_CHARS: Final = 2048
+"""A log message longer than this is cut and marked, whatever put it there (tracebacks are no message:
+never cut); the router's own are under 300 characters."""
 
 # -- Health / metrics HTTP endpoint -------------------------------------------
 HEALTH_MAX_REQUEST_HEAD_BYTES: Final = 8 * 1024
@@ -356,6 +363,13 @@ HEALTH_REQUEST_TIMEOUT_S: Final = 5.0
 # -- Access log and the live view (operators' view of each connection and flow)
 DEFAULT_ACCESS_LOG: Final = "on"
 """One line per connection and flow at info: "what happened to this worker's connection?" needs it."""
+ACCESS_LOG_LINES_PER_S: Final = 1_000.0
+"""Access lines of accepted connections one process writes per second, and at once (the bucket's depth): a
+rollout's thousand tunnels ending together are all written; a flood writes at most ~1 MB/s of them, the
+rest counted in ``log_lines_dropped_total{log="access"}`` (lines of rejected ones share the rejection rate)."""
+LOG_LINES_DROPPED_TOTAL: Final = f"{METRIC_PREFIX}_log_lines_dropped"
+"""Counter (``_total`` added by prometheus-client) of log lines a budget held back, by log (``access``,
+``rejection``); the events themselves are counted in their own families all the same."""
 ACCESS_LOGGER_NAME: Final = "router.access"
 """Logger of the access lines; pinned, so a pipeline can route or drop them by name."""
 TERMINATIONS_TOTAL: Final = f"{METRIC_PREFIX}_terminations"

@@ -168,3 +168,14 @@ class Termination(StrEnum):
     """Refused before any pod was dialled: no, unknown or unroutable hostname, or unparsable bytes."""
     ROUTER_ERROR = "router_error"
     """The router failed on its side (an OS error that is no peer's reset, or a bug)."""
+
+
+class DroppedLog(StrEnum):
+    """Value of ``log`` on the dropped log lines counter: the log whose budget held a line back."""
+
+    ACCESS = "access"
+    """An access line (``router.access``): of an accepted connection over ``ACCESS_LOG_LINES_PER_S``, of a
+    rejected one over the rejection rate."""
+    REJECTION = "rejection"
+    """A refusal's line of the TCP or QUIC edge (``router.tcp_router``, ``router.udp_router``), over
+    ``REJECTION_LOG_LINES_PER_S``."""

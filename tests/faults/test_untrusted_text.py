@@ -1,4 +1,4 @@
-"""A client's text, bounded before the router holds or writes it (issue 41, findings 3 and 5).
+"""A client's text, bounded before the router holds or writes it (issue 41, findings 3, 4 and 5).
 
 Each attack runs against the router process, with real peers: an ``h2`` client that validates nothing
 (the names below are no client library's), hand-built ClientHellos where no TLS library sends such a
@@ -8,6 +8,9 @@ name, aioquic clients for QUIC, and raw TCP pods.
   legal one (a 253-octet name, its trailing dot, ``:`` and 5 digits: 260) routes; one port digit
   more, or a 15,000-digit port, is refused as an unknown name (h2c, TLS, QUIC), and 1,500 distinct
   15 KB names leave the router's RSS where it was (the issue measured +22 MB).
+* **What one client can make the router write is bounded**: an accepted connection's line has a
+  bounded length whatever its ``:authority`` (cut with a visible marker), and lines beyond the
+  access log's budget are dropped and counted in ``log_lines_dropped_total{log="access"}``.
 * **No control character reaches the log raw**, in either format: ESC, BEL, DEL (the ones a
   client's ASCII name can carry) are escaped in rejection lines and access lines alike, and the
   JSON format gives the name back exactly.
@@ -35,8 +38,9 @@ from aioquic.asyncio import connect
 from router import constants as c
 from router.demo.pki import DemoPki
 from router.demo.quic_pods import WHOAMI, bound_port, client_configuration, start_quic_pod
+from tests.support.access_peers import RawPod, access_lines
 from tests.support.h2 import frame, grpc_status_of
-from tests.support.router_probes import rss_kib
+from tests.support.router_probes import raise_nofile_limit, rss_kib
 from tests.support.router_process import RouterProcess, router_args, write_endpoints
 from tests.support.tcp_peers import CountingPod, read_to_eof
 from tests.support.tls import client_hello, sni_extension
@@ -250,6 +254,102 @@ class _nothing:
 
     def __exit__(self, *exc: object) -> None:
         return None
+
+
+# ---------------------------------------------------------------------------
+# 4. What one client can make the router write: a bounded line, a budget, a count
+# ---------------------------------------------------------------------------
+DROPPED_LINES = c.LOG_LINES_DROPPED_TOTAL + "_total"
+MAX_ACCESS_LINE_BYTES = 1024
+"""An access line's length whatever the client sent: the hostname cut at 300 characters plus a marker,
+the rest the router's own (addresses, pod name, numbers)."""
+
+
+def test_an_over_long_name_is_cut_in_the_answer_and_the_logs(deployment: Deployment) -> None:
+    router = deployment.router
+    since = len(router.lines)
+    name = TOO_LONG["port-of-15000-digits"]
+    answer = exchange(router.grpc_port, h2c_bytes(name.encode()))
+    assert len(answer) < 2048, "the gRPC answer quotes the whole name"
+    wait_until("the rejection's lines", lambda: any(name[:200] in line for line in router.lines[since:]))
+    mine = [line for line in router.lines[since:] if name[:200] in line]
+    assert mine and all(len(line.encode()) < 4096 for line in mine), [len(x) for x in mine]
+
+
+def test_rejection_lines_beyond_their_rate_are_counted(deployment: Deployment) -> None:
+    """A burst of refusals: the rejection log and the rejected access lines write their rate's worth
+    (20 a second each) and count the rest, under ``log="rejection"`` and ``log="access"``."""
+    router = deployment.router
+
+    def dropped() -> tuple[float, float]:
+        return router.metric(DROPPED_LINES, log="rejection"), router.metric(DROPPED_LINES, log="access")
+
+    before, burst = dropped(), 150
+    asyncio.run(exchange_many(router.grpc_port, [h2c_bytes(f"nobody{i}.example".encode()) for i in range(burst)]))
+    wait_until("the refusals' access lines", lambda: dropped()[1] > before[1])
+    after = dropped()
+    most_written = router.workers * 2 * c.REJECTION_LOG_LINES_PER_S  # each process's rate, refilled meanwhile
+    assert after[0] - before[0] >= burst - most_written, (before, after)
+
+
+def test_accepted_lines_are_bounded_whatever_the_authority(deployment: Deployment) -> None:
+    """Round-robin requests are routed whatever their authority: before the fix each line carried
+    the client's 15 KB name whole (the issue's 2,000 of them wrote 30 MB)."""
+    router = deployment.router
+    since = len(router.lines)
+    names = [f"w{i}.example:{i:015000d}" for i in range(200)]
+    accepted = counts(router, "h2c", "accepted")["accepted"]
+    asyncio.run(exchange_many(router.grpc_port, [h2c_bytes(n.encode(), ROUND_ROBIN_PATH.encode()) for n in names]))
+    assert counts(router, "h2c", "accepted")["accepted"] == accepted + 200
+    wait_until("200 access lines", lambda: len(access_lines(router, since)) >= 200)
+    lines = [line for line in router.lines[since:] if '"logger":"router.access"' in line]
+    assert max(len(line.encode()) for line in lines) <= MAX_ACCESS_LINE_BYTES
+    for line in lines:
+        hostname = json.loads(line)["hostname"]
+        assert hostname in names or re.fullmatch(r"w\d+\.example:0+\d*\[\.\.\.\+\d+ chars\]", hostname), hostname
+    assert sum(len(line.encode()) for line in router.lines[since:]) < 200 * MAX_ACCESS_LINE_BYTES
+
+
+def test_access_lines_beyond_the_budget_are_dropped_and_counted(tmp_path: Path) -> None:
+    """1,500 routed connections held open, then all reset at once: their lines come in one burst,
+    more than the budget's 1,000; the rest are counted, and every connection is in ``terminations``."""
+    held = 1_500
+    raise_nofile_limit()
+    pod = RawPod("127.0.0.2", "hold")
+    endpoints = tmp_path / "endpoints.json"
+    write_endpoints(endpoints, [(POD, "127.0.0.2", pod.port, 1)])
+    args = router_args(endpoints, "--log-format", "json")
+    clients: list[socket.socket] = []
+    try:
+        with RouterProcess(args, one_process="the access-line budget is each process's") as router:
+            router.wait_ready()
+            assert router.metric(DROPPED_LINES, log="access") == 0
+            request = h2c_bytes(b"a.example", ROUND_ROBIN_PATH.encode())
+            for _ in range(held):
+                sock = socket.create_connection(("127.0.0.1", router.grpc_port), timeout=10)
+                sock.sendall(request)
+                clients.append(sock)
+            wait_until("every connection routed", lambda: len(pod.held) >= held, timeout_s=60)
+            for sock in clients:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, LINGER_RESET)
+                sock.close()
+            clients.clear()
+
+            def ended() -> float:
+                return sum(router.metric(c.TERMINATIONS_TOTAL + "_total", protocol="h2c", termination=t)
+                           for t in ("client_reset", "client_close"))
+
+            wait_until("every connection ended", lambda: ended() >= held, timeout_s=60)
+            time.sleep(0.2)  # the last batch of lines is flushed within 20 ms
+            written = len(access_lines(router))
+            dropped = router.metric(DROPPED_LINES, log="access")
+            assert dropped > 0 and written + dropped == held, (written, dropped)
+            assert written >= c.ACCESS_LOG_LINES_PER_S, written  # the bucket's depth, all at once
+            assert router.stop() == 0
+    finally:
+        for sock in clients:
+            sock.close()
+        pod.close()
 
 
 # ---------------------------------------------------------------------------

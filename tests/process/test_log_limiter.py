@@ -7,6 +7,8 @@ import logging
 import pytest
 
 from router.log_limiter import RateLimitedLog
+from router.metrics import RouterMetrics
+from router.outcomes import DroppedLog
 
 
 class Clock:
@@ -39,3 +41,17 @@ def test_nothing_is_counted_when_the_level_is_disabled() -> None:
     limiter = RateLimitedLog(logger, per_second=1, clock=Clock())
     assert not limiter.info("x")
     assert limiter.suppressed == 0
+
+
+def test_every_suppressed_line_is_counted_for_good_in_the_dropped_series() -> None:
+    """``suppressed`` restarts at each written line; the ``log_lines_dropped_total`` series never does."""
+    metrics = RouterMetrics()
+    series = metrics.dropped_lines(DroppedLog.REJECTION)
+    clock = Clock()
+    logger = logging.getLogger("counted")
+    logger.setLevel(logging.INFO)
+    limiter = RateLimitedLog(logger, per_second=2, clock=clock, dropped=series)
+    assert sum(limiter.info("x") for _ in range(10)) == 2 and series.value == 8
+    clock.now += 1.0
+    assert limiter.info("again") and limiter.suppressed == 0
+    assert sum(limiter.info("x") for _ in range(5)) == 1 and series.value == 12
