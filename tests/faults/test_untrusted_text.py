@@ -211,6 +211,7 @@ def test_distinct_15k_names_leave_the_rss_where_it_was(deployment: Deployment) -
     assert grown_kib < 6 * 1024, f"RSS grew {grown_kib} KiB over 1,500 distinct 15 KB names"
 
 
+@pytest.mark.usefixtures("both_udp_paths")
 async def test_a_quic_sni_longer_than_any_legal_authority_is_refused(pki: DemoPki, tmp_path: Path) -> None:
     """aioquic sends the name as it is; the router refuses it as an unknown SNI, and the longest
     legal one (the positive control) is routed."""
@@ -392,6 +393,7 @@ def test_control_characters_of_names_are_escaped_in_every_line(tmp_path: Path, l
         pod.stop()
 
 
+@pytest.mark.usefixtures("both_udp_paths")
 async def test_control_characters_of_a_quic_sni_are_escaped(pki: DemoPki, tmp_path: Path) -> None:
     endpoints = tmp_path / "endpoints.json"
     write_endpoints(endpoints, [(POD, "127.0.0.2", 1, 1)])
