@@ -18,9 +18,9 @@ An accepted connection's line, the one per connection, is rendered straight from
 ``values`` by ``render_text_line``/``render_json_line`` when the router's handler alone writes it (no
 dict, no LogRecord); tests hold those to the formatters' bytes.
 
-What one client can make the router write is bounded: the only text of a client's a line
-carries, its ``hostname``, is cut at ``LOG_FIELD_MAX_CHARS`` when the edge records it (marked with how
-much was cut), and no character in it goes out raw (``logging_setup``). Lines of accepted connections
+What one client can make the router write is bounded: the only client text a line carries, its
+``hostname``, is cut at ``LOG_FIELD_MAX_CHARS`` when the edge records it (marked with how much was
+cut), and no character of it that a terminal acts on goes out raw (``logging_setup``). Lines of accepted connections
 (outcome ``completed`` or ``relay_error``) have a budget of ``ACCESS_LOG_LINES_PER_S`` per process;
 lines of rejected ones pass the rejection rate limiter. A line either budget holds back is counted in
 ``log_lines_dropped_total{log="access"}``, and the next line written says how many were

@@ -101,6 +101,7 @@ def needs_quotes(text: str) -> re.Match[str] | None:
     character, and one call can scan several values joined; ``isascii`` is O(1))."""
     return (_NEEDS_QUOTES_ASCII if text.isascii() else _NEEDS_QUOTES)(text)
 
+
 _UNSAFE: Final = re.compile(f"[{UNSAFE_CHARACTERS}]")
 
 _SHORT_ESCAPES: Final = {"\b": "\\b", "\t": "\\t", "\n": "\\n", "\f": "\\f", "\r": "\\r"}
