@@ -18,9 +18,13 @@ An accepted connection's line, the one per connection, is rendered straight from
 ``values`` by ``render_text_line``/``render_json_line`` when the router's handler alone writes it (no
 dict, no LogRecord); tests hold those to the formatters' bytes.
 
-Lines of accepted connections (outcome ``completed`` or ``relay_error``) are never dropped;
-lines of rejected ones pass the rejection rate limiter, so a flood cannot flood the log. The
-metrics are counted either way, also with ``--access-log off``.
+What one client can make the router write is bounded: the only client text a line carries, its
+``hostname``, is cut at ``LOG_FIELD_MAX_CHARS`` when the edge records it (marked with how much was
+cut), and no character of it that a terminal acts on goes out raw (``logging_setup``). Lines of accepted connections
+(outcome ``completed`` or ``relay_error``) have a budget of ``ACCESS_LOG_LINES_PER_S`` per process;
+lines of rejected ones pass the rejection rate limiter. A line either budget holds back is counted in
+``log_lines_dropped_total{log="access"}``, and the next line written says how many were
+(``suppressed``). The metrics are counted either way, also with ``--access-log off``.
 """
 
 from __future__ import annotations
@@ -36,10 +40,10 @@ from router.live_view import LiveConnections
 from router.log_limiter import RateLimitedLog
 from router.logging_setup import EVENT_FIELDS, direct_handler, json_string, needs_quotes, text_value, timestamp_now
 from router.metrics import RouterMetrics
-from router.outcomes import GrpcOutcome, ProtocolLabel, Termination
+from router.outcomes import DroppedLog, GrpcOutcome, ProtocolLabel, Termination
 
 ACCEPTED_OUTCOMES: Final = frozenset({GrpcOutcome.COMPLETED, GrpcOutcome.RELAY_ERROR})
-"""Outcomes of a connection that reached its pod: their lines are never rate limited."""
+"""Outcomes of a connection that reached its pod: their lines have the access log's own budget."""
 
 def render_text_line(head: str, ts: str, values: LineValues) -> str:
     """An accepted connection's text line, byte for byte ``TextFormatter``'s, in one f-string (the
@@ -96,11 +100,15 @@ class AccessLog:
         enabled: bool = True,
         live: LiveConnections | None = None,
         logger: logging.Logger | None = None,
+        lines_per_s: float = c.ACCESS_LOG_LINES_PER_S,
     ) -> None:
+        """``lines_per_s``: the accepted connections' budget (lines a second, and at once)."""
         self.enabled = enabled
         self.live = live if live is not None else LiveConnections()
         self._log = logger if logger is not None else logging.getLogger(c.ACCESS_LOGGER_NAME)
-        self._rejected = RateLimitedLog(self._log)
+        dropped = metrics.dropped_lines(DroppedLog.ACCESS)
+        self._accepted = RateLimitedLog(self._log, lines_per_s, dropped=dropped)
+        self._rejected = RateLimitedLog(self._log, dropped=dropped)
         self._ends = {
             (p, t): metrics.terminations.labels(protocol=p, termination=t)
             for p in ProtocolLabel for t in Termination
@@ -125,8 +133,14 @@ class AccessLog:
         if not self.enabled or not self._log.isEnabledFor(logging.INFO):
             return
         if outcome in ACCEPTED_OUTCOMES:
+            accepted = self._accepted
+            if not accepted.admit():  # over the budget: counted, not even built
+                return
             handler = direct_handler(self._log)
-            if handler is not None:  # the usual case: the line rendered here, no dict, no LogRecord
+            if accepted.suppressed:  # the first line after some were held back says how many
+                fields = record.fields(outcome, termination, now)
+                accepted.write(logging.INFO, ACCESS_MESSAGE, extra={EVENT_FIELDS: fields})
+            elif handler is not None:  # the usual case: the line rendered here, no dict, no LogRecord
                 values = record.values(outcome, termination, now)
                 try:
                     if handler.json:
@@ -147,3 +161,8 @@ class AccessLog:
     def suppressed(self) -> int:
         """Rejected connections' lines held back since the last one written."""
         return self._rejected.suppressed
+
+    @property
+    def suppressed_accepted(self) -> int:
+        """Accepted connections' lines held back since the last one written."""
+        return self._accepted.suppressed

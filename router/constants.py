@@ -94,9 +94,15 @@ the router opens no TLS to the pod, the worker's session reaches it."""
 # -- Hostnames ------------------------------------------------------------------
 MAX_HOSTNAME_LENGTH: Final = 253
 """Longest DNS name (RFC 1035); longer :authority / SNI values never route."""
-HOSTNAME_CACHE_ENTRIES: Final = 8192
+MAX_PORT_DIGITS: Final = 5
+"""Digits of a ``:port`` after the name (65535 has 5); a longer port never routes."""
+MAX_AUTHORITY_LENGTH: Final = MAX_HOSTNAME_LENGTH + len(".") + len(":") + MAX_PORT_DIGITS
+"""The longest :authority / SNI that may name a pod (260: the name, its trailing dot, the port): a longer
+one is refused as an unknown name before the template, or its table of names, looks at it."""
+HOSTNAME_CACHE_ENTRIES: Final = 4096
 """Hostnames whose pod name the template remembers (workers name the same pods again and again;
-the match is a regex). Only names of a pod are kept and the table is emptied when full: <= ~2 MiB."""
+the match is a regex). Only names of a pod are kept and the table is emptied when full: at most 4,096
+names of MAX_AUTHORITY_LENGTH characters with their pod names, <= ~2 MiB (1.8 MiB measured)."""
 MAX_POD_NAME_LENGTH: Final = 63
 """A pod name extracted from a hostname must be one DNS-1123 label."""
 
@@ -345,6 +351,13 @@ REJECT_LINGER_S: Final = 1.0
 """After a rejection, read (and discard) this long so the client reads our answer, not a RST."""
 REJECTION_LOG_LINES_PER_S: Final = 20.0
 """Rejection log lines per second per listener; the rest are counted and reported as suppressed."""
+LOG_FIELD_MAX_CHARS: Final = 300
+"""A client's text in a log line (the ``hostname`` of an access line or a rejection, a refusal's detail) or
+in a gRPC rejection message is cut to this many characters and marked: every legal authority (260) fits
+whole, and a line stays small however long the name was (its escapes aside: at most 6 bytes a character)."""
+LOG_MESSAGE_MAX_CHARS: Final = 2048
+"""A log message longer than this is cut and marked, whatever put it there (tracebacks are no message:
+never cut); the router's own are under 300 characters."""
 
 # -- Health / metrics HTTP endpoint -------------------------------------------
 HEALTH_MAX_REQUEST_HEAD_BYTES: Final = 8 * 1024
@@ -358,6 +371,13 @@ request cannot flood the log, and the next line counts the ones left out."""
 # -- Access log and the live view (operators' view of each connection and flow)
 DEFAULT_ACCESS_LOG: Final = "on"
 """One line per connection and flow at info: "what happened to this worker's connection?" needs it."""
+ACCESS_LOG_LINES_PER_S: Final = 1_000.0
+"""Access lines of accepted connections one process writes per second, and at once (the bucket's depth): a
+rollout's thousand tunnels ending together are all written; a flood writes at most ~1 MB/s of them, the
+rest counted in ``log_lines_dropped_total{log="access"}`` (lines of rejected ones share the rejection rate)."""
+LOG_LINES_DROPPED_TOTAL: Final = f"{METRIC_PREFIX}_log_lines_dropped"
+"""Counter (``_total`` added by prometheus-client) of log lines a budget held back, by log (``access``,
+``rejection``); the events themselves are counted in their own families all the same."""
 ACCESS_LOGGER_NAME: Final = "router.access"
 """Logger of the access lines; pinned, so a pipeline can route or drop them by name."""
 TERMINATIONS_TOTAL: Final = f"{METRIC_PREFIX}_terminations"

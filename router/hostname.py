@@ -4,6 +4,9 @@ Stricter than the Rust matcher, which took whatever sat between prefix and suffi
 the pod name must be exactly one DNS-1123 label, so ``x.stargate-0.stargate.external``,
 an IP literal, userinfo (``a@b``), NUL or non-ASCII never name a pod. Matching never
 raises on input: any hostname either yields a valid label or None ("unknown name").
+Nor does it hold any: a text longer than the longest authority that may name a pod (a 253-octet
+name, its trailing dot, ``:`` and a port of at most 5 digits) is refused before anything reads or
+remembers it, whichever way it came (h2c ``:authority``, TLS or QUIC SNI).
 
 Punycode labels (``xn--...``) are valid ASCII DNS-1123 labels and are accepted as they
 are (not decoded): Kubernetes pod names may legally have that form, and the lookup in the
@@ -17,7 +20,13 @@ import re
 import string
 from dataclasses import dataclass
 
-from router.constants import HOSTNAME_CACHE_ENTRIES, MAX_HOSTNAME_LENGTH, MAX_POD_NAME_LENGTH
+from router.constants import (
+    HOSTNAME_CACHE_ENTRIES,
+    MAX_AUTHORITY_LENGTH,
+    MAX_HOSTNAME_LENGTH,
+    MAX_POD_NAME_LENGTH,
+    MAX_PORT_DIGITS,
+)
 
 POD_NAME_FIELD = "pod_name"
 NAMESPACE_FIELD = "namespace"
@@ -77,7 +86,11 @@ class HostnameTemplate:
         return cls(prefix, suffix.removesuffix("."))
 
     def pod_name_for(self, hostname: str) -> str | None:
-        """The pod a worker names in ``:authority`` / SNI, or None if it names none."""
+        """The pod a worker names in ``:authority`` / SNI, or None if it names none. A text longer than
+        any authority that may name a pod (``MAX_AUTHORITY_LENGTH``) names none: it is not matched, and
+        never remembered, so the table holds at most its entries times that length."""
+        if len(hostname) > MAX_AUTHORITY_LENGTH:
+            return None
         known = self._names.get(hostname)
         if known is not None:
             return known
@@ -110,12 +123,12 @@ class HostnameTemplate:
 
 
 def _strip_port(hostname: str) -> str | None:
-    """Drop a ``:port`` (digits only); IPv6 literals and bad ports yield None."""
+    """Drop a ``:port`` (1 to ``MAX_PORT_DIGITS`` ASCII digits); IPv6 literals and bad ports yield None."""
     if hostname.startswith("["):
         return None
     host, sep, port = hostname.rpartition(":")
     if not sep:
         return hostname
-    if not port or not (port.isascii() and port.isdigit()) or ":" in host:
+    if not 0 < len(port) <= MAX_PORT_DIGITS or not (port.isascii() and port.isdigit()) or ":" in host:
         return None
     return host

@@ -2,8 +2,10 @@
 
 Every rejection is worth a line at info, but a slowloris or an Initial flood would then
 write one line per attempt. ``RateLimitedLog`` passes ``burst`` lines per second per
-logger and counts the rest; the next line that passes says how many were suppressed.
-Metrics still count every event: the log is for reading, the counters are for totals.
+logger and counts the rest; the next line that passes says how many were suppressed, and
+``dropped`` (a ``log_lines_dropped_total`` series) counts them for good. Metrics still count
+every event: the log is for reading, the counters are for totals. The access log holds the
+lines of accepted connections to a budget of its own (``ACCESS_LOG_LINES_PER_S``) with it.
 """
 
 from __future__ import annotations
@@ -15,23 +17,30 @@ from typing import Any
 
 from router import constants as c
 from router.logging_setup import EVENT_FIELDS
+from router.metric_families import CounterSeries
 
 
 class RateLimitedLog:
     """A token bucket in front of one logger (time injectable for tests)."""
+
+    __slots__ = ("_clock", "_dropped", "_logger", "_rate", "_stamp", "_tokens", "suppressed")
 
     def __init__(
         self,
         logger: logging.Logger,
         per_second: float = c.REJECTION_LOG_LINES_PER_S,
         clock: Callable[[], float] = time.monotonic,
+        dropped: CounterSeries | None = None,
     ) -> None:
         self._logger = logger
         self._rate = per_second
         self._clock = clock
         self._tokens = per_second
         self._stamp = clock()
+        self._dropped = dropped
+        """Where every suppressed line is counted too (the next line's ``suppressed`` restarts from 0)."""
         self.suppressed = 0
+        """Lines held back since the last one written."""
 
     def log(
         self, level: int, msg: str, *args: Any, extra: dict[str, Any] | None = None,
@@ -48,12 +57,18 @@ class RateLimitedLog:
         """Take a token, or count one more suppressed line: callers whose lines are costly to
         build ask first and ``write`` only when admitted."""
         now = self._clock()
-        self._tokens = min(self._rate, self._tokens + (now - self._stamp) * self._rate)
+        rate = self._rate
+        tokens = self._tokens + (now - self._stamp) * rate  # (no min(): this runs once per access line)
         self._stamp = now
-        if self._tokens < 1.0:
+        if tokens > rate:
+            tokens = rate
+        if tokens < 1.0:
+            self._tokens = tokens
             self.suppressed += 1
+            if self._dropped is not None:
+                self._dropped.inc()
             return False
-        self._tokens -= 1.0
+        self._tokens = tokens - 1.0
         return True
 
     def write(

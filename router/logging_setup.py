@@ -1,9 +1,14 @@
 """Process-wide logging: one line per event on stderr, as ``text`` or ``json``.
 
 Log pipelines split on newlines, so neither format ever emits a raw newline: messages
-and tracebacks are escaped. Fields passed with ``extra=`` (``outcome``, ``hostname``,
-``pod``, ``peer``, ``protocol``...) become JSON keys or ``key=value`` pairs, so a
-rejection can be filtered by outcome without parsing the message.
+and tracebacks are escaped. Nor any other character a terminal, a log viewer or a line
+splitter may act on (``UNSAFE_CHARACTERS``: every control character, C0, DEL and C1; the
+line and paragraph separators; the invisible and bidirectional format characters; lone
+surrogates): a client's name cannot recolour, clear, retitle or reorder an operator's screen.
+Each is written as its JSON escape (``\u001b``), in JSON strings and in quoted text values
+alike, so the JSON format gives the original text back exactly. Fields passed with ``extra=``
+(``outcome``, ``hostname``, ``pod``, ``peer``, ``protocol``...) become JSON keys or
+``key=value`` pairs, so a rejection can be filtered by outcome without parsing the message.
 
     text: 2025-01-02T03:04:05.678Z info router.tcp rejected outcome=unknown_authority pod=sg-9
     json: {"ts":"2025-01-02T03:04:05.678Z","level":"info","logger":"router.tcp","msg":"rejected",...}
@@ -25,6 +30,8 @@ from functools import partial
 from json.encoder import encode_basestring
 from types import MappingProxyType
 from typing import Final, Literal, TextIO
+
+from router import constants as c
 
 LOG_LEVELS: Final[Mapping[str, int]] = MappingProxyType(
     {
@@ -67,13 +74,78 @@ _RECORD_ATTRIBUTES: Final = frozenset(
 ) | {"message", "asctime", "taskName"}
 """Attributes every LogRecord has; anything else on a record came from ``extra=``."""
 
-_TEXT_QUOTE_CHARS: Final = frozenset(' "=\\\t\r\n')
-"""A text value containing one of these is written as a JSON string literal."""
+UNSAFE_CHARACTERS: Final = (
+    r"\x00-\x1f\x7f-\x9f"  # Cc: C0 (ESC, BEL, BS, VT, FF, FS-RS...), DEL, C1 (CSI U+009B, NEL U+0085...)
+    r"\u2028\u2029"  # Zl, Zp: line and paragraph separators (JavaScript, ``str.splitlines``, some viewers)
+    r"\u00ad\u0600-\u0605\u061c\u06dd\u070f\u0890\u0891\u08e2\u180e\u200b-\u200f\u202a-\u202e"
+    r"\u2060-\u2064\u2066-\u206f\ufeff\ufff9-\ufffb\U000110bd\U000110cd\U00013430-\U0001343f"
+    r"\U0001bca0-\U0001bca3\U0001d173-\U0001d17a\U000e0001\U000e0020-\U000e007f"  # Cf: bidi, invisible
+    r"\ud800-\udfff"  # Cs: lone surrogates (no UTF-8 for them)
+)
+"""Characters no log line carries raw, as a regex class body: Unicode's Cc, Zl, Zp, Cf and Cs
+(``tests/process/test_logging_setup.py`` holds it to this Python's Unicode database). Each is
+written as its JSON escape."""
 
-needs_quotes: Final = re.compile(f"[{re.escape(''.join(sorted(_TEXT_QUOTE_CHARS)))}]").search
-"""Finds one of ``_TEXT_QUOTE_CHARS`` in a text: a non-empty value's ``str()`` where it finds none is
-written bare (a compiled character class: faster than a set test per character, and one call can
-scan several values joined)."""
+_TEXT_QUOTE_CHARS: Final = frozenset(' "=\\\t\r\n')
+"""A text value containing one of these (or an unsafe character) is written as a JSON string literal."""
+
+_QUOTE_CLASS: Final = re.escape("".join(sorted(_TEXT_QUOTE_CHARS)))
+_NEEDS_QUOTES: Final = re.compile(f"[{_QUOTE_CLASS}{UNSAFE_CHARACTERS}]").search
+_NEEDS_QUOTES_ASCII: Final = re.compile(f"[{_QUOTE_CLASS}\\x00-\\x1f\\x7f]").search
+"""The same class for an ASCII text, whose only unsafe characters are C0 and DEL (a fifth of the cost)."""
+
+
+def needs_quotes(text: str) -> re.Match[str] | None:
+    """Finds one of ``_TEXT_QUOTE_CHARS`` or an unsafe character in a text: a non-empty value's ``str()``
+    where it finds none is written bare (a compiled character class: faster than a set test per
+    character, and one call can scan several values joined; ``isascii`` is O(1))."""
+    return (_NEEDS_QUOTES_ASCII if text.isascii() else _NEEDS_QUOTES)(text)
+
+
+_UNSAFE: Final = re.compile(f"[{UNSAFE_CHARACTERS}]")
+
+_SHORT_ESCAPES: Final = {"\b": "\\b", "\t": "\\t", "\n": "\\n", "\f": "\\f", "\r": "\\r"}
+"""The control characters JSON has a short escape for (as ``json`` writes them)."""
+
+
+def _escape(match: re.Match[str]) -> str:
+    """One unsafe character as JSON writes it escaped: ``\\n``, ``\\u001b``, a surrogate pair beyond the BMP."""
+    char = match.group()
+    short = _SHORT_ESCAPES.get(char)
+    if short is not None:
+        return short
+    code = ord(char)
+    if code > 0xFFFF:
+        code -= 0x10000
+        return f"\\u{0xD800 | code >> 10:04x}\\u{0xDC00 | code & 0x3FF:04x}"
+    return f"\\u{code:04x}"
+
+
+def escape_unsafe(text: str) -> str:
+    """``text`` with every unsafe character written as its JSON escape (the rest untouched)."""
+    return _UNSAFE.sub(_escape, text) if _UNSAFE.search(text) else text
+
+
+def json_quoted(text: str) -> str:
+    """``text`` as a JSON string literal with no unsafe character raw: the encoder's own escaping
+    (``"``, ``\\``, C0), then the rest of ``UNSAFE_CHARACTERS`` (DEL, C1, separators, format characters)."""
+    quoted = encode_basestring(text)
+    if quoted.isascii() and "\x7f" not in quoted:  # O(1), then one memchr: the usual case
+        return quoted
+    return _UNSAFE.sub(_escape, quoted)
+
+
+def clip(text: str, limit: int = c.LOG_FIELD_MAX_CHARS) -> str:
+    """``text`` cut to ``limit`` characters, marked with how many more there were
+    (``stargate-0.example:0000[...+15982 chars]``); a shorter one as it is."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}[...+{len(text) - limit} chars]"
+
+
+def clip_optional(text: str | None) -> str | None:
+    """``clip`` for a value that may be missing (a connection that named no host)."""
+    return text if text is None or len(text) <= c.LOG_FIELD_MAX_CHARS else clip(text)
 
 
 def parse_log_level(level: str) -> int:
@@ -118,23 +190,29 @@ def _level_name(record: logging.LogRecord) -> str:
 
 
 def _one_line(text: str) -> str:
-    return text.replace("\r", "\\r").replace("\n", "\\n")
+    """A text message, unquoted: its unsafe characters (newlines first of all) escaped."""
+    return escape_unsafe(text)
 
 
 def text_value(value: object) -> str:
     """A value as the text format writes it after ``key=``: ``str()``, quoted as a JSON string when
-    empty or holding a space, quote, ``=``, backslash or newline (``TextFormatter.render``'s rule,
-    which inlines it; tests hold the two together)."""
+    empty or holding a space, quote, ``=``, backslash, newline or other unsafe character
+    (``TextFormatter.render``'s rule, which inlines it; tests hold the two together)."""
     text = str(value)
     if not text or needs_quotes(text):
-        return json.dumps(text, ensure_ascii=False)
+        return json_quoted(text)
     return text
 
 
 def json_string(value: str | None) -> str:
     """A ``str`` or None as the JSON format writes it, without the encoder's per-call set-up (the same
-    C escaping function ``_JSON`` uses for strings)."""
-    return "null" if value is None else encode_basestring(value)
+    C escaping function ``_JSON`` uses for strings, then ``json_quoted``'s escapes)."""
+    if value is None:
+        return "null"
+    quoted = encode_basestring(value)  # json_quoted, inlined: four calls per access line
+    if quoted.isascii() and "\x7f" not in quoted:
+        return quoted
+    return _UNSAFE.sub(_escape, quoted)
 
 
 class _EventFormatter(logging.Formatter):
@@ -149,7 +227,7 @@ class _EventFormatter(logging.Formatter):
             "ts": _timestamp(record),
             "level": _level_name(record),
             "logger": record.name,
-            "msg": record.getMessage(),
+            "msg": clip(record.getMessage(), c.LOG_MESSAGE_MAX_CHARS),
         }
         event = record.__dict__.get(EVENT_FIELDS)
         if isinstance(event, dict):  # one event's fields, passed whole: no scan of the record
@@ -179,7 +257,10 @@ class JsonFormatter(_EventFormatter):
         return self.render(self.fields(record))
 
     def render(self, fields: dict[str, object]) -> str:
-        return _JSON.encode(fields)
+        line = _JSON.encode(fields)
+        if line.isascii() and "\x7f" not in line:  # the encoder escaped C0 already
+            return line
+        return _UNSAFE.sub(_escape, line)  # every raw character left is inside a string: escaped there
 
 
 class TextFormatter(_EventFormatter):
@@ -194,8 +275,8 @@ class TextFormatter(_EventFormatter):
         for key, value in fields.items():  # text_value inlined: a call per field costs the generic path
             text = str(value)
             if not text or needs_quotes(text):
-                text = json.dumps(text, ensure_ascii=False)
-            parts.append(f"{key}={text}")
+                text = json_quoted(text)
+            parts.append(f"{escape_unsafe(key)}={text}")  # a key is the code's, but never written raw
         return " ".join(parts)
 
 

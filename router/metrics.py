@@ -23,6 +23,7 @@ from router.outcomes import (
     TCP_PROTOCOLS,
     DiscoveryResult,
     DiscoverySource,
+    DroppedLog,
     GrpcOutcome,
     ProtocolLabel,
     QuicDropReason,
@@ -110,6 +111,9 @@ class RouterMetrics:
         self.discovery_rewatches = CounterFamily(
             c.DISCOVERY_REWATCHES_TOTAL, "Kubernetes watches re-opened, by cause.", ["cause"], registry=r,
         )
+        self.log_lines_dropped = CounterFamily(
+            c.LOG_LINES_DROPPED_TOTAL, "Log lines held back by their log's budget, by log.", ["log"], registry=r,
+        )
         self.build_info = GaugeFamily(c.BUILD_INFO, "Build information.", ["version"], registry=r)
         self.build_info.labels(version=version).set(1)
         ProcessCollector(registry=r)  # process_cpu_seconds_total, process_resident_memory_bytes, fds
@@ -133,6 +137,7 @@ class RouterMetrics:
             (self.quic_handoffs, (tuple(WorkerHandoff),)),
             (self.discovery_updates, (tuple(DiscoverySource), tuple(DiscoveryResult))),
             (self.discovery_rewatches, (tuple(RewatchCause),)),
+            (self.log_lines_dropped, (tuple(DroppedLog),)),
         )
         for family, label_values in families:
             for values in product(*label_values):
@@ -152,6 +157,10 @@ class RouterMetrics:
 
     def quic_drop(self, reason: QuicDropReason, count: int = 1) -> None:
         self.quic_dropped.labels(reason=reason).inc(count)
+
+    def dropped_lines(self, log: DroppedLog) -> CounterSeries:
+        """The series a budget of ``log`` counts its held-back lines in."""
+        return self.log_lines_dropped.labels(log=log)
 
     def add_collector(self, collector: Collector) -> None:
         self.registry.register(collector)

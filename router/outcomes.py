@@ -174,3 +174,14 @@ class Termination(StrEnum):
     EVICTED = "evicted"
     """(QUIC) routed but not confirmed yet, and the oldest such flow when the flow table was full: it
     made room for a new one (a confirmed flow never does)."""
+
+
+class DroppedLog(StrEnum):
+    """Value of ``log`` on the dropped log lines counter: the log whose budget held a line back."""
+
+    ACCESS = "access"
+    """An access line (``router.access``): of an accepted connection over ``ACCESS_LOG_LINES_PER_S``, of a
+    rejected one over the rejection rate."""
+    REJECTION = "rejection"
+    """A refusal's line of the TCP or QUIC edge (``router.tcp_router``, ``router.udp_router``), over
+    ``REJECTION_LOG_LINES_PER_S``."""

@@ -25,8 +25,9 @@ from router.access_log import AccessLog
 from router.access_record import Outcome
 from router.hostname import HostnameTemplate
 from router.log_limiter import RateLimitedLog
+from router.logging_setup import clip_optional
 from router.metrics import RouterMetrics, TcpSeries
-from router.outcomes import TCP_PROTOCOLS, GrpcOutcome, ProtocolLabel, Termination
+from router.outcomes import TCP_PROTOCOLS, DroppedLog, GrpcOutcome, ProtocolLabel, Termination
 from router.routing import Refusal, Refused, RoundRobin, route
 from router.tcp.client_intake import ClientIntake, Intake
 from router.tcp.ending import RelayOutcome, RelayResult
@@ -116,7 +117,7 @@ class Connections:
         self._template, self._snapshot, self._round_robin_paths = template, snapshot, round_robin_paths
         self._round_robin = RoundRobin()
         self._series = {p: TcpSeries(metrics, p) for p in TCP_PROTOCOLS}
-        self.rejections = RateLimitedLog(log)
+        self.rejections = RateLimitedLog(log, dropped=metrics.dropped_lines(DroppedLog.REJECTION))
 
     def series(self, protocol: ProtocolLabel) -> TcpSeries:
         return self._series[protocol]
@@ -129,7 +130,7 @@ class Connections:
         for a client over its limit or a routing refusal."""
         record = connection.record
         protocol = record.protocol = peeked.protocol
-        record.hostname = peeked.hostname
+        record.hostname = clip_optional(peeked.hostname)  # what the line and the live view show: bounded
         intake = connection.intake
         if intake is not None and not intake.within_limit:
             raise Rejected(Refusal.CLIENT_LIMIT, c.REASON_TOO_MANY_CONNECTIONS)
@@ -193,7 +194,8 @@ class Connections:
         self.count(peeked.protocol, rej.outcome)
         self.rejections.info(
             "rejected %s connection: %s", peeked.protocol, rej,
-            extra={**connection.who, "hostname": peeked.hostname, "pod": rej.pod, "outcome": rej.outcome},
+            extra={**connection.who, "hostname": clip_optional(peeked.hostname), "pod": rej.pod,
+                   "outcome": rej.outcome},
         )
         record.pod, record.decided_at = rej.pod, record.decided_at or time.monotonic()
         answered = await self.answer(conn, peeked, rej)

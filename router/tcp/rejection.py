@@ -11,6 +11,7 @@ import asyncio
 import socket
 
 from router import constants as c
+from router.logging_setup import clip_optional
 from router.outcomes import ProtocolLabel
 from router.routing import REFUSAL_ANSWERS, Refusal, Refused
 from router.tcp.poller import poller_for, recv, sendall
@@ -52,7 +53,9 @@ async def answer_and_close(conn: socket.socket, answer: bytes | None) -> tuple[i
 
 
 def refusal_detail(refused: Refused, hostname: str | None) -> str:
-    """The grpc-message / log text of a routing refusal (the Rust router's wording)."""
+    """The grpc-message / log text of a routing refusal (the Rust router's wording); the client's name
+    in it is cut at ``LOG_FIELD_MAX_CHARS`` (``clip``), so neither answer nor line grows with it."""
+    hostname = clip_optional(hostname)
     if refused.refusal is Refusal.NO_READY_TARGET:
         return "no ready stargate for round-robin"
     if refused.refusal is Refusal.MISSING_NAME:

@@ -38,6 +38,7 @@ from router.access_log import AccessLog
 from router.client_limits import ClientSlots
 from router.hostname import HostnameTemplate
 from router.log_limiter import RateLimitedLog
+from router.logging_setup import clip_optional
 from router.metrics import ProtocolSeries, RouterMetrics
 from router.outcomes import ProtocolLabel, QuicOutcome, Termination
 from router.routing import Refusal, Refused, route
@@ -258,7 +259,7 @@ class UdpRouter(ClientDemux):
             self._beside_moved(flow, now)
         (self._joined if joined else self._accepted).inc()
         if log.isEnabledFor(logging.DEBUG):
-            log.debug("quic flow %s -> %s (%s)", peer(flow.address), target.quic_endpoint, hostname)
+            log.debug("quic flow %s -> %s (%s)", peer(flow.address), target.quic_endpoint, clip_optional(hostname))
         # The buffered datagrams leave now, in order, before the C splice may send this flow's
         # next ones: straight into the new link's outbox, not through the iteration's outboxes.
         flow.client_bytes += pending.buffered_bytes

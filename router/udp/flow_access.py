@@ -15,6 +15,7 @@ from typing import Any
 from discovery.targets import Target
 from router.access_log import AccessLog
 from router.access_record import AccessRecord, Outcome
+from router.logging_setup import clip_optional
 from router.outcomes import ProtocolLabel, Termination
 from router.routing import Refusal, Refused
 from router.udp.flow_table import Address, Flow, PendingFlow
@@ -37,7 +38,7 @@ class FlowAccess:
         """The ClientHello is read: its hostname, the pod it names and (when routable) its address."""
         record: AccessRecord | None = pending.access
         if record is not None:
-            record.hostname, record.pod, record.decided_at = hostname, decision.pod_name, now
+            record.hostname, record.pod, record.decided_at = clip_optional(hostname), decision.pod_name, now
             record.pod_address = decision.quic_endpoint if isinstance(decision, Target) else None
 
     def established(self, pending: PendingFlow[Any], flow: Flow[Any], pod_address: str) -> None:

@@ -20,8 +20,9 @@ from quic.native import InitialProtection
 from quic.packet import QuicErrorCode, QuicPacketError
 from quic.server_packets import build_initial_close, build_version_negotiation
 from router.log_limiter import RateLimitedLog
+from router.logging_setup import clip_optional
 from router.metrics import RouterMetrics
-from router.outcomes import QuicDropReason, QuicFlowOutcome, WebTransportOutcome
+from router.outcomes import DroppedLog, QuicDropReason, QuicFlowOutcome, WebTransportOutcome
 from router.routing import REFUSAL_ANSWERS, Refusal
 from router.udp.flow_limits import FlowTableError
 from router.udp.flow_table import Address, PendingFlow, Rejection, UdpFlowTable
@@ -89,7 +90,7 @@ class QuicRefusals:
         self._metrics = metrics
         self._budget = ByteBudget(budget_bytes_per_s, budget_bytes_per_s)
         self._send = send
-        self.log = RateLimitedLog(log)
+        self.log = RateLimitedLog(log, dropped=metrics.dropped_lines(DroppedLog.REJECTION))
 
     def refuse(
         self, addr: Address, version: int, dcid: bytes, scid: bytes, received: int, now: float,
@@ -99,7 +100,8 @@ class QuicRefusals:
         returns the bytes answered (0 when the answer was not sent)."""
         outcome, reason = quic_answer(refusal, self._metrics.webtransport)
         self._metrics.quic_outcome(outcome)
-        self.log.info("quic flow refused: hostname=%r peer=%s outcome=%s", hostname, peer(addr), outcome)
+        self.log.info("quic flow refused: hostname=%r peer=%s outcome=%s",
+                      clip_optional(hostname), peer(addr), outcome)
         try:
             answer = build_initial_close(
                 version, dcid, scid, reason, QuicErrorCode.CONNECTION_REFUSED, native=self._native

@@ -8,7 +8,9 @@ other exception, or a broken invariant (``FuzzInvariantError``), is a crash. See
 from real clients: ``ssl`` ClientHellos, ``h2`` client streams, aioquic first flights
 (whole protected datagrams, and their decrypted frames re-encrypted so that mutations reach
 the frame parser), and EndpointSlice documents from ``router/demo/``. The targets live in
-``targets_tls``, ``targets_h2``, ``targets_quic``, ``targets_endpoints`` and ``targets_proxy``.
+``targets_tls``, ``targets_h2``, ``targets_quic``, ``targets_endpoints``, ``targets_proxy`` and
+``targets_authority``. Every target that parses a hostname hands it to ``route_name``, which checks
+the authority's length bound (``MAX_AUTHORITY_LENGTH``) on the way.
 
 ====================  ===========================================================  =================
 target                what runs (and the invariant checked besides "no other error")  allowed error
@@ -16,6 +18,9 @@ target                what runs (and the invariant checked besides "no other err
 clienthello           ``client_hello_parser`` (its C walk = ``parse_client_hello``),     ClientHelloError
                       then the hostname match
 tls_peek              ``ClientHelloReader.feed``, whole and chunked must agree          TlsPeekError
+authority             the hostname match of any name (``route_name``), under two        (none)
+                      templates: a name longer than ``MAX_AUTHORITY_LENGTH`` never
+                      routes and is never remembered; a remembered answer is the match's
 h2_request            ``H2RequestReader.feed``, whole and chunked must agree            H2PeekError
 settings_ack          ``SettingsAckStripper.feed``: input minus exactly one ACK out     H2PeekError
 initial_frames        ``walk_initial_frames`` into a ``CryptoReassembler``              QuicPacketError
@@ -51,6 +56,7 @@ target's first byte picks the version and packet number length.
 from __future__ import annotations
 
 from tests.fuzz.target import FuzzTarget
+from tests.fuzz.targets_authority import AUTHORITY_TARGETS
 from tests.fuzz.targets_endpoints import ENDPOINTS_TARGETS
 from tests.fuzz.targets_h2 import H2_TARGETS
 from tests.fuzz.targets_proxy import PROXY_TARGETS
@@ -58,7 +64,8 @@ from tests.fuzz.targets_quic import QUIC_TARGETS
 from tests.fuzz.targets_tls import TLS_TARGETS
 
 TARGETS: dict[str, FuzzTarget] = {
-    t.name: t for t in (*TLS_TARGETS, *H2_TARGETS, *QUIC_TARGETS, *ENDPOINTS_TARGETS, *PROXY_TARGETS)
+    t.name: t
+    for t in (*TLS_TARGETS, *H2_TARGETS, *QUIC_TARGETS, *ENDPOINTS_TARGETS, *PROXY_TARGETS, *AUTHORITY_TARGETS)
 }
 """Every fuzz target by name (crash files are named ``<target>--<signature>--<sha1>.bin``)."""
 

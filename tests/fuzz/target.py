@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from router import constants as c
-from router.hostname import HostnameTemplate
+from router.hostname import HostnameTemplate, is_pod_label
 from tests.support.tls import u16
 
 SEPARATOR = b"\xfe\xfd\xfc\xfb"
@@ -50,6 +50,20 @@ class FuzzTarget:
     """Optional structure-aware mutator (parse, change a node, re-serialise)."""
     reaches_c: bool = False
     """Runs C code when the extensions are built (``tests/sanitize/run`` fuzzes these under ASan/UBSan)."""
+
+
+def route_name(name: str, template: HostnameTemplate = TEMPLATE) -> str | None:
+    """What the router does next with a parsed ``:authority`` or SNI: the template's match. It must not
+    raise; a name longer than any authority (``MAX_AUTHORITY_LENGTH``) names no pod and is never
+    remembered; a pod it names is one DNS label, and a remembered answer is the one a match gives."""
+    pod = template.pod_name_for(name)
+    if len(name) > c.MAX_AUTHORITY_LENGTH:
+        check(pod is None, f"a name of {len(name)} characters named pod {pod!r}")
+        check(name not in template._names, f"a name of {len(name)} characters was remembered")
+    elif pod is not None:
+        check(is_pod_label(pod), f"{pod!r} is not a pod label")
+        check(template._match(name) == pod, "the remembered answer is not the match's")
+    return pod
 
 
 def pieces(data: bytes) -> list[bytes]:

@@ -10,7 +10,7 @@ from typing import Any
 
 import hpack
 
-from tests.fuzz.target import TEMPLATE, FuzzTarget, check, feed_all, pieces, tweak
+from tests.fuzz.target import FuzzTarget, check, feed_all, pieces, route_name, tweak
 from tests.support.h2 import frame, split_frames
 from wire.h2_frames import H2_PREFACE, H2PeekError
 from wire.h2c import H2RequestReader
@@ -30,7 +30,7 @@ def run_h2_request(data: bytes) -> str:
     authority = request.authority  # type: ignore[attr-defined]
     check(authority is None or isinstance(authority, str), "authority type")
     if authority:
-        TEMPLATE.pod_name_for(authority)
+        route_name(authority)
     return "request"
 
 
@@ -134,6 +134,8 @@ _HEADER_POOL = (
     (":authority", ""), (":authority", "x" * 300), ("host", "stargate-0.stargate.external"), (":path", "/"),
     (":path", "/stargate.StargateControlPlane/WatchStargates"), (":method", "POST"), (":scheme", "http"),
     ("te", "trailers"), ("content-type", "application/grpc"), ("x-big", "v" * 5000), ("", ""), (":authority", "\x00"),
+    (":authority", "stargate-0.stargate.external:650710"), (":authority", "stargate-0.stargate.external:" + "0" * 9000),
+    (":authority", "stargate-0.stargate.external.:65535"), ("host", "stargate-1.stargate.external:" + "9" * 300),
 )
 
 

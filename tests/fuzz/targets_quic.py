@@ -35,7 +35,7 @@ from router.udp.quic_lb import MAX_SERVER_ID_BYTES, routable_cid, server_id
 from router.udp.settings import UdpRouterSettings
 from tests.fuzz.mutators_native import mutate_first_payloads, mutate_frames, mutate_long_headers
 from tests.fuzz.seed_flights import first_flight, quic_hellos
-from tests.fuzz.target import CORPUS_DIR, SEPARATOR, TEMPLATE, FuzzTarget, check
+from tests.fuzz.target import CORPUS_DIR, SEPARATOR, TEMPLATE, FuzzTarget, check, route_name
 from tests.fuzz.targets_tls import hellos, mutate_hello
 from tests.support.initial_reference import (
     c_hello_agrees,
@@ -111,7 +111,7 @@ def _sniff(datagrams: Sequence[bytes]) -> str:
         if info is not None:
             check(sniffer.feed(datagram) is info, "a complete sniffer changed its answer")
             if info.server_name:
-                TEMPLATE.pod_name_for(info.server_name)
+                route_name(info.server_name)
             return "hello"
     return "incomplete"
 

@@ -29,6 +29,8 @@ from router.logging_setup import (
     EVENT_FIELDS,
     JsonFormatter,
     TextFormatter,
+    clip,
+    clip_optional,
     configure_logging,
     direct_handler,
 )
@@ -126,7 +128,7 @@ def test_unknown_fields_are_json_null_and_text_lines_carry_the_same_keys() -> No
     assert line["decision_us"] is None
 
 
-def test_rejected_lines_are_rate_limited_and_accepted_lines_never_are() -> None:
+def test_rejected_lines_are_rate_limited_and_accepted_lines_do_not_share_their_limit() -> None:
     logger, stream = captured()
     metrics = RouterMetrics()
     access = AccessLog(metrics, logger=logger)
@@ -142,9 +144,50 @@ def test_rejected_lines_are_rate_limited_and_accepted_lines_never_are() -> None:
     assert access.suppressed == flood - len(rejected)
     # the metrics count every one, written or not
     assert sample(metrics, "stargate_k8s_router_terminations_total", protocol="h2c", termination="rejected") == flood
+    assert sample(metrics, c.LOG_LINES_DROPPED_TOTAL + "_total", log="access") == flood - len(rejected)
     time.sleep(2 / c.REJECTION_LOG_LINES_PER_S)  # a token again: the next line says how many were held back
     access.end(access.open("h2c", "127.0.0.1:1", 0.0), "unknown_authority", Termination.REJECTED, 0.0)
     assert lines(stream)[-1]["suppressed"] == flood - len(rejected)
+
+
+@pytest.mark.parametrize("fmt", ["json", "text"])
+def test_accepted_lines_beyond_their_budget_are_dropped_counted_and_reported(fmt: str) -> None:
+    """The budget the router runs with, ``ACCESS_LOG_LINES_PER_S``, small here: a burst of endings
+    writes that many lines, counts the rest in ``log_lines_dropped_total{log="access"}``, and the first
+    line written after says how many it stands for. Through the router's own handler (the direct line)."""
+    metrics = RouterMetrics()
+    with _router_logging_alone(fmt) as stream:
+        assert direct_handler(logging.getLogger(c.ACCESS_LOGGER_NAME)) is not None
+        access = AccessLog(metrics, lines_per_s=50)
+        ends = 400
+        for i in range(ends):
+            record = access.open("tls", f"127.0.0.1:{i}", 0.0)
+            record.hostname, record.pod = "sg-0.stargate.external", "sg-0"
+            access.end(record, "completed" if i % 2 else "relay_error", Termination.POD_CLOSE, 1.0)
+        written = stream.getvalue().splitlines()
+        dropped = sample(metrics, c.LOG_LINES_DROPPED_TOTAL + "_total", log="access")
+        assert 50 <= len(written) < 60 and len(written) + dropped == ends  # (the loop itself refills a little)
+        assert access.suppressed_accepted == dropped
+        time.sleep(0.05)
+        access.end(access.open("h2c", "127.0.0.1:1", 0.0), "completed", Termination.CLIENT_CLOSE, 1.0)
+        last = stream.getvalue().splitlines()[-1]
+    assert (json.loads(last)["suppressed"] == dropped if fmt == "json"
+            else last.endswith(f" suppressed={int(dropped)}")), last
+    assert access.suppressed_accepted == 0
+    assert sample(metrics, "stargate_k8s_router_terminations_total", protocol="tls", termination="pod_close") == ends
+
+
+def test_a_hostname_is_cut_with_a_marker_and_no_line_grows_with_it() -> None:
+    assert clip("a" * c.LOG_FIELD_MAX_CHARS) == "a" * c.LOG_FIELD_MAX_CHARS
+    long_name = "stargate-0.stargate.external:" + "0" * 15_000
+    cut = clip(long_name)
+    assert cut == long_name[: c.LOG_FIELD_MAX_CHARS] + f"[...+{len(long_name) - c.LOG_FIELD_MAX_CHARS} chars]"
+    assert clip_optional(None) is None and clip_optional("x") == "x" and clip_optional(long_name) == cut
+    logger, stream = captured()
+    logger.info("rejected: %s", long_name, extra={"hostname": cut})
+    [line] = lines(stream)
+    assert len(line["msg"]) == c.LOG_MESSAGE_MAX_CHARS + len(f"[...+{15_029 + 10 - c.LOG_MESSAGE_MAX_CHARS} chars]")
+    assert line["hostname"] == cut
 
 
 def test_access_log_off_writes_nothing_but_still_counts() -> None:
@@ -181,7 +224,7 @@ def test_a_probe_adds_live_counts_to_what_the_record_already_holds() -> None:
 
 
 @pytest.mark.parametrize("outcome", ["completed", "relay_error"])
-def test_accepted_outcomes_bypass_the_limiter(outcome: str) -> None:
+def test_accepted_outcomes_bypass_the_rejection_limiter(outcome: str) -> None:
     logger, stream = captured()
     access = AccessLog(RouterMetrics(), logger=logger, live=LiveConnections())
     for _ in range(3 * int(c.REJECTION_LOG_LINES_PER_S)):
@@ -191,8 +234,9 @@ def test_accepted_outcomes_bypass_the_limiter(outcome: str) -> None:
 
 # The accepted connection's line is rendered by ``render_text_line`` / ``render_json_line``, not by
 # the formatters: they must write exactly the formatters' bytes for any value a record can hold.
-_CLEAN = ["10.0.0.7:53114", "[::1]:5000", "sg-0.stargate.external", "ünïcödé", "😀", "\u2028", "x"]
-_DIRTY = ["", " ", 'say "hi"', "a=b", "back\\slash", "tab\there", "cr\rlf\n", "\x00\x1f", "\\"]
+_CLEAN = ["10.0.0.7:53114", "[::1]:5000", "sg-0.stargate.external", "ünïcödé", "😀", "\ufffd", "x"]
+_DIRTY = ["", " ", 'say "hi"', "a=b", "back\\slash", "tab\there", "cr\rlf\n", "\x00\x1f", "\\",
+          "\x1b[2J\x07", "del\x7f", "nel\x85csi\x9b", "\u2028\u2029", "rlo\u202e\u2066", "tag\U000e0041", "\ud800"]
 _TS = "2025-01-02T03:04:05.678Z"
 _LOGGER_NAMES = [c.ACCESS_LOGGER_NAME, 'odd "name" \\ é']
 

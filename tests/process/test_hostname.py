@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import tracemalloc
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from router.constants import DEFAULT_ADVERTISED_HOSTNAME_TEMPLATE, MAX_HOSTNAME_LENGTH
+from router.constants import (
+    DEFAULT_ADVERTISED_HOSTNAME_TEMPLATE,
+    HOSTNAME_CACHE_ENTRIES,
+    MAX_AUTHORITY_LENGTH,
+    MAX_HOSTNAME_LENGTH,
+    MAX_PORT_DIGITS,
+)
 from router.hostname import HostnameTemplate, TemplateError, is_pod_label
 
 DEFAULT = HostnameTemplate.parse(DEFAULT_ADVERTISED_HOSTNAME_TEMPLATE, "stargate")
@@ -77,6 +85,11 @@ def test_non_ascii_namespace_is_refused() -> None:
         ("stargate-0.stargate.external:", None),
         ("stargate-0.stargate.external:x1", None),
         ("stargate-0.stargate.external:1:2", None),
+        ("stargate-0.stargate.external:65535", "stargate-0"),
+        ("stargate-0.stargate.external:00001", "stargate-0"),
+        ("stargate-0.stargate.external:650710", None),
+        ("stargate-0.stargate.external.:000001", None),
+        ("stargate-0.stargate.external:" + "0" * 16_000, None),
         ("stargate-0.stargate.external:\u0661", None),
         ("stargate-0.stargate.external..", None),
         ("-stargate.stargate.external", None),
@@ -165,3 +178,60 @@ def test_remembered_names_answer_alike_stay_bounded_and_misses_are_not_kept(
     assert 0 < len(template._names) <= 4
     assert all(template._names[name] == template._match(name) for name in template._names)
     assert template == HostnameTemplate.parse("{pod_name}.stargate.external", "demo")
+
+
+LONG_TEMPLATE = HostnameTemplate.parse("{pod_name}." + ".".join(["x" * 61] * 3) + "." + "y" * 56, "ns")
+"""``stargate-0`` under it is a 253-octet name, the longest there is."""
+LONGEST_NAME = LONG_TEMPLATE.hostname_for("stargate-0")
+
+
+def test_the_longest_legal_authority_names_its_pod_and_one_character_more_names_none() -> None:
+    assert len(LONGEST_NAME) == MAX_HOSTNAME_LENGTH
+    longest = LONGEST_NAME + ".:65535"
+    assert len(longest) == MAX_AUTHORITY_LENGTH == MAX_HOSTNAME_LENGTH + 2 + MAX_PORT_DIGITS
+    assert LONG_TEMPLATE.pod_name_for(longest) == "stargate-0"
+    assert LONG_TEMPLATE.pod_name_for(LONGEST_NAME + ":65535") == "stargate-0"
+    assert LONG_TEMPLATE.pod_name_for(LONGEST_NAME + ".:065535") is None
+    assert LONG_TEMPLATE.pod_name_for(LONGEST_NAME + ":0" * 2) is None
+
+
+_pod = st.from_regex(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", fullmatch=True)
+_too_long = st.tuples(_pod, st.sampled_from(["", ".", ":", ".:", ":5"]), st.text(alphabet="0123456789.:xX-",
+                      min_size=1, max_size=20_000))
+
+
+@settings(max_examples=300, deadline=None)
+@given(_too_long)
+def test_fuzz_nothing_longer_than_an_authority_routes_or_is_remembered(parts: tuple[str, str, str]) -> None:
+    """A routable name padded (port digits, dots, labels) past ``MAX_AUTHORITY_LENGTH`` names no pod,
+    and the table never holds it; whatever routes is within the bound."""
+    pod, joint, tail = parts
+    template = HostnameTemplate.parse("{pod_name}.stargate.external", "demo")
+    name = template.hostname_for(pod) + joint + tail
+    routed = template.pod_name_for(name)
+    if len(name) > MAX_AUTHORITY_LENGTH:
+        assert routed is None and name not in template._names
+    assert all(len(known) <= MAX_AUTHORITY_LENGTH for known in template._names)
+    if routed is not None:
+        assert routed == pod and len(name) <= len(template.hostname_for(pod)) + 2 + MAX_PORT_DIGITS
+
+
+def test_the_table_of_names_holds_at_most_its_documented_two_mib() -> None:
+    """The worst case: every entry a name of the longest kind with a port, each naming its own
+    63-character pod (``HOSTNAME_CACHE_ENTRIES``: "<= ~2 MiB")."""
+    template = HostnameTemplate.parse("{pod_name}." + "s" * (MAX_HOSTNAME_LENGTH - 63 - 3) + ".x", "ns")
+    names = [template.hostname_for(f"p{i:062d}") + f".:{i % 100_000:05d}" for i in range(HOSTNAME_CACHE_ENTRIES)]
+    assert {len(n) for n in names} == {MAX_AUTHORITY_LENGTH}
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for name in names:
+            assert template.pod_name_for(name) is not None
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert len(template._names) == HOSTNAME_CACHE_ENTRIES
+    # The names themselves were allocated before: what the table adds is its slots and the pod names;
+    # with the keys (49 bytes of header + their characters each) that is the table's whole cost.
+    keys = sum(49 + len(n) for n in names)
+    assert held + keys <= 2 * 1024 * 1024, (held, keys)

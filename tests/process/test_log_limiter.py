@@ -7,6 +7,8 @@ import logging
 import pytest
 
 from router.log_limiter import RateLimitedLog
+from router.metrics import RouterMetrics
+from router.outcomes import DroppedLog
 
 
 class Clock:
@@ -56,3 +58,17 @@ def test_an_admitted_line_carries_the_traceback_being_handled_and_a_suppressed_o
         ("unexpected error 0", "bug 0")
     ]
     assert limiter.suppressed == 2
+
+
+def test_every_suppressed_line_is_counted_for_good_in_the_dropped_series() -> None:
+    """``suppressed`` restarts at each written line; the ``log_lines_dropped_total`` series never does."""
+    metrics = RouterMetrics()
+    series = metrics.dropped_lines(DroppedLog.REJECTION)
+    clock = Clock()
+    logger = logging.getLogger("counted")
+    logger.setLevel(logging.INFO)
+    limiter = RateLimitedLog(logger, per_second=2, clock=clock, dropped=series)
+    assert sum(limiter.info("x") for _ in range(10)) == 2 and series.value == 8
+    clock.now += 1.0
+    assert limiter.info("again") and limiter.suppressed == 0
+    assert sum(limiter.info("x") for _ in range(5)) == 1 and series.value == 12

@@ -8,6 +8,7 @@ import io
 import json
 import logging
 import re
+import unicodedata
 from collections.abc import Iterator
 from datetime import UTC, datetime
 
@@ -18,6 +19,7 @@ from router.logging_setup import (
     EVENT_FIELDS,
     LOG_FLUSH_INTERVAL_S,
     LOG_LEVELS,
+    UNSAFE_CHARACTERS,
     TextFormatter,
     _timestamp_of,
     configure_logging,
@@ -287,15 +289,43 @@ def test_timestamps_are_the_second_then_the_truncated_milliseconds() -> None:
         assert _timestamp_of(created) == formatted(created), created
 
 
+UNSAFE_CATEGORIES = frozenset({"Cc", "Cf", "Zl", "Zp", "Cs"})
+"""Control, format, line and paragraph separator characters, and lone surrogates."""
+
+
+def _unsafe(char: str) -> bool:
+    return unicodedata.category(char) in UNSAFE_CATEGORIES
+
+
+def _escaped(text: str) -> str:
+    """The reference escaping: ``json``'s own (C0, quote, backslash), then each remaining unsafe
+    character as ``json`` writes it with ``ensure_ascii``."""
+    return "".join(json.dumps(ch)[1:-1] if _unsafe(ch) else ch for ch in json.dumps(text, ensure_ascii=False))
+
+
+def test_the_unsafe_class_is_every_control_format_and_separator_character_and_nothing_printable() -> None:
+    """Every Cc (C0, DEL, C1), Cf (bidi controls, zero-width, BOM, soft hyphen, tags...), Zl, Zp and Cs
+    code point of this Python's Unicode database is in it; what else it holds is unassigned here
+    (the ranges are whole, so a newer database's additions there are in already)."""
+    unsafe = re.compile(f"[{UNSAFE_CHARACTERS}]")
+    for code in range(0x110000):
+        char = chr(code)
+        if _unsafe(char):
+            assert unsafe.match(char), f"U+{code:04X} {unicodedata.category(char)}"
+        elif unsafe.match(char):
+            assert unicodedata.category(char) == "Cn", f"U+{code:04X} is escaped but printable"
+
+
 def test_text_values_are_quoted_for_exactly_the_documented_characters() -> None:
     def quoted(value: object) -> str:  # the formatter's rule, written out once more
         text = str(value)
-        if not text or not frozenset(' "=\\\t\r\n').isdisjoint(text):
-            return json.dumps(text, ensure_ascii=False)
+        if not text or not frozenset(' "=\\\t\r\n').isdisjoint(text) or any(map(_unsafe, text)):
+            return _escaped(text)
         return text
 
-    values: list[object] = [None, 0, -1, 51.2, float("nan"), "", "plain", "a b", "é ü"]
+    values: list[object] = [None, 0, -1, 51.2, float("nan"), "", "plain", "a b", "é ü", "\U000e0041", "\ud800x"]
     values += [f"a{chr(code)}b" for code in range(0x3000)] + [chr(code) for code in range(0x80)]
+    values += [f"a{chr(code)}" for code in (0xFEFF, 0x110BD, 0x1D173, 0xE0001, 0xE007F)]
     formatter = TextFormatter()
     for value in values:
         assert text_value(value) == quoted(value), repr(value)
@@ -303,7 +333,38 @@ def test_text_values_are_quoted_for_exactly_the_documented_characters() -> None:
         assert line == f"T info l m k={text_value(value)}", repr(value)
 
 
-def test_json_strings_are_the_encoders() -> None:
+def test_json_strings_are_the_encoders_with_every_unsafe_character_escaped() -> None:
     encoder = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
-    for value in [None, "", "plain", 'say "hi"', "back\\slash", "\x00\x1f\x7f", "\u2028é😀", "\ud800"]:
-        assert json_string(value) == encoder.encode(value), repr(value)
+    for value in [None, "", "plain", 'say "hi"', "back\\slash", "\x00\x1f\x7f", "\u2028é😀", "\ud800",
+                  "\x1b[31m\x07\x85\x9b", "\u202e\u2066\u200b\ufeff\U000e0041"]:
+        assert json_string(value) == (encoder.encode(value) if value is None else _escaped(value)), repr(value)
+        assert json.loads(json_string(value)) == value  # escaped, not altered
+        assert json_string(value).isascii() or not any(map(_unsafe, json_string(value)))
+
+
+ATTACK = ("x\x1b]0;owned\x07\x1b[2J\x08\x7f\x0b\x0c\x1c\x85\x9b31m\u2028\u2029"
+          "\u202eevil\u2066\u200b\ufeff\U000e0041\ud800")
+"""ESC sequences (OSC title, clear), BEL, BS, DEL, VT, FF, FS, NEL, CSI, both separators, an RLO,
+an isolate, a zero-width space, a BOM, a tag character and a lone surrogate."""
+
+
+@pytest.mark.parametrize("fmt", ["text", "json"])
+def test_no_unsafe_character_reaches_a_line_raw_in_either_format(fmt: str) -> None:
+    out = io.StringIO()
+    configure_logging(fmt, "info", stream=out)  # type: ignore[arg-type]
+    try:
+        raise ValueError(ATTACK)
+    except ValueError:
+        logging.getLogger("t").exception("rejected %s", ATTACK, extra={"hostname": ATTACK, ATTACK: 1})
+    logging.getLogger("t").info("m", extra={EVENT_FIELDS: {"hostname": ATTACK}})
+    lines = _lines(out)
+    assert len(lines) == 2
+    for line in lines:
+        assert not [ch for ch in line if _unsafe(ch)], line
+    if fmt == "json":
+        first, second = map(json.loads, lines)
+        assert (first["msg"], first["hostname"], first[ATTACK], second["hostname"]) == (
+            f"rejected {ATTACK}", ATTACK, 1, ATTACK)
+        assert ATTACK in first["exc"]
+    else:
+        assert f'hostname="{_escaped(ATTACK)[1:-1]}"' in lines[1]

@@ -24,7 +24,7 @@ import pytest
 from router import constants as c
 from router.demo.grpc_pods import ECHO, WATCH, RunningPod, call_whoami, start_pod
 from router.demo.pki import DemoPki, make_pki
-from router.outcomes import TCP_PROTOCOLS, GrpcOutcome, QuicOutcome, WebTransportOutcome
+from router.outcomes import TCP_PROTOCOLS, DroppedLog, GrpcOutcome, QuicOutcome, WebTransportOutcome
 from tests.support.bulk_tls import BulkTlsPod, bulk_tls_client
 from tests.support.router_process import RouterProcess, router_args, write_endpoints
 from wire.grpc import GrpcStatus
@@ -87,6 +87,8 @@ def test_metrics_exist_at_zero_on_first_scrape(tmp_path: Path) -> None:
             assert router.metric(c.QUIC_CONNECTIONS_TOTAL + "_total", outcome=outcome) == 0
         for session_outcome in WebTransportOutcome:
             assert router.metric(c.WEBTRANSPORT_SESSIONS_TOTAL + "_total", outcome=session_outcome) == 0
+        for log in DroppedLog:
+            assert router.metric(c.LOG_LINES_DROPPED_TOTAL + "_total", log=log) == 0
         assert router.stop() == 0
 
 
