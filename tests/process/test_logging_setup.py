@@ -343,9 +343,10 @@ def test_json_strings_are_the_encoders_with_every_unsafe_character_escaped() -> 
 
 
 ATTACK = ("x\x1b]0;owned\x07\x1b[2J\x08\x7f\x0b\x0c\x1c\x85\x9b31m\u2028\u2029"
-          "\u202eevil\u2066\u200b\ufeff\U000e0041\ud800")
+          "\u202eevil\u2066\u200b\ufeff\U000e0041")
 """ESC sequences (OSC title, clear), BEL, BS, DEL, VT, FF, FS, NEL, CSI, both separators, an RLO,
-an isolate, a zero-width space, a BOM, a tag character and a lone surrogate."""
+an isolate, a zero-width space, a BOM and a tag character. (A lone surrogate is escaped too, as the
+unit tests above show; a line holding one cannot cross pytest-xdist's reports, so not here.)"""
 
 
 @pytest.mark.parametrize("fmt", ["text", "json"])
