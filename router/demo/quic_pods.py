@@ -33,12 +33,20 @@ QUIC_V2 = int(QuicProtocolVersion.VERSION_2)
 StreamHandler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], None]
 
 
+async def read_to_end(reader: asyncio.StreamReader, limit: int = MAX_REQUEST_BYTES) -> bytes:
+    """A stream's bytes up to its end (at most ``limit``): one ``read`` may return a first part only."""
+    received = bytearray()
+    while len(received) < limit and (chunk := await reader.read(limit - len(received))):
+        received += chunk
+    return bytes(received)
+
+
 def _answer(pod_name: str) -> StreamHandler:
     tasks: set[asyncio.Task[None]] = set()
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            payload = await asyncio.wait_for(reader.read(MAX_REQUEST_BYTES), REQUEST_TIMEOUT_S)
+            payload = await asyncio.wait_for(read_to_end(reader), REQUEST_TIMEOUT_S)
         except (TimeoutError, ConnectionError):
             writer.close()
             return
@@ -110,11 +118,13 @@ def client_configuration(
 async def request(
     client: QuicConnectionProtocol, payload: bytes, timeout_s: float = REQUEST_TIMEOUT_S
 ) -> bytes:
-    """One stream round trip on an open connection: ``payload`` out, the pod's answer back."""
+    """One stream round trip on an open connection: ``payload`` out, the pod's whole answer back (up
+    to its end of stream: a path being validated sends it in several packets)."""
     reader, writer = await client.create_stream()
     writer.write(payload)
     writer.write_eof()
-    return await asyncio.wait_for(reader.read(MAX_REQUEST_BYTES), timeout_s)
+
+    return await asyncio.wait_for(read_to_end(reader), timeout_s)
 
 
 class _ReasonRecordingProtocol(QuicConnectionProtocol):
