@@ -43,27 +43,26 @@ NGINX_ROUND_CONNECTIONS = 16_000
 """nginx's worker_connections in ``--rounds``: 8,000 UDP sessions, ~30 rounds of 4 s of handshakes."""
 
 CALLBACK_HOOKS = '''
-    from router.udp import demux, edge, pod_link, pod_to_client, verdicts
+    from router.udp import demux, edge, flow_opening, pod_link, pod_to_client, verdicts
     from quic import initial_sniffer
     from quic.packet import long_header_cids
 
-    def client_kind(router, data, addr):
-        table = router._table
+    def client_kind(demuxer, data, addr):
+        table = demuxer._table
         if table.flow(addr) is not None:
             return "client datagram, routed flow"
         pending = table.pending(addr, long_header_cids(data)[0])
         return "client datagram, pending flow" if pending else "client datagram, new address"
 
-    hook(edge.UdpRouter, "_from_client", "", client_kind)
-    hook(edge.UdpRouter, "_send_outboxes", "client datagrams sent to pods (per loop iteration)")
+    hook(demux.ClientDemux, "deliver", "", client_kind)
     hook(getattr(pod_link, "Outboxes", None), "_send", "client datagrams sent to pods (per loop iteration)")
     hook(pod_to_client.ClientReplies, "readable", "pod socket readable: read, send to client")
     hook(edge.UdpRouter, "sweep", "sweep (expiry)")
     # The flow's set-up runs inside the routing decision, inside the new address's datagram.
-    hook(edge.UdpRouter, "_dial", "    of which: flow setup: socket, link, metrics")
+    hook(flow_opening.FlowOpener, "dial", "    of which: flow setup: socket, link, metrics")
     hook(initial_sniffer.InitialSniffer, "feed", "  of which: InitialSniffer.feed")
     hook(initial_sniffer.InitialSniffer, "_sniff_first", "    of which: sniff_first (C: keys, opening, hello)")
-    hook(edge.UdpRouter, "_route", "  of which: routing decision and flow setup")
+    hook(flow_opening.FlowOpener, "_route", "  of which: routing decision and flow setup")
     hook(demux, "classify_unrouted", "  of which: classify_unrouted")
     hook(demux, "classify_on_flow", "  of which: classify_on_flow")
     hook(pod_to_client.ClientReplies, "_send", "  of which: send to client")
@@ -72,8 +71,7 @@ CALLBACK_HOOKS = '''
     hook(initial_sniffer, "decrypt_initial", "    of which: decrypt_initial")
     hook(initial_sniffer, "parse_client_hello", "    of which: parse_client_hello")
     hook(verdicts, "parse_long_header", "    of which: parse_long_header")
-    hook(edge, "connect_udp", "      of which: connect_udp (socket, connect)")
-    hook(edge.UdpRouter, "_learn_from_pod", "pod long header handed back")
+    hook(flow_opening, "connect_udp", "      of which: connect_udp (socket, connect)")
     hook(edge.UdpRouter, "_learn_pod_cid", "pod SCID handed back")
 '''
 """The QUIC edge's callbacks timed by ``--callbacks`` (``bench.callback_hooks``)."""

@@ -1,16 +1,18 @@
-"""``--workers N``: what following a moved client across workers costs (``router/udp/worker_follow.py``).
+"""``--workers N``: what following a moved client across workers costs (``router/udp/cid_index.py``,
+``router/udp/joins.py``).
 
 Two figures, from ``python -m router --workers 2`` and an echoing pod (``start_udp_sink``):
 
-* an asked miss: a short header from a new address naming no flow, which the worker that got it
-  asks the other about (encode, a message over the workers' socket, the other's decode and look-up,
-  the drop counted at the ask's deadline), against the same miss on one worker (dropped at once);
-* a forwarded datagram: a connection whose client moved to a port the kernel gives the worker that
-  does not hold its flow; each of its datagrams costs one more hop (encode, a message, decode, the
-  owner's usual path). Its established datagrams are the comparison; the figure is solved from two
-  phases, since which worker a new port lands on is the kernel's choice: the moved phase's CPU, less
-  its datagrams that reached their own worker at the established cost, over the forwarded ones
-  (``quic_worker_handoffs_total{kind="forwarded"}``).
+* a miss: a short header from a new address naming no flow, which the worker that got it looks up
+  in the workers' shared connection-ID index (finding nothing) and drops, against the same miss on
+  one worker (no index);
+* a moved client's datagram: a connection whose client moved to a port the kernel gives the worker
+  that does not hold its flow. Its first datagram there is joined to the pod (a flow of that
+  worker's own, confirmed by the pod's answer); the rest take that worker's usual path. Its
+  established datagrams are the comparison; the figure is solved from two phases, since which
+  worker a new port lands on is the kernel's choice: the moved phase's CPU, less its datagrams that
+  reached their own worker at the established cost, over the joined connections' datagrams
+  (``quic_connections_total{outcome="joined"}`` times the rounds), the join included.
 
 Datagrams of flows a worker holds never reach this code: the established rows (``udp_relay``,
 ``udp_echo``, ``udp_demux``) measure that path, unchanged.
@@ -31,7 +33,7 @@ from router import constants as c
 DATAGRAM_BYTES = 1200
 SETTLE_S = 0.3
 """After the last send: the router has read (and echoed) every datagram."""
-HANDOFFS = f"{c.QUIC_WORKER_HANDOFFS_TOTAL}_total"
+CONNECTIONS = f"{c.QUIC_CONNECTIONS_TOTAL}_total"
 
 
 def worker_follow(ctx: BenchContext) -> list[Row]:
@@ -40,17 +42,14 @@ def worker_follow(ctx: BenchContext) -> list[Row]:
     rows = [(POD, POD_HOST, 1, port)]
     two, one = ctx.own(Router(ctx.workdir, rows, workers=2)), ctx.own(Router(ctx.workdir, rows, workers=1))
     misses = ctx.pick(200, 400)
-    if misses > c.QUIC_HANDOFF_ASK_BURST / 2:
-        raise BenchError(f"{misses} asks a round would empty the ask bucket")
     connections, rounds = ctx.pick(50, 100), ctx.pick(20, 50)
     ctx.log(f"worker follow: {misses} misses per case; {connections} connections x {rounds} datagrams moved")
 
     def miss(router: Router) -> float:
-        time.sleep(misses / c.QUIC_HANDOFF_ASKS_PER_S)  # the bucket refills: every miss of the round is asked
         before = cpu_exact(router.pid)
         clients.call(join_load.send_from_new_addresses, ("127.0.0.1", router.udp_port), misses, os.urandom(4),
                      DATAGRAM_BYTES)
-        time.sleep(c.QUIC_HANDOFF_ASK_DEADLINE_S + SETTLE_S)  # the unclaimed asks are counted dropped
+        time.sleep(SETTLE_S)
         return (cpu_exact(router.pid) - before) / misses * 1e6
 
     def moved() -> tuple[float, float]:
@@ -68,44 +67,39 @@ def worker_follow(ctx: BenchContext) -> list[Row]:
         established = _phase(two, pod, clients, rounds)[0]
         clients.call(follow_load.move, addr, DATAGRAM_BYTES)
         time.sleep(SETTLE_S)
-        cpu, delivered, forwarded = _phase(two, pod, clients, rounds)
+        joined_before = two.process.metric(CONNECTIONS, outcome="joined")
+        cpu, delivered = _phase(two, pod, clients, rounds)
+        joined = int(two.process.metric(CONNECTIONS, outcome="joined") - joined_before) * rounds
         clients.call(demux_load.retire)
-        if not forwarded:
+        if not joined:
             raise BenchError("no moved connection landed on the other worker")
         per_established = established / (rounds * connections)
-        return (cpu - per_established * (delivered - forwarded)) / forwarded * 1e6, per_established * 1e6
+        return (cpu - per_established * (delivered - joined)) / joined * 1e6, per_established * 1e6
 
     try:
-        results = interleaved(ctx.rounds, {"asked": lambda: miss(two), "one_worker": lambda: miss(one),
+        results = interleaved(ctx.rounds, {"two_workers": lambda: miss(two), "one_worker": lambda: miss(one),
                                            "moved": moved})
-        asked = two.process.metric(HANDOFFS, kind="asked")
-        limited = two.process.metric(HANDOFFS, kind="ask_limited")
     finally:
         clients.call(demux_load.close_all)
         clients.call(join_load.close_all)
-    if limited or asked < misses * ctx.rounds:
-        raise BenchError(f"{asked:.0f} of {misses * ctx.rounds} misses asked ({limited:.0f} over the bucket)")
     note = (f"{DATAGRAM_BYTES} B short headers; misses: {misses} new client addresses per case, each its own "
             f"wake-up; moved: {connections} connections, {rounds} datagrams each, echoed by the pod")
     return [
-        Row("worker_follow_ask_cpu", "router CPU per miss asked of the other worker (--workers 2; nobody "
-            "claims it: counted dropped at the deadline)", "CPU us/datagram", median(results["asked"]),
-            "one worker (dropped at once)", median(results["one_worker"]), None, higher_is_better=False,
-            note=note),
-        Row("worker_follow_forward_cpu", "router CPU per datagram of a moved client the kernel gives the worker "
-            "without its flow (forwarded to the owner; echo included)", "CPU us/pkt",
+        Row("worker_follow_miss_cpu", "router CPU per miss (--workers 2: looked up in the shared "
+            "connection-ID index, found nowhere, dropped)", "CPU us/datagram", median(results["two_workers"]),
+            "one worker (no index)", median(results["one_worker"]), None, higher_is_better=False, note=note),
+        Row("worker_follow_moved_cpu", "router CPU per datagram of a moved client the kernel gives the worker "
+            "without its flow (joined there, the join included; echo included)", "CPU us/pkt",
             median([r[0] for r in results["moved"]]), "its established datagrams",
             median([r[1] for r in results["moved"]]), None, higher_is_better=False, note=note),
     ]
 
 
-def _phase(router: Router, pod: Agent, clients: Agent, rounds: int) -> tuple[float, int, int]:
-    """Every connection sends ``rounds`` datagrams: (router CPU seconds, datagrams the pod got,
-    datagrams forwarded between the workers)."""
-    received, forwarded = pod.call(udp_sink_stats)[0], router.process.metric(HANDOFFS, kind="forwarded")
+def _phase(router: Router, pod: Agent, clients: Agent, rounds: int) -> tuple[float, int]:
+    """Every connection sends ``rounds`` datagrams: (router CPU seconds, datagrams the pod got)."""
+    received = pod.call(udp_sink_stats)[0]
     before = cpu_exact(router.pid)
     clients.call(follow_load.send_each, rounds, DATAGRAM_BYTES)
     time.sleep(SETTLE_S)
     cpu = cpu_exact(router.pid) - before
-    return (cpu, pod.call(udp_sink_stats)[0] - received,
-            int(router.process.metric(HANDOFFS, kind="forwarded") - forwarded))
+    return cpu, pod.call(udp_sink_stats)[0] - received

@@ -25,23 +25,19 @@ from discovery.settings import DiscoverySettings
 from discovery.targets import EMPTY_SNAPSHOT, TargetSnapshot
 from router.access_log import AccessLog
 from router.bind_failure import BindFailure, binding
-from router.client_count_table import LayoutError
 from router.config import RouterConfig
 from router.constants import GC_YOUNG_THRESHOLD
 from router.debug_endpoints import router_routes
-from router.extensions import Extensions, choose
 from router.flag_values import ConfigError
 from router.health import HealthServer
 from router.hostname import HostnameTemplate, TemplateError
-from router.memory_bounds import MemoryBounds, bounds_at_start
 from router.metrics import RouterMetrics
-from router.shared_client_limits import client_counts
+from router.runtime import Runtime
 from router.tcp.edge import TcpRouter, TcpRouterSettings
 from router.udp.edge import UdpRouter
 from router.udp.flow_limits import FlowLimits
 from router.udp.settings import UdpRouterSettings
-from router.udp.worker_link import WorkerPeers
-from router.worker_seat import SeatError, WorkerReport, WorkerSeat, report
+from router.worker_seat import WorkerReport, report
 
 log = logging.getLogger("router.app")  # pinned: operators filter logs by this name
 
@@ -94,21 +90,14 @@ def raise_fd_limit() -> None:
 class RouterApp:
     """One router process (one worker)."""
 
-    def __init__(
-        self, config: RouterConfig, metrics: RouterMetrics | None = None, memory: MemoryBounds | None = None,
-        extensions: Extensions | None = None, seat: WorkerSeat | None = None,
-    ) -> None:
+    def __init__(self, config: RouterConfig, runtime: Runtime | None = None) -> None:
         self.config = config
-        self.seat = seat
-        """This process's place among the supervisor's workers (None: the operator started it)."""
-        self.extensions = choose() if extensions is None else extensions.require()
-        """The C extensions both edges use, chosen once (``router.extensions``)."""
-        # The QUIC tables' bounds: given, or sized to the cgroup's memory limit (router.memory_bounds).
-        self.memory, self._memory_line = (
-            (memory, memory.describe("given")) if memory is not None
-            else bounds_at_start(1 if seat is None else seat.count)
-        )
-        self.metrics = metrics if metrics is not None else RouterMetrics(version(), webtransport=config.webtransport)
+        self.runtime = Runtime.at_start(config) if runtime is None else runtime
+        """What this process chose once at start (``router.runtime``): extensions, memory, counts, seat."""
+        self.seat = self.runtime.seat
+        self.extensions = self.runtime.extensions
+        self.memory = self.runtime.memory
+        self.metrics = RouterMetrics(version(), webtransport=config.webtransport)
         try:
             self.template = HostnameTemplate.parse(
                 config.advertised_hostname_template, config.target_namespace
@@ -120,14 +109,6 @@ class RouterApp:
         self._stop = asyncio.Event()
         self.source = self._make_source()
         self.access = AccessLog(self.metrics, enabled=config.access_log)
-        # In this process, or (``--workers N``) in the table the supervisor shares: chosen once here.
-        try:
-            tcp_counts, quic_counts = client_counts(
-                config.max_connections_per_client, config.max_quic_flows_per_client,
-                None if seat is None else seat.client_table_fd, 0 if seat is None else seat.index,
-            )
-        except LayoutError as exc:
-            raise SeatError(f"the supervisor's client table: {exc}") from None
         self.tcp = TcpRouter(
             TcpRouterSettings(
                 connect_timeout_s=config.connect_timeout_s,
@@ -137,7 +118,7 @@ class RouterApp:
                 accept_proxy_protocol=config.accept_proxy_protocol,
                 proxy_protocol_trusted_cidrs=config.proxy_protocol_trusted_cidrs,
                 max_connections_per_client=config.max_connections_per_client,
-                client_counts=tcp_counts,
+                client_counts=self.runtime.tcp_counts,
                 defer_accept=config.tcp_defer_accept,
                 extensions=self.extensions,
             ),
@@ -151,12 +132,11 @@ class RouterApp:
                 ),
                 cid_length=config.quic_cid_length,
                 max_flows_per_client=config.max_quic_flows_per_client,
-                client_counts=quic_counts,
+                client_counts=self.runtime.quic_counts,
                 quic_lb_server_id_bytes=config.quic_lb_server_id_bytes,
-                workers=None if seat is None else WorkerPeers(seat.index, seat.count, seat.inbox_fd, seat.outbox_fds),
                 extensions=self.extensions,
             ),
-            self.template, self.snapshot, self.metrics, self.access,
+            self.template, self.snapshot, self.metrics, self.access, index=self.runtime.cid_index,
         )
         self.health = HealthServer(self.metrics, self.is_ready)
         if config.debug_endpoints:
@@ -230,7 +210,7 @@ class RouterApp:
             await self.health.close()
             raise
         self._source_task = asyncio.create_task(self.source.run(), name="discovery")
-        log.info("%s", self._memory_line)
+        log.info("%s", self.runtime.memory_line)
         datapaths = (
             f"quic_datapath={self.udp.datapath} quic_initials={self.extensions.start_fields()['quic_initials']} "
             f"tcp_pump={self.tcp.pump}"

@@ -136,9 +136,10 @@ def run_router(config: RouterConfig, seat: WorkerSeat | None = None) -> int:
     """Run one router process (a worker of ``seat``, or alone) until SIGTERM/SIGINT; returns its exit
     status. A ``ConfigError`` found at start (a ``BindFailure`` among them) reaches ``main``, which says it."""
     from router.app import RouterApp
+    from router.runtime import Runtime
 
     async def _main() -> int:
-        return await RouterApp(config, seat=seat).run()
+        return await RouterApp(config, Runtime.at_start(config, seat)).run()
 
     with asyncio.Runner(loop_factory=_new_event_loop) as runner:
         return runner.run(_main())

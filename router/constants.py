@@ -166,23 +166,12 @@ a pod costs at most this many sockets a second (each datagram is retransmitted, 
 is tried again)."""
 QUIC_LB_JOIN_BURST: Final = 1_000.0
 """The bucket's depth: a rolled-out replica's thousand tunnels join another at once."""
-# -- QUIC / UDP: flows followed across workers (router/udp/worker_follow.py, handoff_book.py, worker_link.py)
-QUIC_HANDOFF_ASKS_PER_S: Final = 1_000.0
-"""Misses a worker may ask the others about per second (a token bucket): a flood of random short headers, this many."""
-QUIC_HANDOFF_ASK_BURST: Final = 1_000.0
-"""The bucket's depth: a NAT gateway that rebinds a thousand tunnels at once gets each asked about at once."""
-QUIC_HANDOFF_ASK_DEADLINE_S: Final = 1.0
-"""An ask nobody claimed in this long counts as a dropped miss: a claim takes one loop iteration of the owner."""
-QUIC_HANDOFF_MAX_ASKS: Final = 4_096
-"""Unanswered asks one worker remembers: twice the bucket's depth plus a deadline's worth of its rate."""
-QUIC_HANDOFF_MAX_FORWARDS: Final = 16_384
-"""Client addresses a worker forwards to their flow's worker (~200 bytes each, ~3 MiB); least recently used go first."""
-QUIC_HANDOFF_MESSAGE_BYTES: Final = 32 * 1024
-"""Records for one worker leave once this big (else at the loop iteration's end): well under a socket's send buffer."""
-QUIC_HANDOFF_MAX_MESSAGE_BYTES: Final = 128 * 1024
-"""Largest message read: a full batch plus one record of the largest UDP datagram."""
-QUIC_HANDOFF_READS_PER_CALLBACK: Final = 64
-"""Messages read per wake-up of the workers' socket, so it cannot starve the listener."""
+# -- QUIC / UDP: connections followed across workers (router/udp/cid_index.py, router/udp/joins.py)
+QUIC_CID_INDEX_ENTRIES_PER_WORKER: Final = 32_768
+"""Pod connection IDs one worker shares (48 bytes each: 1.5 MiB, paged in as written): two per flow of a
+busy worker's usual load; beyond it the index forgets the oldest hint in a window, not a flow."""
+QUIC_CID_INDEX_WINDOW: Final = 8
+"""Entries a connection ID may sit in from its hash: a lookup reads at most this many per worker."""
 
 # -- Memory: the QUIC tables' bounds sized to the container's limit (router/memory_bounds.py)
 CGROUP_MEMORY_MAX_PATH: Final = "/sys/fs/cgroup/memory.max"
@@ -273,8 +262,6 @@ PENDING_FLOWS: Final = f"{METRIC_PREFIX}_quic_pending_flows"
 """Gauge of UDP flows still waiting for a complete ClientHello."""
 QUIC_DROPPED_DATAGRAMS_TOTAL: Final = f"{METRIC_PREFIX}_quic_dropped_datagrams"
 """Counter of datagrams dropped without routing, by reason."""
-QUIC_WORKER_HANDOFFS_TOTAL: Final = f"{METRIC_PREFIX}_quic_worker_handoffs"
-"""Counter of client datagrams passed between workers (``--workers N``): asked, ask_limited, forwarded, claimed."""
 READY_TARGETS: Final = f"{METRIC_PREFIX}_ready_targets"
 """Gauge of pods in the current snapshot."""
 DECISION_LATENCY_SECONDS: Final = f"{METRIC_PREFIX}_decision_latency_seconds"

@@ -32,7 +32,6 @@ from router.outcomes import (
     RelayDirection,
     Termination,
     WebTransportOutcome,
-    WorkerHandoff,
 )
 
 
@@ -74,10 +73,6 @@ class RouterMetrics:
         self.quic_dropped = CounterFamily(
             c.QUIC_DROPPED_DATAGRAMS_TOTAL, "Datagrams dropped without routing, by reason.",
             ["reason"], registry=r,
-        )
-        self.quic_handoffs = CounterFamily(
-            c.QUIC_WORKER_HANDOFFS_TOTAL, "Client datagrams passed between worker processes, by kind.",
-            ["kind"], registry=r,
         )
         self.ready_targets = GaugeFamily(
             c.READY_TARGETS, "Pods in the current routing snapshot.", registry=r,
@@ -134,7 +129,6 @@ class RouterMetrics:
             (self.connection_duration, (protocols,)),
             (self.terminations, (protocols, tuple(Termination))),
             (self.quic_dropped, (tuple(QuicDropReason),)),
-            (self.quic_handoffs, (tuple(WorkerHandoff),)),
             (self.discovery_updates, (tuple(DiscoverySource), tuple(DiscoveryResult))),
             (self.discovery_rewatches, (tuple(RewatchCause),)),
             (self.log_lines_dropped, (tuple(DroppedLog),)),

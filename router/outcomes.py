@@ -54,9 +54,10 @@ class QuicOutcome(StrEnum):
     CLIENT_LIMIT = "client_limit"
     """The client IP already held ``--max-quic-flows-per-client`` flows (not the Rust router's)."""
     JOINED = "joined"
-    """A flow opened for a connection routed elsewhere before, found by the server ID its pod put in
-    the connection ID (``--quic-lb-server-id-bytes``; not the Rust router's). Counted instead of
-    ``accepted``: summed over replicas, ``accepted`` counts each connection once."""
+    """A flow opened for a connection routed elsewhere before (another replica, another worker), found
+    by its connection ID: the server ID its pod put there (``--quic-lb-server-id-bytes``) or the
+    workers' shared index (``--workers N``); not the Rust router's. Counted instead of ``accepted``:
+    summed over replicas and workers, ``accepted`` counts each connection once."""
     COMPLETED = "completed"
     RELAY_ERROR = "relay_error"
 
@@ -105,19 +106,6 @@ class QuicDropReason(StrEnum):
     """It named a pod, but this second's joins were spent (``QUIC_LB_JOINS_PER_S``)."""
     QUIC_LB_REFUSED = "quic_lb_refused"
     """It named a pod, but the router is draining or its client holds ``--max-quic-flows-per-client``."""
-
-
-class WorkerHandoff(StrEnum):
-    """Value of ``kind`` on the worker handoff counter: client datagrams passed between ``--workers``."""
-
-    ASKED = "asked"
-    """A miss this worker asked the others about (their flow's client moved to this worker's 4-tuple)."""
-    ASK_LIMITED = "ask_limited"
-    """A miss not asked about: this second's asks were spent (it counts as dropped, ``not_initial``)."""
-    FORWARDED = "forwarded"
-    """A datagram sent on to the worker that claimed its client's address."""
-    CLAIMED = "claimed"
-    """A datagram another worker asked about, taken by this worker's flow."""
 
 
 class RelayDirection(StrEnum):

@@ -17,7 +17,7 @@ has bound its listeners on a control pipe (``router.worker_seat``), so the super
 The supervisor reads its workers' stderr as bytes to pass on, never for meaning: a worker logs a
 rejected hostname word for word, so a client can write anything there. Everything the supervisor
 acts on comes over descriptors it made itself: the health sockets, the control pipes, and the
-socket pairs the workers reach each other by.
+shared memory the workers find each other's connections in.
 
 SIGTERM/SIGINT: ``/readyz`` fails at once, every worker gets SIGTERM and runs its own
 shutdown delay and drain; stragglers are killed after that budget plus a grace period.
@@ -60,9 +60,9 @@ from router.health import (
 )
 from router.metrics_merge import ExpositionError, merge_expositions
 from router.shared_client_limits import table_file_for
+from router.udp.cid_index import create_index_file
 from router.worker_process import (
     LineSplitter,
-    WorkerChannels,
     WorkerSlot,
     describe_exit,
     parent_death_signal,
@@ -71,7 +71,7 @@ from router.worker_process import (
     worker_argv,
 )
 from router.worker_scrape import HostPort, WorkerClient
-from router.worker_seat import WorkerReport, decode_report
+from router.worker_seat import WorkerReport, WorkerSeat, decode_report
 
 log = logging.getLogger("router.workers")  # pinned: operators filter logs by this name
 
@@ -114,8 +114,8 @@ class Supervisor:
         self._stop = asyncio.Event()
         self._preexec = parent_death_signal()
         self.workers = WorkerClient()
-        self.channels = WorkerChannels(config.workers)
-        """The workers' inboxes, made before any worker starts and kept for the whole run."""
+        self.cid_index = create_index_file(config.workers, c.QUIC_CID_INDEX_ENTRIES_PER_WORKER, c.QUIC_CID_INDEX_WINDOW)
+        """The connection IDs the workers' flows learned (``router.udp.cid_index``), one memfd for the run."""
         self.client_table = table_file_for(
             config.workers, config.max_connections_per_client, config.max_quic_flows_per_client
         )
@@ -150,7 +150,7 @@ class Supervisor:
         announce.cancel()
         await server.close()
         await self.workers.close()
-        self.channels.close()
+        os.close(self.cid_index)
         log.info("all workers stopped; exiting")
         return self._status
 
@@ -211,7 +211,9 @@ class Supervisor:
             return None
         private_health: HostPort = health.getsockname()[:2]
         control, control_end = os.pipe()
-        seat = self.channels.seat(slot.index, health.fileno(), control_end, self.client_table)
+        seat = WorkerSeat(
+            slot.index, len(self.slots), health.fileno(), control_end, self.cid_index, self.client_table
+        )
         try:
             proc = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "router", *argv,

@@ -19,7 +19,6 @@ from router import constants as c
 from router.config import RouterConfig
 from router.flag_values import SocketAddress
 from router.worker_scrape import HostPort
-from router.worker_seat import NO_FD, WorkerSeat
 
 
 def worker_argv(argv: Sequence[str], grpc: SocketAddress, quic: SocketAddress) -> list[str]:
@@ -32,31 +31,6 @@ def worker_argv(argv: Sequence[str], grpc: SocketAddress, quic: SocketAddress) -
         "--listen-addr", str(grpc),
         "--reverse-tunnel-listen-addr", str(quic),
     ]
-
-
-class WorkerChannels:
-    """The workers' inboxes for one run: a non-blocking ``AF_UNIX`` datagram socket pair per worker,
-    made before any worker starts and kept across restarts (``router.worker_seat``)."""
-
-    def __init__(self, count: int) -> None:
-        self.pairs: list[tuple[socket.socket, socket.socket]] = []
-        for _ in range(count):
-            inbox, outbox = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
-            inbox.setblocking(False)  # the file description's flag: every worker holding it sees it
-            outbox.setblocking(False)
-            self.pairs.append((inbox, outbox))
-
-    def seat(self, index: int, health_fd: int, control_fd: int, client_table_fd: int | None) -> WorkerSeat:
-        outboxes = tuple(NO_FD if i == index else outbox.fileno() for i, (_in, outbox) in enumerate(self.pairs))
-        return WorkerSeat(
-            index, len(self.pairs), health_fd, control_fd, self.pairs[index][0].fileno(), outboxes, client_table_fd
-        )
-
-    def close(self) -> None:
-        for inbox, outbox in self.pairs:
-            inbox.close()
-            outbox.close()
-        self.pairs = []
 
 
 def private_health_socket() -> socket.socket:

@@ -10,11 +10,12 @@ Before it starts a worker the supervisor makes every channel itself and passes t
   bound its listeners, or the one line of a configuration error (``WorkerReport``). Its stderr is
   logs, passed on as they are and never read for meaning: a rejected hostname is logged word for
   word, so a client can write anything there.
-- ``inbox`` / ``outboxes``: unnamed ``AF_UNIX`` datagram socket pairs, one per worker, made once
-  per run and kept across restarts: a worker reads its own inbox and writes to the others' (the
-  QUIC edge's handoffs, ``router.udp.worker_link``). No name in any namespace reaches them, so no
-  other process in the pod can read a dead worker's messages or speak for it.
+- ``cid_index``: the memfd the workers share the pod connection IDs their flows learned in, so a
+  client whose NAT rebinds onto another worker is joined to its pod there (``router.udp.cid_index``).
 - ``client_table``: the memfd the per-client limits are counted in (``router.shared_client_limits``).
+
+The memfds are made once per run and kept across restarts; no name in any namespace reaches them or
+the pipes, so no other process in the pod can read what the workers share or speak for one.
 
 The seat is read once at start (``seat_from_environ``); a malformed one is a ``SeatError`` (a
 ``ConfigError``: one line, exit 2), never a silent single-process router among workers.
@@ -32,9 +33,6 @@ from enum import StrEnum
 from router import constants as c
 from router.flag_values import ConfigError
 
-NO_FD = -1
-"""The outbox at a worker's own index: it never writes to itself."""
-
 
 class SeatError(ConfigError):
     """``WORKER_SEAT_ENV`` is set but does not describe a usable seat."""
@@ -48,48 +46,38 @@ class WorkerSeat:
     count: int
     health_fd: int
     control_fd: int
-    inbox_fd: int
-    outbox_fds: tuple[int, ...]
-    """Worker ``i``'s inbox is written through ``outbox_fds[i]``; ``NO_FD`` at ``index``."""
+    cid_index_fd: int
     client_table_fd: int | None = None
 
     def __post_init__(self) -> None:
         if not 2 <= self.count <= c.MAX_WORKERS or not 0 <= self.index < self.count:
             raise SeatError(f"{c.WORKER_SEAT_ENV}: worker {self.index!r} of {self.count!r} is not a seat")
-        if len(self.outbox_fds) != self.count or self.outbox_fds[self.index] != NO_FD:
-            raise SeatError(f"{c.WORKER_SEAT_ENV}: expected {self.count} outboxes, none at index {self.index}")
         if len(set(self.fds())) != len(self.fds()) or min(self.fds()) < 3:
             raise SeatError(f"{c.WORKER_SEAT_ENV}: descriptors must be distinct and above stderr")
-
-    @property
-    def others(self) -> tuple[int, ...]:
-        return tuple(i for i in range(self.count) if i != self.index)
 
     def fds(self) -> tuple[int, ...]:
         """Every descriptor of the seat: what the supervisor passes to the worker."""
         table = () if self.client_table_fd is None else (self.client_table_fd,)
-        outboxes = tuple(fd for fd in self.outbox_fds if fd != NO_FD)
-        return (self.health_fd, self.control_fd, self.inbox_fd, *outboxes, *table)
+        return (self.health_fd, self.control_fd, self.cid_index_fd, *table)
 
     def to_env(self) -> str:
         return json.dumps({
             "index": self.index, "count": self.count, "health": self.health_fd, "control": self.control_fd,
-            "inbox": self.inbox_fd, "outboxes": list(self.outbox_fds), "client_table": self.client_table_fd,
+            "cid_index": self.cid_index_fd, "client_table": self.client_table_fd,
         }, separators=(",", ":"))
 
     @classmethod
     def from_env(cls, text: str) -> WorkerSeat:
         try:
             raw = json.loads(text)
-            fields = (raw["index"], raw["count"], raw["health"], raw["control"], raw["inbox"])
-            outboxes, table = raw["outboxes"], raw["client_table"]
+            fields = (raw["index"], raw["count"], raw["health"], raw["control"], raw["cid_index"])
+            table = raw["client_table"]
         except (ValueError, TypeError, KeyError):
             raise SeatError(f"{c.WORKER_SEAT_ENV}: not a seat: {text[:200]!r}") from None
-        if not (all(type(v) is int for v in fields) and isinstance(outboxes, list)
-                and all(type(v) is int for v in outboxes) and (table is None or type(table) is int)):
+        if not (all(type(v) is int for v in fields) and (table is None or type(table) is int)):
             raise SeatError(f"{c.WORKER_SEAT_ENV}: descriptors must be integers: {text[:200]!r}")
-        index, count, health, control, inbox = fields
-        return cls(index, count, health, control, inbox, tuple(outboxes), table)
+        index, count, health, control, cid_index = fields
+        return cls(index, count, health, control, cid_index, table)
 
 
 def seat_from_environ(env: Mapping[str, str] | None = None) -> WorkerSeat | None:

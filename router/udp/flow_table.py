@@ -142,6 +142,10 @@ class UdpFlowTable(Generic[S, H]):
         self.on_occupied: Callable[[], None] | None = None
         """Called when a pending flow or a rejection is added: something may need expiring
         (the sweeper sleeps while the table is ``idle``)."""
+        self.on_learned: Callable[[Flow[H], bytes], None] | None = None
+        """Called with each pod CID a flow learns: what ``--workers N`` share (``cid_index``)."""
+        self.on_forgotten: Callable[[bytes], None] | None = None
+        """Called with each pod CID the table forgets (its flow ended, or it learned newer ones)."""
 
     # -- lookups (the per-datagram path: plain dict gets) ---------------------------------
     def flow(self, address: Address) -> Flow[H] | None:
@@ -351,6 +355,8 @@ class UdpFlowTable(Generic[S, H]):
         flow.cids.append(cid)
         self._by_cid[cid] = flow
         self._cid_lengths[len(cid)] = self._cid_lengths.get(len(cid), 0) + 1
+        if self.on_learned is not None:
+            self.on_learned(flow, cid)
         if len(flow.cids) > self.limits.max_learned_cids_per_flow:
             self._forget_cid(flow, flow.cids.popleft())
 
@@ -388,6 +394,8 @@ class UdpFlowTable(Generic[S, H]):
         if self._by_cid.get(cid) is not flow:
             return
         del self._by_cid[cid]
+        if self.on_forgotten is not None:
+            self.on_forgotten(cid)
         remaining = self._cid_lengths[len(cid)] - 1
         if remaining:
             self._cid_lengths[len(cid)] = remaining

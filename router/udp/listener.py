@@ -1,11 +1,11 @@
 """The QUIC edge's public UDP socket: client datagrams in; pod replies and refusals out.
 
-On the pure-Python path it stays on the event loop's C receive path (``DatagramProtocol``:
-uvloop hands over a few dozen datagrams per readiness event); its flow control flag tells the
-pod -> client path when the kernel buffer is full. With the C splice (``native``), the splice
-reads the socket itself (``open_socket``), and the edge's own sends (refusals, version
-negotiation) go through ``SocketOut``. Either way the send and receive buffers are enlarged
-for bursts of Initials.
+On the pure-Python path (``python_path``) it stays on the event loop's C receive path
+(``DatagramProtocol``: uvloop hands over a few dozen datagrams per readiness event); its flow
+control flag tells the pod -> client path when the kernel buffer is full. With the C splice
+(``native``), the splice reads the socket itself (``open_socket``), and the edge's own sends
+(refusals, version negotiation, an unconfirmed flow's pod datagrams) go through ``SocketOut``.
+Either way the send and receive buffers are enlarged for bursts of Initials.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import logging
 import socket
-from typing import Protocol
+from collections.abc import Callable
 
 from router import constants as c
 from router.udp.batching import enable_gro
@@ -24,21 +24,12 @@ log = logging.getLogger("router.udp_router")
 """The router's logger: socket errors keep the name operators filter on."""
 
 
-class ClientDatagramSink(Protocol):
-    """The edge, which takes every client datagram (looked up per datagram, so it may be wrapped)."""
-
-    def _from_client(self, data: bytes, addr: Address) -> None: ...
-
-
 class Listener(asyncio.DatagramProtocol):
     """The public socket's protocol; while its send buffer is over the high-water mark, UDP drops."""
 
-    def __init__(self, edge: ClientDatagramSink) -> None:
-        self._edge = edge
+    def __init__(self, deliver: Callable[[bytes, Address], None]) -> None:
+        self.datagram_received = deliver  # type: ignore[method-assign,assignment]  # the edge's: no frame between
         self.paused = False
-
-    def datagram_received(self, data: bytes, addr: Address) -> None:
-        self._edge._from_client(data, addr)
 
     def error_received(self, exc: Exception) -> None:
         log.debug("quic listener socket error: %s", exc)
@@ -94,12 +85,13 @@ def _size_buffers(sock: socket.socket) -> None:
 
 
 async def open_listener(
-    host: str, port: int, reuse_port: bool, edge: ClientDatagramSink
+    host: str, port: int, reuse_port: bool, deliver: Callable[[bytes, Address], None]
 ) -> tuple[asyncio.DatagramTransport, Listener]:
-    """Bind the public socket (SO_REUSEPORT when workers share it) and size its buffers."""
+    """Bind the public socket (SO_REUSEPORT when workers share it) and size its buffers; every
+    datagram goes to ``deliver(data, address)``."""
     loop = asyncio.get_running_loop()
     transport, listener = await loop.create_datagram_endpoint(
-        lambda: Listener(edge), local_addr=(host, port), reuse_port=reuse_port or None
+        lambda: Listener(deliver), local_addr=(host, port), reuse_port=reuse_port or None
     )
     _size_buffers(transport.get_extra_info("socket"))
     return transport, listener

@@ -8,26 +8,21 @@ I/O callbacks of that iteration: equal-sized runs go out in one ``UDP_SEGMENT`` 
 (``batching``). Every datagram reaches the pod unchanged and in order; the
 wait is within the same loop iteration, so no timer and no added round trip.
 
-The pod side of the socket (replies, errors) is read by the router, which owns the listener.
-With the C splice (``native``), the link is attached to the ``Splicer``, which then moves the
-flow's short-header datagrams both ways; the outbox still carries what the edge itself sends
-(buffered Initials, long headers).
+The pod side of the socket (replies, errors) is read by the edge's datapath (``datapath``): the
+event loop on the pure-Python path, the C splice otherwise, which then moves a confirmed flow's
+short-header datagrams both ways itself; the outbox carries what the edge forwards (buffered
+Initials, long headers, an unconfirmed flow's datagrams).
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import functools
 import socket
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from router import constants as c
 from router.udp.batching import enable_gro, path_segment_limit, send_datagrams
-
-if TYPE_CHECKING:
-    from router.udp._splice import Splicer
 
 F = TypeVar("F")
 """The flow this link belongs to (the router's ``Flow[PodLink]``)."""
@@ -36,18 +31,9 @@ F = TypeVar("F")
 class PodLink(Generic[F]):
     """A flow's connected, non-blocking socket to its pod, plus its outbox of client datagrams."""
 
-    __slots__ = ("_failed", "flow", "loop", "max_segment", "outbox", "sock", "splicer")
+    __slots__ = ("_failed", "flow", "max_segment", "outbox", "sock")
 
-    def __init__(
-        self,
-        loop: asyncio.AbstractEventLoop,
-        sock: socket.socket,
-        failed: Callable[[F, Exception], None],
-        splicer: Splicer | None = None,
-    ) -> None:
-        self.loop = loop
-        self.splicer = splicer
-        """The C splice this link's socket is attached to (``attach``), or None: the loop reads it."""
+    def __init__(self, sock: socket.socket, failed: Callable[[F, Exception], None]) -> None:
         self.sock: socket.socket | None = sock
         self.flow: F | None = None
         self.outbox: list[bytes] = []
@@ -77,33 +63,11 @@ class PodLink(Generic[F]):
         finally:
             outbox.clear()  # reused: no list per flush
 
-    def moved(self, address: Any) -> None:
-        """The flow's client is at a new address: the C splice sends the pod's datagrams there."""
-        if self.splicer is not None and self.sock is not None:
-            self.splicer.rekey(self.sock.fileno(), address)
-
-    def confirm(self) -> None:
-        """The flow is confirmed (``handshake_watch``): the C splice moves its datagrams from now on
-        instead of handing every one to the edge."""
-        if self.splicer is not None and self.sock is not None:
-            self.splicer.confirm(self.sock.fileno())
-
-    def learned(self, cid: bytes) -> None:
-        """A pod connection ID of the flow learned outside the pod's long headers (QUIC-LB): the C
-        splice tells the flow's client datagrams apart by it from then on."""
-        if self.splicer is not None and self.sock is not None:
-            self.splicer.learn(self.sock.fileno(), cid)
-
     def close(self) -> None:
-        """Stop reading and close the socket; what the outbox still holds is dropped."""
+        """Close the socket (its datapath let go of it first); what the outbox still holds is dropped."""
         self.flow = None
         self.outbox = []
         if self.sock is not None:
-            with contextlib.suppress(RuntimeError):  # the loop (or the splice) is already closed
-                if self.splicer is not None:
-                    self.splicer.detach(self.sock.fileno())
-                else:
-                    self.loop.remove_reader(self.sock.fileno())
             self.sock.close()
             self.sock = None
 

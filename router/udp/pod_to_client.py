@@ -16,8 +16,10 @@ import socket
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from quic.packet import long_header_scid
 from router import constants as c
 from router.udp.batching import GRO_CMSG_SPACE, SegmentRun, gro_segment_size, send_segments, split_segments
+from router.udp.datapath import PathEvents
 from router.udp.pod_link import PodLink
 
 MSG_TRUNC = int(socket.MSG_TRUNC)
@@ -35,18 +37,9 @@ class ListenerState(Protocol):
 class ClientReplies:
     """Reads pod sockets (one callback per readable socket) and sends to the flows' clients."""
 
-    def __init__(
-        self,
-        learn: Callable[[Any, bytes], None],
-        failed: Callable[[Any, Exception], None],
-        clock: Callable[[], float],
-        answered: Callable[[Any, int, int], None],
-    ) -> None:
-        self._learn = learn
-        """Called with (flow, first datagram) for a long header: the pod's CIDs follow migrations."""
-        self._answered = answered
-        """Called with (flow, segment size, datagrams) for each read of an unconfirmed flow's pod socket."""
-        self._failed = failed
+    def __init__(self, events: PathEvents, clock: Callable[[], float]) -> None:
+        self._events = events
+        """Told each new SCID of the pods' long headers, each read of an unconfirmed flow, each error."""
         self._clock = clock
         self._buffer = memoryview(bytearray(c.QUIC_POD_RECEIVE_BUFFER_BYTES))
         self._run = SegmentRun()
@@ -85,16 +78,18 @@ class ClientReplies:
             except (BlockingIOError, InterruptedError):
                 break
             except OSError as exc:
-                self._failed(flow, exc)
+                self._events.pod_failed(flow, exc)
                 return
             flow.last_active = self._clock()
             if flags & MSG_TRUNC or not length:
                 continue
             size = gro_segment_size(ancdata, length)
             if buffer[run.stop] & 0x80:  # a long header: handshake packets are never GRO-batched
-                self._learn(flow, bytes(buffer[run.stop:run.stop + size]))
+                scid = long_header_scid(bytes(buffer[run.stop:run.stop + size]))
+                if scid is not None:
+                    self._events.pod_cid(flow, scid)
             if flow.handshake is not None:  # unconfirmed: watched (router.udp.handshake_watch)
-                self._answered(flow, size, -(-length // size))
+                self._events.pod_answered(flow, size, -(-length // size))
             if not run.joins(length, size):
                 self._send(flow, buffer[run.start:run.stop], run.size)
                 run.restart(run.stop)

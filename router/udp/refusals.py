@@ -89,7 +89,8 @@ class QuicRefusals:
         """The C key schedule for the answers' server Initials, when the router uses it."""
         self._metrics = metrics
         self._budget = ByteBudget(budget_bytes_per_s, budget_bytes_per_s)
-        self._send = send
+        self.send = send
+        """Sends an answer through the public socket (the datapath's); False when it is closed."""
         self.log = RateLimitedLog(log, dropped=metrics.dropped_lines(DroppedLog.REJECTION))
 
     def refuse(
@@ -145,4 +146,4 @@ class QuicRefusals:
         """Send an answer if it is no larger than what provoked it and within budget."""
         if len(answer) > received or not self._budget.take(len(answer), now):
             return False
-        return self._send(answer, addr)
+        return self.send(answer, addr)

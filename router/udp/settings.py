@@ -10,7 +10,6 @@ from router.client_limits import ClientCounts
 from router.extensions import Extensions, choose
 from router.udp.flow_limits import FlowLimits
 from router.udp.quic_lb import check_server_id_bytes
-from router.udp.worker_link import WorkerPeers
 
 
 @dataclass(frozen=True)
@@ -36,9 +35,6 @@ class UdpRouterSettings:
     its connection ID names (``server_id_joins``); 0 = off."""
     quic_lb_joins_per_s: float = c.QUIC_LB_JOINS_PER_S
     quic_lb_join_burst: float = c.QUIC_LB_JOIN_BURST
-    workers: WorkerPeers | None = None
-    """This process among ``--workers N`` (from its ``router.worker_seat``): a miss is asked about among
-    them (``worker_follow``); None with one worker."""
     extensions: Extensions = field(default_factory=choose)
     """Which C extensions the edge uses: the splice of established flows (and its io_uring sends)
     and the reading of new flows' Initials (``router.extensions``; the process chooses once)."""

@@ -55,7 +55,10 @@ class Verdict(Enum):
     """A datagram of ``Unrouted.pending``, a connection from this address still being sniffed."""
     UNNAMED = "unnamed"
     """A short header of a shared address whose DCID no flow learned: ``Unrouted.flow``, the
-    address's first, takes it, unless QUIC-LB names another pod (``server_id_joins``)."""
+    address's first, takes it, unless a join names another pod (``joins``)."""
+    MISS = "miss"
+    """Not an Initial, from an address with no flow, naming no flow's connection ID: joined if its
+    connection ID names a pod (``joins``), else dropped ``not_initial``."""
 
 
 class Unrouted(NamedTuple, Generic[S, H]):
@@ -70,11 +73,16 @@ class Unrouted(NamedTuple, Generic[S, H]):
     pending: PendingFlow[S] | None = None
 
 
+_MISS: Unrouted[Any, Any] = Unrouted(Verdict.MISS, QuicDropReason.NOT_INITIAL)
+"""The verdict on a miss: built once (``drop_reason``: what it counts as when no join takes it)."""
+
+
 def classify_unrouted(
     table: UdpFlowTable[S, H], datagram: bytes, address: Address, now: float, cid_length: int | None,
     native: InitialProtection | None = None,
 ) -> Unrouted[S, H]:
-    """Judge a datagram from an address with no flow, and none of its pending flows' DCID.
+    """Judge a datagram from an address with no flow: a datagram of a connection being sniffed there,
+    a migrated flow's, or a new attempt (or junk).
 
     Cheap checks first: only a well-formed v1/v2 Initial of at least 1200 bytes may cost
     a pending flow (RFC 9000 14.1), so short or non-Initial datagrams are never buffered.
@@ -83,7 +91,10 @@ def classify_unrouted(
         return Unrouted(Verdict.DROP, QuicDropReason.MALFORMED)
     if not datagram[0] & 0x80:
         flow = table.flow_for_short_header(datagram, cid_length)
-        return Unrouted(Verdict.JOIN, flow=flow) if flow else Unrouted(Verdict.DROP, QuicDropReason.NOT_INITIAL)
+        return Unrouted(Verdict.JOIN, flow=flow) if flow else _MISS
+    pending = table.pending(address, long_header_cids(datagram)[0])
+    if pending is not None:  # a datagram of a connection being sniffed: its first DCID
+        return Unrouted(Verdict.FEED, pending=pending)
     try:
         header = parse_long_header(datagram, 0, native)
     except QuicPacketError:
@@ -95,10 +106,10 @@ def classify_unrouted(
     if header.version not in SUPPORTED_VERSIONS:
         # RFC 9000 6.1: never answer a VN, nor a datagram too small to start a connection.
         if header.version == QUIC_VERSION_NEGOTIATION or not big_enough:
-            return Unrouted(Verdict.DROP, QuicDropReason.NOT_INITIAL)
+            return _MISS
         return Unrouted(Verdict.NEGOTIATE, header=header)
     if header.packet_type is not PacketType.INITIAL:
-        return Unrouted(Verdict.DROP, QuicDropReason.NOT_INITIAL)
+        return _MISS
     rejection = table.rejection(address, header.dcid, now)
     if rejection is not None:
         return Unrouted(Verdict.REANSWER, header=header, rejection=rejection)
@@ -149,3 +160,13 @@ def classify_on_flow(
 
 def _forward(flow: Flow[H]) -> Unrouted[Any, H]:
     return Unrouted(Verdict.FORWARD, flow=flow)
+
+
+def judge(
+    table: UdpFlowTable[S, H], first: Flow[H] | None, datagram: bytes, address: Address, now: float,
+    cid_length: int | None, native: InitialProtection | None = None,
+) -> Unrouted[S, H]:
+    """The verdict on a datagram from ``address``, whose first flow is ``first`` (None: it has none)."""
+    if first is None:
+        return classify_unrouted(table, datagram, address, now, cid_length, native)
+    return classify_on_flow(table, first, datagram, now, cid_length, native)

@@ -90,7 +90,7 @@ async def _flood_in_process(
         snapshot = TargetSnapshot.of(list(targets.values()))
         async with running_udp_router(lambda: snapshot, settings, metrics) as (router, port):
             flood = FloodSockets(loop)
-            audit = RouterAudit(router, flood.addresses)
+            audit = RouterAudit(router, metrics, flood.addresses)
             forge = FloodForge(rng)
             legit, stop, idle = Legit(), asyncio.Event(), Legit()
             try:
@@ -221,7 +221,7 @@ async def test_pending_memory_per_address_is_bounded() -> None:
         pieces = [crypto_frame(400 + 1000 * i, os.urandom(900)) for i in range(per_flow)]  # never from 0
         flights.append((sock, [encrypt_initial(QUIC_V1, dcid, scid, pn, piece + bytes(size - 43 - len(piece)), keys)
                                for pn, piece in enumerate(pieces)]))
-    audit = RouterAudit(router, flood.addresses)
+    audit = RouterAudit(router, metrics, flood.addresses)
     tracemalloc.start()
     try:
         before = tracemalloc.take_snapshot()
@@ -235,7 +235,7 @@ async def test_pending_memory_per_address_is_bounded() -> None:
     finally:
         tracemalloc.stop()
         flood.close()
-        held = [p.buffered_bytes for p in router._table.pending_flows()]
+        held = [p.buffered_bytes for p in router.table.pending_flows()]
         await router.close()
     per_address = grown / len(flights)
     bound = c.QUIC_MAX_PENDING_BYTES_PER_FLOW + MAX_TLS_CLIENT_HELLO_BYTES

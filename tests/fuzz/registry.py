@@ -37,6 +37,10 @@ udp_router            ``UdpRouter``'s datagram path (no sockets): answers never 
                       no kept connection ID over 20 octets, no bug logged
 quic_lb_cid           ``routable_cid`` then ``server_id``: a connection ID of 1-20     (none)
                       octets where the datagram holds it, or none
+cid_index             the workers' shared connection-ID index read for a client         (none)
+                      datagram (``IndexNamer``), another worker's region overwritten
+                      with anything: a pod named is one the index holds for an ID
+                      where the datagram carries it
 endpoints             ``parse_endpoints_document`` then ``targets_from_slices``         EndpointSliceError
 proxy_protocol        ``ProxyHeaderReader.feed``, whole and chunked must agree;        ProxyHeaderError
                       a header within its bound, header + remainder = the input

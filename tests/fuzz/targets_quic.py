@@ -29,8 +29,10 @@ from quic.packet import (
     read_long_header,
 )
 from router.metrics import RouterMetrics
+from router.udp.cid_index import HEADER_BYTES, CidIndex, IndexLayout
 from router.udp.edge import UdpRouter
 from router.udp.flow_limits import FlowLimits
+from router.udp.joins import IndexNamer
 from router.udp.quic_lb import MAX_SERVER_ID_BYTES, routable_cid, server_id
 from router.udp.settings import UdpRouterSettings
 from tests.fuzz.mutators_native import mutate_first_payloads, mutate_frames, mutate_long_headers
@@ -159,26 +161,39 @@ def corpus(name: str) -> list[bytes]:
 
 
 class _Clock:
-    """Stands in for the event loop: the router only asks it the time on this path."""
+    """The router's clock: the run moves it on."""
 
     def __init__(self) -> None:
         self.now = 1000.0
 
-    def time(self) -> float:
+    def __call__(self) -> float:
         return self.now
 
 
-class _AnswerSink:
-    """The listener transport: every answer must fit in the datagram being handled."""
+class _SocketlessPath:
+    """A ``Datapath`` with no socket: every answer must fit in the datagram being handled."""
+
+    name = "none"
 
     def __init__(self) -> None:
         self.provoking = 0
 
-    def sendto(self, data: bytes, addr: Any = None) -> None:
-        check(0 < len(data) <= self.provoking, f"{len(data)}-byte answer to a {self.provoking}-byte datagram")
+    async def open(self, host: str, port: int, reuse_port: bool, events: Any) -> tuple[str, int]:
+        raise AssertionError("the fuzz target never opens a socket")
 
-    def close(self) -> None:
-        pass
+    def send_to_client(self, data: bytes, addr: Any) -> bool:
+        check(0 < len(data) <= self.provoking, f"{len(data)}-byte answer to a {self.provoking}-byte datagram")
+        return True
+
+    def attach(self, flow: Any) -> None: ...
+    def confirm(self, flow: Any) -> None: ...
+    def moved(self, flow: Any) -> None: ...
+    def learned(self, flow: Any, cid: bytes) -> None: ...
+    def detach(self, flow: Any) -> None: ...
+    def take_counts(self) -> tuple[int, int]:
+        return 0, 0
+
+    def close(self) -> None: ...
 
 
 @functools.cache
@@ -187,16 +202,14 @@ def _metrics() -> RouterMetrics:
     return RouterMetrics()
 
 
-def _router() -> tuple[UdpRouter, _Clock, _AnswerSink]:
+def _router() -> tuple[UdpRouter, _Clock, _SocketlessPath]:
     """A fresh socket-less router per run: no state (table, refusals, slots) leaks between inputs."""
     snapshot = TargetSnapshot.of([Target("stargate-0", "127.0.0.1", 1, 9)])
     settings = UdpRouterSettings(limits=FlowLimits(max_pending_flows=8), quic_lb_server_id_bytes=4)
-    router = UdpRouter(settings, TEMPLATE, lambda: snapshot, _metrics())
-    clock, sink = _Clock(), _AnswerSink()
-    router._loop = clock  # type: ignore[assignment]
-    router._transport = sink  # type: ignore[assignment]
-    router._dial = _no_dial  # type: ignore[method-assign]
-    return router, clock, sink
+    clock, path = _Clock(), _SocketlessPath()
+    router = UdpRouter(settings, TEMPLATE, lambda: snapshot, _metrics(), datapath=path, clock=clock)
+    router.opener.dial = _no_dial  # type: ignore[method-assign]
+    return router, clock, path
 
 
 def _no_dial(pending: Any, target: Any, hostname: Any, idle_timeout_s: float, joined: bool = False) -> None:
@@ -215,8 +228,8 @@ def run_udp_router(data: bytes) -> str:
             continue
         clock.now += 0.25
         sink.provoking = len(datagram)
-        router._from_client(datagram, ("127.0.0.9", port))
-        check(router._datagram_errors.suppressed == 0 and not _logged_bugs(), "a datagram met a bug")
+        router.demux.deliver(datagram, ("127.0.0.9", port))
+        check(router.demux.errors.suppressed == 0 and not _logged_bugs(), "a datagram met a bug")
         router.sweep(clock.now)
         check(router.pending_flows <= router.settings.limits.max_pending_flows, "pending flows over the bound")
         check(all(len(cid) <= MAX_CID_LENGTH for cid in _kept_cids(router)), "a connection ID over 20 octets kept")
@@ -225,7 +238,7 @@ def run_udp_router(data: bytes) -> str:
 
 def _kept_cids(router: UdpRouter) -> list[bytes]:
     """Every connection ID the router's table keeps: pending flows' keys, flows' learned and client IDs."""
-    table = router._table
+    table = router.table
     kept = [cid for pending in table.pending_flows() for cid in (pending.dcid, pending.scid)]
     for flow in table.flows():
         kept += [*flow.cids, *flow.client_dcids, flow.client_scid]
@@ -293,6 +306,47 @@ def quic_lb_cid_seeds() -> list[bytes]:
             head = bytes([first]) + version.to_bytes(4, "big") + bytes([length]) + dcid + b"\x08" + bytes(8)
             seeds.append(b"\x00" + head + b"\x40\x20" + bytes(32))
     return seeds
+
+
+_INDEX_LAYOUT = IndexLayout(16, 2, 4, bytes(range(16)))
+_INDEX_PODS = TargetSnapshot.of([Target("stargate-0", "127.0.0.2", 1, 50052), Target("stargate-1", "::1", 1, 443)])
+_INDEX_CIDS = (b"\x11" * 8, b"\x22" * 4, b"\x33" * 20)
+
+
+def run_cid_index(data: bytes) -> str:
+    """What one worker finds in the workers' shared index for a client datagram (``IndexNamer``), when
+    the other worker's region holds anything at all (its entries, then ``data``'s first part written
+    over them): nothing raises; a pod named is one the index holds for a connection ID where the
+    datagram carries it, and a ready pod of the snapshot."""
+    region_bytes, _, datagram = data.partition(SEPARATOR)
+    buffer = bytearray(_INDEX_LAYOUT.file_bytes)
+    buffer[:HEADER_BYTES] = _INDEX_LAYOUT.header()
+    view = memoryview(buffer)
+    other, mine = CidIndex(view, 1), CidIndex(view, 0)
+    for n, cid in enumerate(_INDEX_CIDS):
+        other.put(cid, *(("127.0.0.2", 50052), ("::1", 443))[n % 2])
+    start = HEADER_BYTES + _INDEX_LAYOUT.region_bytes
+    region_bytes = region_bytes[:_INDEX_LAYOUT.region_bytes]
+    view[start:start + len(region_bytes)] = region_bytes
+    named = IndexNamer(mine, None, lambda: _INDEX_PODS).name(datagram)
+    if named is None:
+        return "none"
+    cid, target = named
+    check(1 <= len(cid) <= MAX_CID_LENGTH, f"a connection ID of {len(cid)} octets")
+    at = 6 if datagram[0] & 0x80 else 1
+    check(datagram[at:at + len(cid)] == cid, "a connection ID that is not where the datagram holds it")
+    check(target is None or (target.address, target.quic_port) == mine.pod_of(cid), "a pod the index does not name")
+    return f"{'long' if at == 6 else 'short'}-{len(cid)}-{'ready' if target else 'gone'}"
+
+
+def cid_index_seeds() -> list[bytes]:
+    """Short headers and Handshake packets naming the index's IDs and others, with the other region
+    left as written and overwritten by zeros, ones and a shifted copy."""
+    datagrams = [b"\x40" + cid + bytes(30) for cid in _INDEX_CIDS] + [b"\x40" + bytes(40)]
+    for cid in _INDEX_CIDS:
+        datagrams.append(bytes([0xE0]) + QUIC_V1.to_bytes(4, "big") + bytes([len(cid)]) + cid + b"\x08" + bytes(40))
+    regions = [b"", bytes(64), b"\xff" * 64, bytes(1) + bytes(range(256))]
+    return [region + SEPARATOR + datagram for region in regions for datagram in datagrams]
 
 
 def join(datagrams: Sequence[bytes]) -> bytes:
@@ -451,4 +505,5 @@ QUIC_TARGETS = (
     FuzzTarget("udp_router", run_udp_router, (), udp_router_seeds, 40_000, QUIC_DICTIONARY, mutate_router_input,
                reaches_c=True),
     FuzzTarget("quic_lb_cid", run_quic_lb_cid, (), quic_lb_cid_seeds, 400, QUIC_DICTIONARY),
+    FuzzTarget("cid_index", run_cid_index, (), cid_index_seeds, 400, QUIC_DICTIONARY),
 )

@@ -92,7 +92,7 @@ async def test_without_the_extension_a_quic_stream_still_goes_through_the_router
     async def router_to(pod_port: int) -> AsyncIterator[int]:
         snapshot = TargetSnapshot.of([Target("stargate-0", POD_HOST, 1, pod_port)])
         async with running_udp_router(lambda: snapshot, UdpRouterSettings()) as (router, port):
-            splicers.append(router._splicer)
+            splicers.append(getattr(router.path, "splicer", None))
             yield port
 
     payload = bytes(range(256)) * 400

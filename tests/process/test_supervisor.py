@@ -23,7 +23,6 @@ from router.supervisor import concrete_address
 from router.worker_process import LineSplitter, describe_exit, stop_budget_s, worker_argv
 from router.worker_scrape import ProbeError, WorkerClient
 from router.worker_seat import (
-    NO_FD,
     SeatError,
     WorkerReport,
     WorkerSeat,
@@ -50,9 +49,9 @@ def test_worker_argv_overrides_win_because_argparse_keeps_the_last_value() -> No
 
 
 def test_a_seat_survives_the_environment_and_names_every_descriptor_once() -> None:
-    seat = WorkerSeat(1, 3, 10, 11, 12, (13, NO_FD, 14), client_table_fd=15)
+    seat = WorkerSeat(1, 3, 10, 11, 12, client_table_fd=13)
     assert WorkerSeat.from_env(seat.to_env()) == seat
-    assert sorted(seat.fds()) == list(range(10, 16)) and seat.others == (0, 2)
+    assert sorted(seat.fds()) == list(range(10, 14))
     assert seat_from_environ({}) is None
     assert seat_from_environ({c.WORKER_SEAT_ENV: seat.to_env()}) == seat
 
@@ -61,13 +60,14 @@ def test_a_seat_survives_the_environment_and_names_every_descriptor_once() -> No
     "text",
     [
         "", "[]", "{}", '{"index":0}', "not json",
-        '{"index":0,"count":1,"health":10,"control":11,"inbox":12,"outboxes":[-1],"client_table":null}',
-        '{"index":2,"count":2,"health":10,"control":11,"inbox":12,"outboxes":[13,-1],"client_table":null}',
-        '{"index":0,"count":2,"health":10,"control":11,"inbox":12,"outboxes":[13,14],"client_table":null}',
-        '{"index":0,"count":2,"health":10,"control":10,"inbox":12,"outboxes":[-1,13],"client_table":null}',
-        '{"index":0,"count":2,"health":1,"control":11,"inbox":12,"outboxes":[-1,13],"client_table":null}',
-        '{"index":0,"count":2,"health":"10","control":11,"inbox":12,"outboxes":[-1,13],"client_table":null}',
-        '{"index":true,"count":2,"health":10,"control":11,"inbox":12,"outboxes":[-1,13],"client_table":null}',
+        '{"index":0,"count":1,"health":10,"control":11,"cid_index":12,"client_table":null}',
+        '{"index":2,"count":2,"health":10,"control":11,"cid_index":12,"client_table":null}',
+        '{"index":0,"count":2,"health":10,"control":10,"cid_index":12,"client_table":null}',
+        '{"index":0,"count":2,"health":10,"control":11,"cid_index":12,"client_table":11}',
+        '{"index":0,"count":2,"health":1,"control":11,"cid_index":12,"client_table":null}',
+        '{"index":0,"count":2,"health":"10","control":11,"cid_index":12,"client_table":null}',
+        '{"index":true,"count":2,"health":10,"control":11,"cid_index":12,"client_table":null}',
+        '{"index":0,"count":2,"health":10,"control":11,"client_table":null}',
     ],
 )
 def test_a_malformed_seat_is_a_config_error_naming_the_variable(text: str) -> None:

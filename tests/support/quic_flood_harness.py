@@ -109,22 +109,10 @@ def kernel_drops(ports: set[tuple[str, int]]) -> int:
     return total
 
 
-class _SendProxy:
-    def __init__(self, transport: Any, on_send: Callable[[bytes, Any], None]) -> None:
-        self._transport, self._on_send = transport, on_send
-
-    def sendto(self, data: bytes, addr: Any = None) -> None:
-        self._on_send(data, addr)
-        self._transport.sendto(data, addr)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._transport, name)
-
-
 class RouterAudit:
     """Pairs every router send with the datagram being handled; tracks pending flows and memory."""
 
-    def __init__(self, router: UdpRouter, flood: set[tuple[str, int]]) -> None:
+    def __init__(self, router: UdpRouter, metrics: RouterMetrics, flood: set[tuple[str, int]]) -> None:
         self.router, self.flood = router, flood
         self.current: tuple[Any, int] | None = None
         self.processed = 0
@@ -137,36 +125,42 @@ class RouterAudit:
         self.max_pending_bytes = 0
         self.legit_drops = 0.0
         """Drops of legitimate clients' datagrams (a full pending table refuses them too)."""
-        handle, evict = router._from_client, router._evict
+        handle, make_room, send = router.demux._judged, router.table.make_room, router.refusals.send
 
-        def on_evict(pending: Any) -> None:  # an eviction counts for the evicted flow's address
-            before = sum(dropped_counts(router._metrics).values())
-            evict(pending)
-            evicted = sum(dropped_counts(router._metrics).values()) - before
-            legit_current = self.current is not None and self.current[0] not in self.flood
-            if pending.address in self.flood and legit_current:
-                self.legit_drops -= evicted
-            elif pending.address not in self.flood and not legit_current:
-                self.legit_drops += evicted
+        def evicting(address: Any) -> Any:  # an eviction counts for the evicted flow's address
+            pending = make_room(address)
+            if pending is not None:
+                evicted = max(1, len(pending.datagrams))
+                legit_current = self.current is not None and self.current[0] not in self.flood
+                if pending.address in self.flood and legit_current:
+                    self.legit_drops -= evicted
+                elif pending.address not in self.flood and not legit_current:
+                    self.legit_drops += evicted
+            return pending
 
-        def from_client(data: bytes, addr: Any) -> None:
+        def judged(first: Any, data: bytes, addr: Any, now: float) -> None:
             self.current = (addr, len(data))
-            before = None if addr in self.flood else sum(dropped_counts(router._metrics).values())
+            before = None if addr in self.flood else sum(dropped_counts(metrics).values())
             try:
-                handle(data, addr)
+                handle(first, data, addr, now)
             finally:
                 self.current = None
             if before is not None:
-                self.legit_drops += sum(dropped_counts(router._metrics).values()) - before
+                self.legit_drops += sum(dropped_counts(metrics).values()) - before
             if addr in self.flood:
                 self.processed += 1
                 self.max_pending = max(self.max_pending, router.pending_flows)
                 if self.processed % 16 == 0:
                     self.sample_memory()
 
-        router._from_client = from_client  # type: ignore[method-assign]
-        router._evict = on_evict  # type: ignore[method-assign]
-        router._transport = _SendProxy(router._transport, self._sent)  # type: ignore[assignment]
+        def sending(data: bytes, addr: Any) -> bool:
+            self._sent(data, addr)
+            return send(data, addr)
+
+        # Every flood datagram comes from an address with no flow, so is judged (``verdicts.judge``).
+        router.demux._judged = judged  # type: ignore[method-assign]
+        router.table.make_room = evicting  # type: ignore[method-assign]
+        router.refusals.send = sending
 
     def _sent(self, data: bytes, addr: Any) -> None:
         if addr not in self.flood:
@@ -179,7 +173,7 @@ class RouterAudit:
     def sample_memory(self) -> None:
         """Bytes the pending flows hold: their queued datagrams plus their CRYPTO reassembly buffers."""
         total = 0
-        for pending in self.router._table.pending_flows():
+        for pending in self.router.table.pending_flows():
             held = pending.buffered_bytes + len(pending.sniffer._crypto._buf)
             self.max_flow_bytes = max(self.max_flow_bytes, held)
             total += held

@@ -63,7 +63,7 @@ async def test_a_short_header_naming_a_ready_pod_opens_one_flow_to_it(pki: DemoP
             for _ in range(3):
                 sock.sendto(short_header(names("stargate-1")), (ROUTER_HOST, h.port))
             await eventually(lambda: h.outcome("joined") == 1 and h.router.active_flows == 1)
-            flow = h.router._table.flow(sock.getsockname())
+            flow = h.router.table.flow(sock.getsockname())
             assert flow is not None and flow.pod_name == "stargate-1" and flow.shared
             await eventually(lambda: flow.client_bytes == 3 * 53, what="all three datagrams on the flow")
         assert h.outcome("accepted") == 0
@@ -80,7 +80,7 @@ async def test_a_handshake_packet_naming_a_pod_joins_it_and_a_zero_rtt_packet_ne
             handshake.sendto(long_header_packet(2, 300, dcid=cid()), (ROUTER_HOST, h.port))
             zero_rtt.sendto(long_header_packet(1, 300, dcid=cid()), (ROUTER_HOST, h.port))
             await eventually(lambda: h.outcome("joined") == 1 and h.dropped("not_initial") == 1)
-            flow = h.router._table.flow(handshake.getsockname())
+            flow = h.router.table.flow(handshake.getsockname())
             assert flow is not None and flow.pod_name == "stargate-0"
 
 

@@ -441,7 +441,7 @@ async def test_a_flood_within_one_loop_iteration_holds_at_most_one_gso_run_per_f
         pod.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 22)
         flood = [bytes([0x40]) + os.urandom(1199) for _ in range(150)]
         for datagram in flood:  # as if one readiness event delivered them all, with no await between
-            relay.router._from_client(datagram, client.getsockname())
+            relay.router.demux.deliver(datagram, client.getsockname())
         assert relay.outboxes[:2] == [c.QUIC_OUTBOX_DATAGRAMS] * 2  # sent early, once full
         assert [await asyncio.wait_for(loop.sock_recv(pod, 65536), T) for _ in flood] == flood
         assert sum(relay.outboxes) == len(flood)

@@ -1,7 +1,7 @@
 """A bug that one client's datagrams meet costs those datagrams only, on both datapaths.
 
 No client datagram is known to make the edge raise; this holds the edge to what it does if one
-ever does. A fault is injected one step behind the demultiplexing (``_from_new_address`` raises
+ever does. A fault is injected one step behind the demultiplexing (``ClientDemux._judged`` raises
 for datagrams that carry a marker), and a burst of such datagrams from many client addresses
 reaches the router in one read around a real aioquic connection's first flight: that connection
 completes, and the log carries one traceback a second (``QUIC_DATAGRAM_ERROR_LOG_LINES_PER_S``),
@@ -39,14 +39,14 @@ async def test_a_bug_some_datagrams_meet_costs_no_other_datagram_and_logs_a_trac
 ) -> None:
     async with running(pki) as h:
         router = h.router
-        reached = router._from_new_address
+        reached = router.demux._judged
 
-        def faulty(data: bytes, addr: Address, now: float) -> None:
+        def faulty(first: Any, data: bytes, addr: Address, now: float) -> None:
             if data.startswith(MARKER):
                 raise RuntimeError("an injected bug")
-            reached(data, addr, now)
+            reached(first, data, addr, now)
 
-        router._from_new_address = faulty  # type: ignore[method-assign]
+        router.demux._judged = faulty  # type: ignore[method-assign]
         loop = asyncio.get_running_loop()
         client = QuicConnectionProtocol(QuicConnection(configuration=client_configuration(sni("stargate-1"),
                                                                                           h.cafile)))

@@ -402,9 +402,9 @@ async def _exchange(pki: DemoPki, request: bytes, answer: bytes) -> tuple[bytes,
                                   limits=FlowLimits(pending_flow_timeout_s=240.0, idle_timeout_s=600.0,
                                                     probe_timeout_s=80.0))
         async with running_udp_router(lambda: snapshot, quiet) as (router, port):
-            assert router._splicer is not None
+            assert router.path.splicer is not None
             yield port
-            moved.append(sum(router._splicer.take_counts()))
+            moved.append(sum(router.path.splicer.take_counts()))
 
     received, got = await quic_exchange(pki, request, answer, router_to)
     return received, got, moved[0]

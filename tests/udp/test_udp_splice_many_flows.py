@@ -246,7 +246,7 @@ async def test_concurrent_quic_uploads_through_the_router_are_byte_exact(pki: De
 
             answers = await asyncio.wait_for(asyncio.gather(*(upload(p) for p in payloads)), 4 * T)
             assert answers == [hashlib.sha256(p).digest() for p in payloads]
-            splicer = router._splicer
+            splicer = router.path.splicer
             assert splicer is not None
             if io_uring and splicer.io_uring:
                 assert splicer.ring_batches > 0
