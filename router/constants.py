@@ -94,8 +94,11 @@ the router opens no TLS to the pod, the worker's session reaches it."""
 # -- Hostnames ------------------------------------------------------------------
 MAX_HOSTNAME_LENGTH: Final = 253
 """Longest DNS name (RFC 1035); longer :authority / SNI values never route."""
-MAX_PORT_DIGITS: Final = 5
-"""Digits of a ``:port`` after the name (65535 has 5); a longer port never routes."""
+MAX_PORT: Final = 65_535
+"""The largest TCP or UDP port: a target port outside 1..MAX_PORT cannot be dialled (the pod counts as not
+ready), a flag's port outside 0..MAX_PORT is refused."""
+MAX_PORT_DIGITS: Final = len(str(MAX_PORT))
+"""Digits of a ``:port`` after the name; a longer port never routes."""
 MAX_AUTHORITY_LENGTH: Final = MAX_HOSTNAME_LENGTH + len(".") + len(":") + MAX_PORT_DIGITS
 """The longest :authority / SNI that may name a pod (260: the name, its trailing dot, the port): a longer
 one is refused as an unknown name before the template, or its table of names, looks at it."""
@@ -127,7 +130,7 @@ RELAY_TIMER_DEFER_S: Final = 0.25
 """A relay's idle timer is armed this long after it starts, by one shared callback: shorter connections
 never create one; deadlines are absolute, so it fires on time (a shorter idle timeout is armed at once)."""
 
-# -- QUIC / UDP: pending flows and the flow table -----------------------------
+# -- QUIC / UDP edge (router/udp/): flow table, joins, the workers' index, refusals, sockets --
 QUIC_MAX_PENDING_DATAGRAMS_PER_FLOW: Final = 16
 """Datagrams held for a flow whose SNI is not complete yet (big ClientHellos need 2-4)."""
 QUIC_MAX_PENDING_BYTES_PER_FLOW: Final = 32 * 1024
@@ -156,7 +159,6 @@ QUIC_IDLE_PROBE_TIMEOUT_MS: Final = 1_000
 QUIC_IDLE_GRACE_MS: Final = 1_000
 """Added to a flow's idle expiry: the sweep's lateness and a close's last datagrams in flight."""
 
-# -- QUIC / UDP: QUIC-LB (router/udp/quic_lb.py, router/udp/server_id_joins.py) --
 DEFAULT_QUIC_LB_SERVER_ID_BYTES: Final = 0
 """``--quic-lb-server-id-bytes``: off. Pods must issue QUIC-LB connection IDs for it to mean anything."""
 QUIC_LB_JOINS_PER_S: Final = 500.0
@@ -166,39 +168,13 @@ a pod costs at most this many sockets a second (each datagram is retransmitted, 
 is tried again)."""
 QUIC_LB_JOIN_BURST: Final = 1_000.0
 """The bucket's depth: a rolled-out replica's thousand tunnels join another at once."""
-# -- QUIC / UDP: connections followed across workers (router/udp/cid_index.py, router/udp/joins.py)
+
 QUIC_CID_INDEX_ENTRIES_PER_WORKER: Final = 32_768
 """Pod connection IDs one worker shares (48 bytes each: 1.5 MiB, paged in as written): two per flow of a
 busy worker's usual load; beyond it the index forgets the oldest hint in a window, not a flow."""
 QUIC_CID_INDEX_WINDOW: Final = 8
 """Entries a connection ID may sit in from its hash: a lookup reads at most this many per worker."""
 
-# -- Memory: the QUIC tables' bounds sized to the container's limit (router/memory_bounds.py)
-CGROUP_MEMORY_MAX_PATH: Final = "/sys/fs/cgroup/memory.max"
-"""cgroup v2's memory limit of the container (its own cgroup under a cgroup namespace, as in Kubernetes)."""
-CGROUP_MEMORY_MAX_PATH_ENV: Final = "STARGATE_ROUTER_CGROUP_MEMORY_MAX"
-"""A ``memory.max`` file to read instead of ``CGROUP_MEMORY_MAX_PATH`` (tests; a cgroup mounted elsewhere)."""
-MEMORY_BASELINE_BYTES: Final = 64 * 1024 * 1024
-"""The router's RSS before any flow (52-55 MiB measured: interpreter, modules, C extensions,
-metric families), rounded up: no flow may count on it."""
-MEMORY_USABLE_FRACTION: Final = 0.75
-"""Share of the limit the QUIC tables' worst case plus the baseline may take; the rest is for TCP
-connections and the kernel's socket buffers, which the same cgroup is charged for."""
-MEMORY_PENDING_SHARE: Final = 1 / 3
-"""Of what is usable above the baseline, the part for pending flows (a flood fills them; a real
-client holds one for a round trip); the rest for established flows (workers' tunnels)."""
-QUIC_PENDING_FLOW_OVERHEAD_BYTES: Final = 4 * 1024
-"""A pending flow's objects beyond its held datagrams and CRYPTO reassembly (the sniffer, its
-lists, the table's entries); with them a full pending flow costs ~52 KiB."""
-QUIC_FLOW_WORST_BYTES: Final = 8 * 1024
-"""An established flow: 3.1 KiB of router memory measured (bench/README, access record and live
-view included) plus the kernel's socket, file and epoll entry, doubled for slack."""
-MIN_QUIC_PENDING_FLOWS: Final = 64
-"""However small the limit, this many handshakes may be in flight (a real one takes a round trip)."""
-MIN_QUIC_FLOWS: Final = 256
-"""However small the limit, this many tunnels may be established."""
-
-# -- QUIC / UDP: refusals (answer budget, refused attempts remembered) --------
 QUIC_REJECT_BUDGET_BYTES_PER_S: Final = 1_000_000
 """Global byte rate of CONNECTION_CLOSE answers; with the <= received-bytes rule, no amplifier."""
 QUIC_REJECTION_MEMORY_MS: Final = 10_000
@@ -211,8 +187,6 @@ QUIC_DATAGRAM_ERROR_LOG_LINES_PER_S: Final = 1.0
 """Tracebacks a second of a bug a client datagram met (it costs that datagram only): one names the
 bug, the rest are counted as suppressed, so a flood of such datagrams is no flood of tracebacks."""
 
-
-# -- QUIC / UDP: sockets and batched I/O (GRO reads, GSO sends) ---------------
 QUIC_SOCKET_BUFFER_BYTES: Final = 4 * 1024 * 1024
 """QUIC listener SO_RCVBUF/SO_SNDBUF: a burst of a few hundred Initials overflowed the default
 (the kernel clamps it to net.core.rmem_max / wmem_max)."""
@@ -243,6 +217,31 @@ where the kernel would take a batch's, for all flows, in one ``io_uring_enter`` 
 QUIC_POD_SOCKADDR_CACHE: Final = 4_096
 """Pod endpoints whose resolved socket address is kept, so a new flow skips ``getaddrinfo``: far
 more than one router's pods, and bounded (least recently used first out) when endpoints churn."""
+
+# -- Memory: the QUIC tables' bounds sized to the container's limit (router/memory_bounds.py)
+CGROUP_MEMORY_MAX_PATH: Final = "/sys/fs/cgroup/memory.max"
+"""cgroup v2's memory limit of the container (its own cgroup under a cgroup namespace, as in Kubernetes)."""
+CGROUP_MEMORY_MAX_PATH_ENV: Final = "STARGATE_ROUTER_CGROUP_MEMORY_MAX"
+"""A ``memory.max`` file to read instead of ``CGROUP_MEMORY_MAX_PATH`` (tests; a cgroup mounted elsewhere)."""
+MEMORY_BASELINE_BYTES: Final = 64 * 1024 * 1024
+"""The router's RSS before any flow (52-55 MiB measured: interpreter, modules, C extensions,
+metric families), rounded up: no flow may count on it."""
+MEMORY_USABLE_FRACTION: Final = 0.75
+"""Share of the limit the QUIC tables' worst case plus the baseline may take; the rest is for TCP
+connections and the kernel's socket buffers, which the same cgroup is charged for."""
+MEMORY_PENDING_SHARE: Final = 1 / 3
+"""Of what is usable above the baseline, the part for pending flows (a flood fills them; a real
+client holds one for a round trip); the rest for established flows (workers' tunnels)."""
+QUIC_PENDING_FLOW_OVERHEAD_BYTES: Final = 4 * 1024
+"""A pending flow's objects beyond its held datagrams and CRYPTO reassembly (the sniffer, its
+lists, the table's entries); with them a full pending flow costs ~52 KiB."""
+QUIC_FLOW_WORST_BYTES: Final = 8 * 1024
+"""An established flow: 3.1 KiB of router memory measured (bench/README, access record and live
+view included) plus the kernel's socket, file and epoll entry, doubled for slack."""
+MIN_QUIC_PENDING_FLOWS: Final = 64
+"""However small the limit, this many handshakes may be in flight (a real one takes a round trip)."""
+MIN_QUIC_FLOWS: Final = 256
+"""However small the limit, this many tunnels may be established."""
 
 # -- Metrics (names and label values match the Rust router) -------------------
 METRIC_PREFIX: Final = "stargate_k8s_router"

@@ -51,8 +51,8 @@ def parse_socket_address(flag: str, value: str) -> SocketAddress:
     except ValueError:
         if host != "localhost":
             raise ConfigError(f"{flag}: {host!r} is not an IP address") from None
-    if not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
-        raise ConfigError(f"{flag}: port must be 0-65535, got {port_text!r}")
+    if not port_text.isdigit() or not 0 <= int(port_text) <= c.MAX_PORT:
+        raise ConfigError(f"{flag}: port must be 0-{c.MAX_PORT}, got {port_text!r}")
     return SocketAddress(host, int(port_text))
 
 

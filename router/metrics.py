@@ -14,7 +14,6 @@ from itertools import product
 from typing import Any
 
 from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
-from prometheus_client.registry import Collector
 
 from discovery.observer import RewatchCause
 from router import constants as c
@@ -156,8 +155,6 @@ class RouterMetrics:
         """The series a budget of ``log`` counts its held-back lines in."""
         return self.log_lines_dropped.labels(log=log)
 
-    def add_collector(self, collector: Collector) -> None:
-        self.registry.register(collector)
 
     def render(self) -> bytes:
         """Prometheus text exposition of every family."""

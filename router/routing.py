@@ -23,9 +23,6 @@ from router.outcomes import GrpcOutcome, QuicOutcome, WebTransportOutcome
 from wire.grpc import GrpcStatus
 from wire.tls import TlsAlert
 
-MAX_PORT: Final = 65_535
-"""A target port outside 1..65535 cannot be dialled: the pod counts as not ready."""
-
 
 class Refusal(StrEnum):
     """Why an attempt is not routed; ``REFUSAL_ANSWERS`` says how each is answered."""
@@ -129,7 +126,7 @@ def route(
     """
     pod_name = template.pod_name_for(hostname) if hostname is not None else None
     target = snapshot.get(pod_name) if pod_name is not None else None
-    if target is not None and 0 < port_of(target) <= MAX_PORT:
+    if target is not None and 0 < port_of(target) <= c.MAX_PORT:
         return target
     if round_robin is not None and path is not None and path in round_robin_paths:
         targets = list(snapshot)

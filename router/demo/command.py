@@ -16,13 +16,14 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from router import constants as c
 from router.config import config_from_args
 from router.demo.memory_files import MemoryFiles
 from router.demo.pki import DemoPki, make_pki
 
 PODS = (("stargate-0", "127.0.0.2"), ("stargate-1", "127.0.0.3"))
 NAMESPACE = "demo"
-SERVICE = "stargate-headless"
+SERVICE = c.DEFAULT_TARGET_SERVICE_NAME
 
 
 def endpoint_slice(pods: Sequence[tuple[str, str, int, int]]) -> dict[str, Any]:

@@ -21,7 +21,7 @@
  * timer, when a quiet pipe is given back, who ended the connection (termination causes from the
  * errno, the failing direction and the TCP states), when to close the sockets, the metrics.
  * Python is called back only when a relay ends
- * (on_end(relay, errno or 0, failing direction, first end of stream, client->pod done, pod->client done)),
+ * (on_end(relay, errno or 0, failing direction, first end of stream)),
  * has carried report_bytes more (on_bytes) or takes a pipe (on_acquired). A dispatch tells the ends
  * it found only once it has pumped every ready relay (see end()).
  *
@@ -469,8 +469,7 @@ finish_end(RelayObject *r, int error, int way)
     PyObject *on_end = r->on_end;
     r->on_end = NULL;
     if (on_end != NULL) {
-        call_or_report(on_end, PyObject_CallFunction(on_end, "Oiiiii", (PyObject *)r, error, way, r->first_eof,
-                                                     r->w[0].done, r->w[1].done));
+        call_or_report(on_end, PyObject_CallFunction(on_end, "Oiii", (PyObject *)r, error, way, r->first_eof));
         Py_DECREF(on_end);
     }
     unwatch(r);

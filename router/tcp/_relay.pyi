@@ -44,7 +44,7 @@ class Engine:
         initial: bytes,
         splice: bool,
         connecting: bool,
-        on_end: Callable[[Relay, int, int, int, int, int], object],
+        on_end: Callable[[Relay, int, int, int], object],
         on_bytes: Callable[[int, int], object] | None,
         on_acquired: Callable[[], object] | None,
         on_connected: Callable[[], object] | None,

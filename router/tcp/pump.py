@@ -290,7 +290,7 @@ class PythonPump:
     """One relay's two directions, driven as the C engine's ``Relay`` is (``relay_policy.Pump``).
 
     It calls back as the engine does: ``on_end`` (this pump, 0, -1, first end of stream: 0 the
-    client's, 1, 1) once both directions are done, ``on_bytes`` every ~``RELAY_REPORT_BYTES`` and at
+    client's) once both directions are done, ``on_bytes`` every ~``RELAY_REPORT_BYTES`` and at
     its end, ``on_acquired`` when it takes a pipe; and ``on_error`` (this pump, the exception, the
     failing direction: 0 client->pod, 1 pod->client) where the engine would pass an errno."""
 
@@ -302,7 +302,7 @@ class PythonPump:
         client: socket.socket,
         pod: socket.socket,
         splice: bool,
-        on_end: Callable[[PythonPump, int, int, int, int, int], object],
+        on_end: Callable[[PythonPump, int, int, int], object],
         on_error: Callable[[PythonPump, BaseException, int], object],
         on_bytes: Callable[[int, int], object] | None,
         on_acquired: Callable[[], object],
@@ -347,7 +347,7 @@ class PythonPump:
         if self.first_eof < 0:
             self.first_eof = 0 if c2p.done else 1
         if c2p.done and p2c.done:
-            self.on_end(self, 0, -1, self.first_eof, 1, 1)
+            self.on_end(self, 0, -1, self.first_eof)
 
     def report(self) -> None:
         """Hand the unreported byte deltas to ``on_bytes``."""

@@ -235,7 +235,7 @@ class Relay:
                 self.arm_timer()
 
     # -- endings ---------------------------------------------------------------------------
-    def _on_end(self, handle: Pump, code: int, way: int, first_eof: int, up_done: int, down_done: int) -> None:
+    def _on_end(self, handle: Pump, code: int, way: int, first_eof: int) -> None:
         """The pump's end of a relay: both directions done (``code`` 0) or ``way`` failed."""
         self.handle = handle
         if not code:

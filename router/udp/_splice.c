@@ -929,10 +929,9 @@ Splicer_rekey(Splicer *self, PyObject *args)
 
 /* learn(pod_fd, cid): `cid` is a connection ID the pod issued for the flow on pod_fd, learned
  * outside the pod's long headers (QUIC-LB: the DCID a joined flow came with, or a later one whose
- * server ID names the same pod; router/udp/server_id_joins.py). The flow is told apart by DCID from
- * then on, as at a shared address: its client's datagrams that carry `cid` are spliced, and any
- * other (another connection of the same client socket, which may name another pod) goes to Python
- * instead of to this pod. */
+ * server ID names the same pod, or one another worker learned; router/udp/joins.py). The flow is told apart by DCID
+ * from then on, as at a shared address: its client's datagrams that carry `cid` are spliced, and any other (another
+ * connection of the same client socket, which may name another pod) goes to Python instead of to this pod. */
 static PyObject *
 Splicer_learn(Splicer *self, PyObject *args)
 {

@@ -36,6 +36,7 @@ import struct
 from dataclasses import dataclass
 
 from quic.packet import MAX_CID_LENGTH
+from router.constants import MAX_PORT
 
 SALT_BYTES = 16
 """The hash key: random per supervisor run, so a client cannot aim at another's entries."""
@@ -142,7 +143,7 @@ class CidIndex:
     def put(self, cid: bytes, address: str, port: int) -> bool:
         """Say that ``cid`` names the pod at ``address``:``port``; False for what cannot be said."""
         endpoint = pack_endpoint(address, port)
-        if endpoint is None or not 1 <= len(cid) <= MAX_CID_LENGTH or not 0 < port <= 0xFFFF:
+        if endpoint is None or not 1 <= len(cid) <= MAX_CID_LENGTH or not 0 < port <= MAX_PORT:
             return False
         view, first = self._view, self._slot(cid)
         target = free = None

@@ -52,9 +52,6 @@ from router.udp.settings import UdpRouterSettings
 
 log = logging.getLogger("router.udp_router")  # pinned: operators filter logs by this name
 
-PROTOCOL = ProtocolLabel.QUIC
-
-
 def open_datapath(extensions: Extensions, clock: Callable[[], float]) -> Datapath:
     """The datapath ``extensions`` chose: the C splice, or the pure-Python reference."""
     if extensions.splice:
@@ -82,7 +79,7 @@ class UdpRouter:
         self._snapshot = snapshot
         self._index = index
         self._clock = clock
-        series = ProtocolSeries(metrics, PROTOCOL)
+        series = ProtocolSeries(metrics, ProtocolLabel.QUIC)
         self.table: UdpFlowTable[InitialSniffer, Link] = UdpFlowTable(settings.limits)
         self.path = datapath if datapath is not None else open_datapath(settings.extensions, clock)
         counts = settings.max_flows_per_client if settings.client_counts is None else settings.client_counts

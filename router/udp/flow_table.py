@@ -9,8 +9,8 @@ its every datagram while alone there (one dict lookup); once two flows have met 
 are *shared*, told apart by connection ID wherever they go (``demux``). The pod's connection IDs,
 learned from the SCID of its long headers, are indexed apart from addresses (``flow_for_cid``): a
 datagram from another address carrying one belongs to that flow (NAT rebinding, migration), also
-where other flows are; with ``--workers N`` the other workers' tables answer this same question on
-a miss (``worker_follow``). CIDs the pod issues later in encrypted NEW_CONNECTION_ID frames stay unseen: a client that
+where other flows are; with ``--workers N`` the workers' shared index answers this same question on
+a miss (``cid_index``, ``joins``). CIDs the pod issues later in encrypted NEW_CONNECTION_ID frames stay unseen: a client that
 migrates *and* switches to one at once is not followed. A pending flow is keyed by address and
 its first Initial's DCID: a new connection beside an address's flows, never a threat to them. A
 silent flow ends at its connection's own idle timeout (``FlowLimits.flow_idle_timeout_s``).

@@ -24,6 +24,7 @@ from types import MappingProxyType
 
 from discovery.targets import Target, TargetSnapshot
 from quic.packet import LONG_FORM, MAX_CID_LENGTH, QUIC_V1, QUIC_V2, PacketType, long_header_cids, packet_type_bits
+from router.constants import MAX_PORT
 
 UNROUTABLE_ROTATION = 0b111
 """Config rotation bits of a connection ID that encodes no server ID (the draft's 5-tuple fallback)."""
@@ -111,7 +112,7 @@ class ServerIds:
         shared: dict[bytes, list[str]] = {}
         for target in snapshot:
             sid = pod_server_id(target.address, server_id_bytes)
-            if sid is None or not 0 < target.quic_port <= 0xFFFF:
+            if sid is None or not 0 < target.quic_port <= MAX_PORT:
                 continue
             if sid in shared:
                 shared[sid].append(target.pod_name)

@@ -32,7 +32,7 @@ class UdpRouterSettings:
     every worker shares (``router.shared_client_limits``), whose limit is the one above."""
     quic_lb_server_id_bytes: int = c.DEFAULT_QUIC_LB_SERVER_ID_BYTES
     """QUIC-LB server ID length (``router.udp.quic_lb``): a datagram no flow takes is routed to the pod
-    its connection ID names (``server_id_joins``); 0 = off."""
+    its connection ID names (``joins``); 0 = off."""
     quic_lb_joins_per_s: float = c.QUIC_LB_JOINS_PER_S
     quic_lb_join_burst: float = c.QUIC_LB_JOIN_BURST
     extensions: Extensions = field(default_factory=choose)
