@@ -80,7 +80,7 @@ WEBTRANSPORT: Final = "webtransport"
 """The ``--tunnel-protocol`` under which they count in ``webtransport_sessions_total`` instead."""
 DEFAULT_RELAY_KEEP_ALIVE_MS: Final = 10_000
 """The Rust router's default (0 disables); no effect here: PINGs travel inside encrypted QUIC,
-so the tunnel's endpoints keep it alive (README, "Switching from the Rust router's chart")."""
+so the tunnel's endpoints keep it alive (docs/coming-from-rust.md)."""
 TLS_CERT_PATH_ENV: Final = "STARGATE_TLS_CERT_PATH"
 """Env of ``--tls-cert-path`` (the Rust router's); accepted, unused: TLS and QUIC end at the pod."""
 TLS_KEY_PATH_ENV: Final = "STARGATE_TLS_KEY_PATH"

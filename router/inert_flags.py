@@ -24,7 +24,8 @@ NO_PING_REASON = (
     "the router cannot send PINGs inside encrypted QUIC: the tunnel's endpoints' QUIC keep-alive "
     "keeps an idle tunnel open"
 )
-"""Why ``--relay-keep-alive-ms`` changes nothing (README, "Switching from the Rust router's chart")."""
+"""Why ``--relay-keep-alive-ms`` changes nothing (docs/coming-from-rust.md, "What behaves differently
+under the chart")."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,7 +6,7 @@ state with no debugger. Pure on purpose (no sockets, time passed in): the edges 
 ``LiveConnections.view`` and ``targets_view`` into JSON. With ``--workers N`` the supervisor
 merges its workers' answers with ``merge_connections`` and ``merge_targets``.
 
-Shapes (documented in the README):
+Shapes (documented in docs/operating.md, "The live view"):
 
     GET /debug/targets -> {"source": "kubernetes"|"file", "ready": bool, "last_sync_age_s": float|null,
                            "targets": [{"pod", "address", "grpc_port", "quic_port"}]}   sorted by pod

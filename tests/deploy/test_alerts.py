@@ -1,7 +1,7 @@
 """The router's alerts: what each watches, its runbook, and promtool making each fire and stay quiet.
 
 Every alert has a severity, a summary, a description and a ``runbook_url`` to its own section of
-the README. Thresholds tied to the router are read from its code (the pending-flow bound, the
+docs/operating.md. Thresholds tied to the router are read from its code (the pending-flow bound, the
 watch timeout, the outcome enums), the scrape job and container from deploy/. ``promtool test
 rules`` (Debian's ``prometheus``) runs each alert on synthetic series: it fires on its fault
 (the router-down alert both on ``up == 0`` and on absent series) and stays quiet on data near it.
@@ -20,6 +20,7 @@ from router import constants as c
 from router.outcomes import GrpcOutcome, QuicOutcome
 from tests.support import alert_series as a
 from tests.support.kustomize import DEPLOY, settings
+from tests.support.markdown import github_anchor, headings
 from tests.support.promql import (
     alert_rules,
     prometheus_rule,
@@ -29,7 +30,8 @@ from tests.support.promql import (
     write_rule_groups,
 )
 
-README = DEPLOY.parent / "README.md"
+RUNBOOKS = DEPLOY.parent / "docs" / "operating.md"
+"""The page the alerts' runbook links lead to (settings.yaml ``runbookBaseURL``)."""
 EXPECTED_ALERTS = frozenset({
     "StargateRouterDown", "StargateRouterNoReadyTargets", "StargateRouterDiscoveryStale",
     "StargateRouterRejectionRatioHigh", "StargateRouterRelayErrors", "StargateRouterQuicPendingFlowsNearBound",
@@ -44,11 +46,6 @@ def rule(name: str) -> dict[str, Any]:
     return found
 
 
-def github_anchor(heading: str) -> str:
-    """The anchor GitHub gives a Markdown heading."""
-    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
-
-
 def test_alerts_are_the_expected_with_for_severity_summary_description_runbook() -> None:
     rules = alert_rules()
     assert {r["alert"] for r in rules} == EXPECTED_ALERTS
@@ -60,12 +57,12 @@ def test_alerts_are_the_expected_with_for_severity_summary_description_runbook()
         assert r["annotations"]["runbook_url"] == f"{settings()['runbookBaseURL']}#{r['alert'].lower()}"
 
 
-def test_every_runbook_url_names_a_readme_section_of_its_alert() -> None:
-    headings = re.findall(r"^#{2,4} (.+)$", README.read_text(), re.M)
-    anchors = {github_anchor(h): h for h in headings}
+def test_every_runbook_url_names_a_section_of_its_alert_in_the_runbooks() -> None:
+    assert settings()["runbookBaseURL"].endswith("/docs/operating.md")
+    anchors = {github_anchor(h): h for h in headings(RUNBOOKS.read_text())}
     for r in alert_rules():
         fragment = r["annotations"]["runbook_url"].partition("#")[2]
-        assert anchors.get(fragment) == r["alert"], f"README has no section `### {r['alert']}`"
+        assert anchors.get(fragment) == r["alert"], f"docs/operating.md has no section `### {r['alert']}`"
 
 
 def test_discovery_stale_threshold_outlasts_a_quiet_watch() -> None:

@@ -37,7 +37,7 @@ CHANGED = {
     "monitoringNamespace": "observability",
     "gatewayPodCIDRs": "10.64.8.0/24,fd00:64:8::/64",
     "prometheusRelease": "prom",
-    "runbookBaseURL": "https://git.example.com/platform/stargate-router/-/blob/main/README.md",
+    "runbookBaseURL": "https://git.example.com/platform/stargate-router/-/blob/main/docs/operating.md",
 }
 """A value for every knob, each unlike any default."""
 

@@ -16,7 +16,7 @@ What must hold while the flood runs (issue "Hardening"):
   CONNECTION_CLOSE (a Version Negotiation answer is counted as a ``not_initial`` drop too).
 
 Default run: 10,000 datagrams in process, 5,000 against the real router process;
-``-m slow``: 100,000 each. Every figure is printed (``pytest -s``) for the README.
+``-m slow``: 100,000 each. Every figure is printed (``pytest -s``) for bench/README.md.
 """
 
 from __future__ import annotations

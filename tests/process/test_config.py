@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -9,9 +11,11 @@ from pathlib import Path
 import pytest
 
 from router import constants as c
-from router.config import build_parser, config_from_args
+from router.cli import top_parser
+from router.config import config_from_args
 from router.flag_values import ConfigError, parse_socket_address
 from router.inert_flags import InertFlags
+from tests.support.markdown import DOCS, table_rows
 from tests.support.upstream_chart import chart_container
 
 
@@ -351,9 +355,39 @@ def test_the_warning_names_every_flag_without_effect_and_why() -> None:
     assert config_from_args(["--relay-keep-alive-ms=10000"], environ=X).inert.warning() is None
 
 
-def test_the_readme_flags_table_lists_every_flag() -> None:
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    table = readme.partition("\n## Flags\n")[2].partition("\n## ")[0]
-    listed = {line.split("`")[1] for line in table.splitlines() if line.startswith("| `--")}
-    flags = {o for action in build_parser()._actions for o in action.option_strings if o.startswith("--")}
-    assert flags - {"--help"} <= listed, sorted(flags - listed)
+def documented_default(action: argparse.Action) -> str:
+    """How docs/flags.md writes a flag's parser default: the value as given on the command line in
+    code, ``none`` (no default), ``off`` (a switch), empty (``--version``: no value at all)."""
+    if action.default is None:
+        return "none"
+    if action.default is False:
+        return "off"
+    if action.default == argparse.SUPPRESS:
+        return ""
+    assert isinstance(action.default, str), action.option_strings  # every flag's default is its text
+    return f"`{action.default}`"
+
+
+def documented_env(action: argparse.Action) -> str:
+    """The variable a flag falls back to, as its help names it (``env NAME``), in code; else empty."""
+    named = re.findall(r"\benv ([A-Z][A-Z0-9_]*)", action.help or "")
+    assert len(named) <= 1, action.option_strings
+    return f"`{named[0]}`" if named else ""
+
+
+def test_the_flags_page_lists_exactly_the_parsers_flags_with_their_defaults_and_variables() -> None:
+    """docs/flags.md's table against ``stargate-router``'s parser, both ways: every flag is one row and
+    every row a flag; each row's default is the parser's and its env column the flag's variable."""
+    actions = {
+        option: action for action in top_parser()._actions for option in action.option_strings
+        if option.startswith("--") and option != "--help"
+    }
+    rows = table_rows((DOCS / "flags.md").read_text(), "flag")
+    listed = [row[0].strip("`") for row in rows]
+    assert len(listed) == len(set(listed)), sorted(f for f in listed if listed.count(f) > 1)
+    assert set(listed) == set(actions), (sorted(set(actions) - set(listed)), sorted(set(listed) - set(actions)))
+    for flag, default, env, meaning in rows:
+        action = actions[flag.strip("`")]
+        assert default == documented_default(action), flag
+        assert env == documented_env(action), flag
+        assert meaning, flag

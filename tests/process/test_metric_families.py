@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 import re
-from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -21,6 +20,7 @@ from router import constants as c
 from router.metric_families import CounterFamily, GaugeFamily, HistogramFamily
 from router.metrics import RouterMetrics
 from router.outcomes import QuicOutcome, WebTransportOutcome
+from tests.support.markdown import DOCS, table_rows
 
 _CREATED = re.compile(r"^(\S+_created(?:\{[^}]*\})?) \S+$", re.M)
 
@@ -138,11 +138,67 @@ def test_labels_by_name_must_name_every_label() -> None:
     assert family.labels(side="y", kind="a") is family.labels("a", "y")
 
 
-def test_the_readme_metrics_table_lists_every_family() -> None:
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    table = readme.partition("\n## Metrics\n")[2].partition("\n## ")[0]
-    metrics = RouterMetrics()
-    for family in vars(metrics).values():
-        if isinstance(family, (CounterFamily, GaugeFamily, HistogramFamily)):
-            name = family.name + ("_total" if isinstance(family, CounterFamily) else "")
-            assert f"| `{name}` |" in table, name
+SUPERVISOR_FAMILIES = {c.WORKER_RESTARTS_TOTAL: "counter"}
+"""Families only the ``--workers`` supervisor exports (``router.supervisor``), label-less."""
+
+FREE_LABELS = frozenset({"version"})
+"""Labels whose values are not an enumeration (the build's version): the table lists none."""
+
+PROCESS_ROW = "process_*"
+"""prometheus-client's process collector, one row for all its families."""
+
+_KINDS = ((CounterFamily, "counter"), (GaugeFamily, "gauge"), (HistogramFamily, "histogram"))
+
+
+def exported_families() -> dict[str, tuple[str, dict[str, set[str]]]]:
+    """Every family the router exports under its prefix, by exposed name: its type and, per label in
+    order, the values its series take (``RouterMetrics`` creates every one from the enums of
+    ``router/outcomes.py`` before any traffic)."""
+    families: dict[str, tuple[str, dict[str, set[str]]]] = {}
+    for family in vars(RouterMetrics()).values():
+        kind = next((k for cls, k in _KINDS if isinstance(family, cls)), None)
+        if kind is None:
+            continue
+        values = family.label_values()
+        labels = {label: {v[i] for v in values} for i, label in enumerate(family.labelnames)}
+        families[family.name + ("_total" if kind == "counter" else "")] = (kind, labels)
+    for name, kind in SUPERVISOR_FAMILIES.items():
+        families[name + ("_total" if kind == "counter" else "")] = (kind, {})
+    return families
+
+
+def documented_labels(cell: str) -> dict[str, set[str]]:
+    """A labels cell (each label in code, then its values in code: ``protocol: h2c, tls; outcome: ...``)
+    -> each label's listed values, in order."""
+    labels: dict[str, set[str]] = {}
+    for part in filter(None, (p.strip() for p in cell.split(";"))):
+        name, _, values = part.partition(":")
+        assert re.fullmatch(r"`\w+`", name.strip()), part
+        labels[name.strip().strip("`")] = set(re.findall(r"`([^`]+)`", values))
+    return labels
+
+
+def test_the_metrics_page_lists_exactly_the_exported_families_types_labels_and_values() -> None:
+    """docs/metrics.md's table against the families, both ways: every family the router exports is
+    one row and every row a family (its name a metric constant of ``router/constants.py``), with its
+    type, its labels in order and, for each label, exactly the values its series take."""
+    names = {v for v in vars(c).values() if isinstance(v, str) and v.startswith(f"{c.METRIC_PREFIX}_")}
+    exported = exported_families()
+    assert {n.removesuffix("_total") for n in exported if exported[n][0] == "counter"} | {
+        n for n in exported if exported[n][0] != "counter"} == names
+    rows = table_rows((DOCS / "metrics.md").read_text(), "metric")
+    listed = [row[0].strip("`") for row in rows]
+    assert len(listed) == len(set(listed)), sorted(n for n in listed if listed.count(n) > 1)
+    assert set(listed) == set(exported) | {PROCESS_ROW}, (
+        sorted(set(exported) - set(listed)), sorted(set(listed) - set(exported) - {PROCESS_ROW}))
+    assert b"\nprocess_" in RouterMetrics().render()  # the process collector is registered
+    for name, kind, cell, meaning in rows:
+        assert meaning, name
+        if name == f"`{PROCESS_ROW}`":
+            continue
+        exported_kind, labels = exported[name.strip("`")]
+        assert kind == exported_kind, name
+        documented = documented_labels(cell)
+        assert list(documented) == list(labels), name
+        for label, values in labels.items():
+            assert documented[label] == (set() if label in FREE_LABELS else values), (name, label)

@@ -118,7 +118,7 @@ async def test_an_endpoints_connections_to_two_pods_move_together_and_each_reach
 async def test_a_quinn_pods_connection_moved_to_a_replica_that_never_saw_it_keeps_working(
     pki: DemoPki, tmp_path: Path, quinn_peer: Path
 ) -> None:
-    """The quinn pod issues its connection IDs with the ``ConnectionIdGenerator`` the README shows."""
+    """The quinn pod issues its connection IDs with the ``ConnectionIdGenerator`` docs/quic.md shows."""
     async with replicas(pki, tmp_path, QUIC_LB, quinn=quinn_peer) as r:
         a, b = r.routers
         config = client_configuration(sni("stargate-1"), pki.ca_path)

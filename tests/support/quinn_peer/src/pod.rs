@@ -5,7 +5,7 @@
 //! It issues connection IDs of the plaintext layout of draft-ietf-quic-load-balancers, which the
 //! router's `--quic-lb-server-id-bytes` reads: a first octet (config rotation 0b000 in its top
 //! three bits, the connection ID's length minus one in its low five), the server ID (the router's:
-//! the last bytes of the pod's address), a random nonce. The generator is the one the README shows
+//! the last bytes of the pod's address), a random nonce. The generator is the one docs/quic.md shows
 //! a quinn pod (`EndpointConfig::cid_generator`; quinn 0.9 has the trait in `quinn_proto`). Each
 //! bidirectional stream's request is answered `<POD_NAME>:<request>`, as the demo pods answer.
 //! It prints `listening <port>` once bound, then serves until killed.
