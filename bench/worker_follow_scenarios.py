@@ -12,7 +12,7 @@ Two figures, from ``python -m router --workers 2`` and an echoing pod (``start_u
   established datagrams are the comparison; the figure is solved from two phases, since which
   worker a new port lands on is the kernel's choice: the moved phase's CPU, less its datagrams that
   reached their own worker at the established cost, over the joined connections' datagrams
-  (``quic_connections_total{outcome="joined"}`` times the rounds), the join included.
+  (``quic_connections_total{outcome="joined"}`` times the rounds and the move), the join included.
 
 Datagrams of flows a worker holds never reach this code: the established rows (``udp_relay``,
 ``udp_echo``, ``udp_demux``) measure that path, unchanged.
@@ -65,16 +65,19 @@ def worker_follow(ctx: BenchContext) -> list[Row]:
             time.sleep(0.2)
         time.sleep(SETTLE_S)  # the echoed Initials teach the router each connection's CID
         established = _phase(two, pod, clients, rounds)[0]
+        joined_before = two.process.metric(CONNECTIONS, outcome="joined")
+        before = cpu_exact(two.pid)  # the moves' first datagrams: the joins, on the worker without the flow
         clients.call(follow_load.move, addr, DATAGRAM_BYTES)
         time.sleep(SETTLE_S)
-        joined_before = two.process.metric(CONNECTIONS, outcome="joined")
-        cpu, delivered = _phase(two, pod, clients, rounds)
-        joined = int(two.process.metric(CONNECTIONS, outcome="joined") - joined_before) * rounds
+        joining = cpu_exact(two.pid) - before
+        cpu = _phase(two, pod, clients, rounds)[0] + joining
+        moved_here = int(two.process.metric(CONNECTIONS, outcome="joined") - joined_before)
         clients.call(demux_load.retire)
-        if not joined:
+        if not moved_here:
             raise BenchError("no moved connection landed on the other worker")
         per_established = established / (rounds * connections)
-        return (cpu - per_established * (delivered - joined)) / joined * 1e6, per_established * 1e6
+        stayed = (connections - moved_here) * (rounds + 1)  # the move's datagram and the rounds, each
+        return (cpu - per_established * stayed) / (moved_here * (rounds + 1)) * 1e6, per_established * 1e6
 
     try:
         results = interleaved(ctx.rounds, {"two_workers": lambda: miss(two), "one_worker": lambda: miss(one),
