@@ -130,6 +130,23 @@ def settle_fds(pids: Pids, at_most: int, timeout_s: float = 10.0) -> int:
     return open_fds(pids)
 
 
+TCP_LISTEN, TCP_TIME_WAIT = "0A", "06"
+"""``/proc/net/tcp`` states that hold no connection's socket open: a listener, a closed one's wait."""
+
+
+def open_tcp_connections(*ports: int) -> int:
+    """Loopback TCP sockets with one of ``ports`` at either end that are still open (not a listener,
+    not TIME-WAIT): a connection whose two ends are both closed counts no more (``/proc/net/tcp``)."""
+    wanted = {f"{port:04X}" for port in ports}
+    with open("/proc/net/tcp") as table:
+        next(table)
+        return sum(
+            1 for line in table
+            if (f := line.split())[3] not in (TCP_LISTEN, TCP_TIME_WAIT)
+            and (f[1].rpartition(":")[2] in wanted or f[2].rpartition(":")[2] in wanted)
+        )
+
+
 def outcome_count(router: RouterProcess, protocol: str, outcome: str) -> float:
     """``stargate_k8s_router_grpc_connections_total{protocol,outcome}`` from a live scrape."""
     return router.metric(c.GRPC_CONNECTIONS_TOTAL + "_total", protocol=protocol, outcome=outcome)
