@@ -151,9 +151,10 @@ def test_recv_and_sendall_wait_through_the_poller_and_leave_no_watch(run: Runner
         client, server = tcp_pair()
         poller = poller_for(asyncio.get_running_loop())
         try:
-            later = asyncio.get_running_loop().call_later(0.05, client.send, b"hello")
-            assert await recv(poller, server, 100) == b"hello"
-            later.cancel()
+            receiving = asyncio.ensure_future(recv(poller, server, 100))
+            await until(lambda: poller.watched == 1)  # waiting on the epoll set for bytes that come later
+            client.send(b"hello")
+            assert await receiving == b"hello"
             assert poller.watched == 0
             big = bytes(range(256)) * 16384  # 4 MiB: more than both socket buffers hold
             got = bytearray()
