@@ -1,9 +1,11 @@
-"""``tests.support.polling``: the waits the suite uses instead of fixed sleeps."""
+"""``tests.support.polling``: the waits the suite uses instead of fixed sleeps, and the rule that
+no other test code sleeps on the clock."""
 
 from __future__ import annotations
 
-import asyncio
+import ast
 import itertools
+from pathlib import Path
 
 import pytest
 
@@ -23,8 +25,7 @@ async def test_eventually_returns_once_true_and_takes_an_awaitable_check() -> No
     calls = itertools.count()
     await eventually(lambda: next(calls) >= 3, 1.0, 0.001)
 
-    async def scrape() -> bool:
-        await asyncio.sleep(0)
+    async def scrape() -> bool:  # as a check that scrapes in a thread is awaited
         return next(calls) >= 6
 
     await eventually(scrape, 1.0, 0.001)
@@ -59,3 +60,24 @@ async def test_steady_returns_the_value_once_it_stopped_changing() -> None:
     ticks = itertools.count()
     with pytest.raises(AssertionError, match="the counter to settle"):
         await steady(lambda: next(ticks), 0.05, 0.1, 0.001, what="the counter to settle")
+
+
+TESTS = Path(__file__).resolve().parent
+POLLING = TESTS / "support" / "polling.py"
+
+
+def test_no_test_code_but_the_polling_module_sleeps() -> None:
+    """A wait is for a condition (``eventually``, ``steady``), a window in which something must not
+    happen (``holds``) or time that is itself the behaviour (``deliberate_pause``, its reason in the
+    call): a bare ``sleep`` says none of these, so none is left outside ``tests/support/polling.py``."""
+    found = []
+    for path in sorted(TESTS.rglob("*.py")):
+        if path == POLLING:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Call):
+                func = node.func
+                name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+                if name == "sleep":
+                    found.append(f"{path.relative_to(TESTS.parent)}:{node.lineno}")
+    assert found == [], "sleeps outside tests/support/polling.py (wait on a condition instead): " + ", ".join(found)
