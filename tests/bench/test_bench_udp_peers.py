@@ -3,8 +3,8 @@
 
 from __future__ import annotations
 
+import contextlib
 import socket
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -13,8 +13,20 @@ import pytest
 
 from bench import udp_peers
 from bench.udp_peers import NativePod
+from tests.support.polling import eventually_blocking
+from tests.support.quic_flood_harness import kernel_queued
 
 POD_HOST = "127.0.0.2"
+
+
+def counting_client_runs() -> bool:
+    """The C clients' ``count`` runs: a child of this process whose argv is ``udp_peers count ...``."""
+    for task in Path("/proc/self/task").iterdir():
+        with contextlib.suppress(OSError):
+            for pid in (task / "children").read_text().split():
+                if Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[1:2] == [b"count"]:
+                    return True
+    return False
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +95,7 @@ def test_the_c_clients_blast_reaches_the_c_pod_on_every_flow(
         binary: Path, sink_pod: tuple[NativePod, int], flows: list[socket.socket], segments: int) -> None:
     sent, elapsed = udp_peers.blast(binary, flows, 0.2, 1200, segments)
     assert 0.2 <= elapsed < 5 and sent > 0 and sent % segments == 0
-    time.sleep(0.1)  # what is queued at the pod is read
+    eventually_blocking(lambda: kernel_queued({(POD_HOST, sink_pod[1])}) == 0, what="what is queued at the pod read")
     datagrams, size, sources = sink_pod[0].stats()
     assert sources == 3
     assert 0 < datagrams - 3 <= sent and size - 3 * len(b"\xc0initial") == 1200 * (datagrams - 3)
@@ -94,11 +106,10 @@ def test_the_c_clients_blast_reaches_the_c_pod_on_every_flow(
 def test_the_c_pods_blast_is_counted_by_the_c_clients(
         binary: Path, sink_pod: tuple[NativePod, int], flows: list[socket.socket], segments: int) -> None:
     native, _port = sink_pod
-    while native.stats()[2] < 3:  # the pod sends to the sources it has seen
-        time.sleep(0.01)
+    eventually_blocking(lambda: native.stats()[2] >= 3, interval_s=0.01, what="the pod to know its three sources")
     with ThreadPoolExecutor(1) as pool:  # the clients count while the pod sends, as in the bench
         counted = pool.submit(udp_peers.count, binary, flows, 0.6)
-        time.sleep(0.1)
+        eventually_blocking(counting_client_runs, interval_s=0.005, what="the C clients' count to start")
         sent, elapsed = native.blast(0.2, 1200, segments)
         received = counted.result()
     assert 0.2 <= elapsed < 5 and sent > 0 and sent % segments == 0

@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from discovery import constants as dc
+from discovery import file_source
 from discovery.file_source import EndpointsFileSource, load_endpoints_file
 from discovery.settings import DiscoverySettings
 from router import constants as c
@@ -166,15 +167,30 @@ async def test_unchanged_targets_are_not_republished(
     assert updates(metrics, "published") == 1
 
 
+@pytest.fixture
+def polls(monkeypatch: pytest.MonkeyPatch) -> Callable[[], int]:
+    """How many polls the source has begun (each looks at the file once): ``n + 1`` begun is ``n`` done."""
+    begun = [0]
+    looks = file_source.stat_identity
+
+    def counted(path: Path) -> file_source.FileIdentity | None:
+        begun[0] += 1
+        return looks(path)
+
+    monkeypatch.setattr(file_source, "stat_identity", counted)
+    return lambda: begun[0]
+
+
 async def test_broken_file_keeps_the_last_good_snapshot_logged_once_and_counted(
     tmp_path: Path, recorder: SnapshotRecorder, metrics: RouterMetrics, running: Start,
-    caplog: pytest.LogCaptureFixture,
+    caplog: pytest.LogCaptureFixture, polls: Callable[[], int],
 ) -> None:
     path, _source = await synced_source(tmp_path, recorder, metrics, running)
     with caplog.at_level(logging.WARNING, logger="discovery.file_source"):
         path.write_text("items: [unclosed")
         await eventually(lambda: updates(metrics, "error") == 1, 3)
-        await asyncio.sleep(10 * POLL_S)  # many polls of the same broken file
+        broken_at = polls()
+        await eventually(lambda: polls() > broken_at + 10, 3, what="ten polls of the same broken file")
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and "\n" not in warnings[0].getMessage()
     assert updates(metrics, "error") == 1
@@ -185,13 +201,14 @@ async def test_broken_file_keeps_the_last_good_snapshot_logged_once_and_counted(
 
 
 async def test_deleted_file_keeps_the_last_good_snapshot_and_sync_age_grows(
-    tmp_path: Path, recorder: SnapshotRecorder, metrics: RouterMetrics, running: Start,
+    tmp_path: Path, recorder: SnapshotRecorder, metrics: RouterMetrics, running: Start, polls: Callable[[], int],
 ) -> None:
     path, source = await synced_source(tmp_path, recorder, metrics, running)
     path.unlink()
     await eventually(lambda: updates(metrics, "error") == 1, 3)
     synced_at = source.last_sync_monotonic
-    await asyncio.sleep(5 * POLL_S)
+    deleted_at = polls()
+    await eventually(lambda: polls() > deleted_at + 5, 3, what="five polls without the file")
     assert source.last_sync_monotonic == synced_at  # no longer confirmed
     assert recorder.pod_names == ["stargate-0"]
     write(path, {"stargate-0": "10.0.0.1"})
@@ -200,13 +217,13 @@ async def test_deleted_file_keeps_the_last_good_snapshot_and_sync_age_grows(
 
 
 async def test_file_appearing_after_start_is_picked_up_and_marks_synced(
-    tmp_path: Path, recorder: SnapshotRecorder, running: Start,
+    tmp_path: Path, recorder: SnapshotRecorder, running: Start, polls: Callable[[], int],
 ) -> None:
     path = tmp_path / "endpoints.yaml"
     source = EndpointsFileSource(SETTINGS, recorder, path=path, poll_interval_s=POLL_S)
     assert source.load_once() is False
     running(source)
-    await asyncio.sleep(3 * POLL_S)
+    await eventually(lambda: polls() > 3, 3, what="three polls without the file")
     assert not source.synced.is_set()
     write(path, {"stargate-0": "10.0.0.1"})
     await asyncio.wait_for(source.synced.wait(), 3)

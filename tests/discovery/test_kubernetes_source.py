@@ -33,7 +33,7 @@ from router import constants as c
 from router.app import MetricsDiscoveryObserver
 from router.metrics import RouterMetrics
 from tests.support.fake_kube_api import FakeKubeApi, make_endpoint, make_slice
-from tests.support.polling import eventually
+from tests.support.polling import eventually, holds
 from tests.support.snapshot_recorder import SnapshotRecorder
 
 NS = "stargate"
@@ -300,8 +300,8 @@ async def test_api_outage_keeps_the_last_snapshot_and_converges_when_back(
     await api.stop()
     api.upsert(pods_slice("s-a", {"stargate-1": "10.0.0.2"}))  # changes while unreachable
     api.upsert(pods_slice("s-b", {"stargate-2": "10.0.0.3"}))
-    await asyncio.sleep(outage_s)
-    assert recorder.pods == {"stargate-0": "10.0.0.1", "stargate-1": "10.0.0.2"}
+    await holds(lambda: recorder.pods == {"stargate-0": "10.0.0.1", "stargate-1": "10.0.0.2"}, outage_s, 0.05,
+                what="the last snapshot through the whole outage")  # the outage's length is the test's parameter
     assert len(recorder.published) == 1
     errors = updates(metrics, "error")
     assert 1 <= errors <= outage_s / FAST_BACKOFF[0] + 2  # retried, never in a hot loop
@@ -312,13 +312,13 @@ async def test_api_outage_keeps_the_last_snapshot_and_converges_when_back(
 
 
 async def test_api_outage_with_compaction_relists_when_back(
-    api: FakeKubeApi, start: Start, recorder: SnapshotRecorder,
+    api: FakeKubeApi, start: Start, recorder: SnapshotRecorder, metrics: RouterMetrics,
 ) -> None:
     await synced_on_one_pod(api, start, backoff=FAST_BACKOFF)
     await api.stop()
     api.upsert(pods_slice("s-a", {"stargate-9": "10.0.0.9"}))
     api.compact()
-    await asyncio.sleep(1.0)
+    await eventually(lambda: updates(metrics, "error") >= 2, CONVERGE_S, what="the outage seen: a dial refused")
     await api.start()
     await eventually(lambda: recorder.pods == {"stargate-9": "10.0.0.9"}, CONVERGE_S)
     assert len(api.requests_of("list")) == 2
@@ -438,7 +438,8 @@ async def test_outage_with_compaction_converges_at_once_when_the_api_returns(
     await api.stop()
     api.upsert(pods_slice("s-a", {"stargate-9": "10.0.0.9"}))
     api.compact()  # the history the router would resume from is gone while it cannot see
-    await asyncio.sleep(3.0)
+    # the watch cut and refused dials retried (the 30 s backoff would have left one error)
+    await eventually(lambda: updates(metrics, "error") >= 3, CONVERGE_S, what="refused dials retried")
     assert recorder.pods == {"stargate-0": "10.0.0.1"}
     await api.start()
     await eventually(lambda: recorder.pods == {"stargate-9": "10.0.0.9"}, CONVERGE_S)
@@ -454,9 +455,10 @@ async def test_a_410_loop_without_progress_backs_off_never_a_hot_loop(
     api.compacted_rv = 10**9  # every watch meets 410, even from a fresh list
     source = start(backoff=(0.2, 0.2))
     await synced(source)
-    await asyncio.sleep(2.0)
+    # a window of 2 s to count re-lists in: after the first 410, each further one waits >= 0.1 s
+    await holds(lambda: len(api.requests_of("list")) <= 2.0 / 0.1 + 2, 2.0, what="no list loop")
     lists = len(api.requests_of("list"))
-    assert 2 <= lists <= 2.0 / 0.1 + 2, lists  # after the first 410, each further one waits >= 0.1 s
+    assert 2 <= lists <= 2.0 / 0.1 + 2, lists
 
 
 # ---------------------------------------------------------------------------
@@ -487,9 +489,9 @@ async def test_a_quiet_watch_with_bookmarks_is_never_replaced(
     first = api.requests_of("watch")[0]
     assert first.query["allowWatchBookmarks"].lower() == "true"
     api.rv += 5  # unrelated cluster activity: the bookmarks carry it
-    await asyncio.sleep(3.5)  # three and a half idle periods, no event: only bookmarks
-    assert len(api.requests) == 2  # the list and the one watch
-    assert rewatches(metrics, RewatchCause.IDLE) == 0
+    # three and a half idle periods, no event: only bookmarks, never a new request
+    await holds(lambda: len(api.requests) == 2 and rewatches(metrics, RewatchCause.IDLE) == 0, 3.5, 0.05,
+                what="the list and the one watch, no re-watch")
     assert int(source.resource_version or 0) > int(first.query["resourceVersion"])
 
 

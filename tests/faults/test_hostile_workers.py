@@ -16,13 +16,13 @@ import secrets
 import signal
 import socket
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.support.h2 import h2c_grpc_request
+from tests.support.polling import becomes_true_blocking
 from tests.support.router_process import Supervised, router_args, write_endpoints
 
 
@@ -125,8 +125,8 @@ def named_unix_sockets(pids: list[int]) -> list[str]:
 def take_names(names: list[str], within_s: float = 2.0) -> list[socket.socket]:
     """Bind whichever of ``names`` come free (a killed process lets go of its own as it exits)."""
     taken: dict[str, socket.socket] = {}
-    deadline = time.monotonic() + within_s
-    while names and not taken and time.monotonic() < deadline:
+
+    def took_one() -> bool:
         for name in names:
             stranger = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
             try:
@@ -136,7 +136,10 @@ def take_names(names: list[str], within_s: float = 2.0) -> list[socket.socket]:
                 continue
             stranger.setblocking(False)
             taken[name] = stranger
-        time.sleep(0.002)
+        return bool(taken)
+
+    if names:
+        becomes_true_blocking(took_one, within_s, 0.002)
     return list(taken.values())
 
 

@@ -61,6 +61,7 @@ from tests.support.quic_flood_harness import (
     RouterAudit,
     dropped_counts,
     kernel_drops,
+    kernel_queued,
     quic_pods,
     sample_process,
     send_flood,
@@ -109,7 +110,7 @@ async def _flood_in_process(
                 await eventually(lambda: audit.processed + kernel_drops(listener) >= sent, 10,
                                  what="the router to read")
                 await eventually(lambda: router.pending_flows == 0, 5, what="pending flows to expire")
-                await asyncio.sleep(0.1)  # late replies
+                await eventually(lambda: kernel_queued(flood.addresses) == 0, what="late replies read")
                 assert await whoami(port, "stargate-1", pki.ca_path) == "stargate-1"
             finally:
                 flood.close()
@@ -298,7 +299,13 @@ async def _flood_router_process(
                                                         rate_per_s, max(1, rate_per_s // 100))
                 stop.set()
                 await asyncio.wait_for(legit_task, 60)
-                await asyncio.sleep(c.QUIC_PENDING_FLOW_TIMEOUT_MS / 1000 + 1.0)  # every pending flow expires
+
+                async def none_pending() -> bool:
+                    return await asyncio.to_thread(proc.metric, c.PENDING_FLOWS) == 0
+
+                await eventually(none_pending, c.QUIC_PENDING_FLOW_TIMEOUT_MS / 1000 + 10, 0.1,
+                                 what="every pending flow expired")
+                await eventually(lambda: kernel_queued(flood.addresses) == 0, what="late replies read")
                 sampling.set()
                 await sampler
                 assert await asyncio.to_thread(proc.metric, c.PENDING_FLOWS) == 0

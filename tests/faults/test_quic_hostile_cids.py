@@ -19,7 +19,6 @@ import contextlib
 import os
 import signal
 import socket
-import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import ExitStack, asynccontextmanager
 from pathlib import Path
@@ -35,6 +34,7 @@ from router.demo.quic_pods import bound_port, client_configuration, request
 from router.udp.quic_lb import SELF_ENCODED_LENGTH_MASK, pod_server_id
 from tests.support.access_peers import access_lines
 from tests.support.names import host as sni
+from tests.support.polling import becomes_true, steady
 from tests.support.quic_lb_pods import PodCids, fetch, payload, start_quic_lb_pod
 from tests.support.router_process import RouterProcess, router_args, write_endpoints
 
@@ -105,12 +105,15 @@ async def quic_lb_router(pki: DemoPki, tmp: Path, one_process: str = "") -> Asyn
 
 async def settled(router: RouterProcess, done: Callable[[dict[str, float]], bool]) -> dict[str, float]:
     """The router's flow and drop counts once ``done`` holds of them, or as they are after ``SETTLE_S``."""
-    deadline = time.monotonic() + SETTLE_S
-    while True:
+    counts: dict[str, float] = {}
+
+    async def reached() -> bool:
+        nonlocal counts
         counts = await asyncio.to_thread(_counts, router)
-        if done(counts) or time.monotonic() > deadline:
-            return counts
-        await asyncio.sleep(0.05)
+        return done(counts)
+
+    await becomes_true(reached, SETTLE_S, 0.05)
+    return counts
 
 
 def _counts(router: RouterProcess) -> dict[str, float]:
@@ -197,11 +200,7 @@ async def connected(router: RouterProcess, pki: DemoPki, pod: str) -> AsyncItera
 
 async def quiet(client: _Client, for_s: float = 0.5) -> None:
     """Until the client has sent nothing for ``for_s`` (its last ACKs left)."""
-    while True:
-        before = len(client.protocol.sent)
-        await asyncio.sleep(for_s)
-        if len(client.protocol.sent) == before:
-            return
+    await steady(lambda: len(client.protocol.sent), for_s, 30.0, 0.05, what="the client to fall quiet")
 
 
 async def test_a_batch_mixing_bad_connection_ids_with_a_real_connection_costs_that_connection_nothing(

@@ -12,7 +12,6 @@ import json
 import resource
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -20,6 +19,7 @@ import pytest
 from router import constants as c
 from tests.fuzz.registry import TARGETS, replay
 from tests.fuzz.target import CRASHES_DIR
+from tests.support.polling import becomes_true_blocking
 from tests.support.router_process import RouterProcess, router_args
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -87,11 +87,10 @@ def test_the_router_survives_a_deeply_nested_endpoints_file(tmp_path: Path) -> N
     with RouterProcess(router_args(endpoints)) as router:
         try:
             router.wait_listening(timeout=10)
-            deadline = time.monotonic() + 20  # the file is read in a worker thread after start
-            while router.proc.poll() is None and time.monotonic() < deadline:
-                if router.metric(f"{c.DISCOVERY_UPDATES_TOTAL}_total", source="file", result="error") >= 1:
-                    break
-                time.sleep(0.1)
+            becomes_true_blocking(  # the file is read in a worker thread after start; judged below
+                lambda: router.proc.poll() is not None
+                or router.metric(f"{c.DISCOVERY_UPDATES_TOTAL}_total", source="file", result="error") >= 1,
+                20, 0.1)
         except (RuntimeError, OSError):
             pass  # it died under us: judged below
         if router.proc.poll() is not None:

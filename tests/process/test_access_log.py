@@ -145,7 +145,8 @@ def test_rejected_lines_are_rate_limited_and_accepted_lines_do_not_share_their_l
     # the metrics count every one, written or not
     assert sample(metrics, "stargate_k8s_router_terminations_total", protocol="h2c", termination="rejected") == flood
     assert sample(metrics, c.LOG_LINES_DROPPED_TOTAL + "_total", log="access") == flood - len(rejected)
-    time.sleep(2 / c.REJECTION_LOG_LINES_PER_S)  # a token again: the next line says how many were held back
+    later = time.monotonic() + 2 / c.REJECTION_LOG_LINES_PER_S
+    access._rejected._clock = lambda: later  # the limiter's clock moved on: a token again (no sleep)
     access.end(access.open("h2c", "127.0.0.1:1", 0.0), "unknown_authority", Termination.REJECTED, 0.0)
     assert lines(stream)[-1]["suppressed"] == flood - len(rejected)
 
@@ -168,7 +169,8 @@ def test_accepted_lines_beyond_their_budget_are_dropped_counted_and_reported(fmt
         dropped = sample(metrics, c.LOG_LINES_DROPPED_TOTAL + "_total", log="access")
         assert 50 <= len(written) < 60 and len(written) + dropped == ends  # (the loop itself refills a little)
         assert access.suppressed_accepted == dropped
-        time.sleep(0.05)
+        later = time.monotonic() + 0.05
+        access._accepted._clock = lambda: later  # the budget's clock moved on: tokens again (no sleep)
         access.end(access.open("h2c", "127.0.0.1:1", 0.0), "completed", Termination.CLIENT_CLOSE, 1.0)
         last = stream.getvalue().splitlines()[-1]
     assert (json.loads(last)["suppressed"] == dropped if fmt == "json"

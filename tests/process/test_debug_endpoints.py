@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ import pytest
 from router.demo.grpc_pods import RunningPod, start_pod
 from tests.support.fake_kube_api import FakeKubeApi, make_endpoint, make_slice
 from tests.support.names import host
+from tests.support.polling import eventually_blocking
 from tests.support.router_probes import echo_stream
 from tests.support.router_process import RouterProcess, router_args, write_endpoints
 
@@ -102,10 +102,7 @@ def test_an_open_bidi_stream_shows_growing_byte_counts(tmp_path: Path, pods: lis
                 assert len(_h2c_entries(router, limit=1)) == 1
                 outbox2.put(None)
             outbox.put(None)
-        deadline = time.monotonic() + 10
-        while _h2c_entries(router) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert _h2c_entries(router) == []
+        eventually_blocking(lambda: _h2c_entries(router) == [], 10, 0.05, what="no h2c connection listed")
         router.stop()
 
 

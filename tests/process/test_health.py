@@ -13,6 +13,7 @@ from aiohttp import web
 from router import constants as c
 from router.health import PROMETHEUS_CONTENT_TYPE, HealthServer, ProbeHttpServer, text_response
 from router.metrics import RouterMetrics
+from tests.support.polling import deliberate_pause
 
 WAIT_S = 10.0
 """Bound on every read in these tests (a hang fails the test instead of stalling the suite)."""
@@ -112,7 +113,7 @@ async def test_a_slow_route_is_not_cut_by_the_header_timeout() -> None:
     """The supervisor's routes scrape workers (their own timeout); only the client's part is timed."""
 
     async def slow() -> web.Response:
-        await asyncio.sleep(0.5)
+        await deliberate_pause(0.5, "a route slower than the 0.2 s header timeout")
         return text_response(200, "late\n")
 
     server = ProbeHttpServer({"/slow": slow}, timeout_s=0.2)

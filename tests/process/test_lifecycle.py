@@ -17,6 +17,7 @@ import grpc
 from router.demo.grpc_pods import call_whoami, start_pod
 from router.demo.pki import DemoPki
 from tests.support.bulk_tls import BulkTlsPod, bulk_tls_client
+from tests.support.polling import eventually_blocking
 from tests.support.router_process import RouterProcess, router_args, write_endpoints
 
 HOST = "stargate-bulk.stargate.external"
@@ -36,11 +37,8 @@ def test_sigterm_fails_readiness_at_once_and_keeps_serving_during_delay(tmp_path
         with RouterProcess(_drain_args(tmp_path / "e.json", delay_ms=1500, drain_ms=2000)) as router:
             router.wait_ready()
             router.proc.send_signal(signal.SIGTERM)
-            deadline = time.monotonic() + 1.0
-            status = 200
-            while status == 200 and time.monotonic() < deadline:
-                status = router.http_get("/readyz")[0]
-            assert status == 503
+            # at once: well inside the 1.5 s shutdown delay, while the router still serves
+            eventually_blocking(lambda: router.http_get("/readyz")[0] == 503, 1.0, 0.005, what="readiness failed")
             assert router.http_get("/healthz")[0] == 200
             # still accepting during --shutdown-delay-ms, so in-flight Gateway traffic lands
             target = f"127.0.0.1:{router.grpc_port}"

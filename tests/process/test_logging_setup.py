@@ -17,7 +17,6 @@ import pytest
 from router import constants as c
 from router.logging_setup import (
     EVENT_FIELDS,
-    LOG_FLUSH_INTERVAL_S,
     LOG_LEVELS,
     UNSAFE_CHARACTERS,
     TextFormatter,
@@ -28,6 +27,7 @@ from router.logging_setup import (
     parse_log_level,
     text_value,
 )
+from tests.support.polling import eventually
 
 TS = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z"
 
@@ -252,7 +252,7 @@ def test_lines_of_a_loop_iteration_are_flushed_together_and_never_left_behind() 
         for i in range(50):
             log.info("line %d", i)
         assert out.flushes == 0  # due, not done
-        await asyncio.sleep(LOG_FLUSH_INTERVAL_S * 3)
+        await eventually(lambda: out.flushes, what="the batch's flush")
         assert out.flushes == 1
 
     asyncio.run(burst())
@@ -267,7 +267,7 @@ def test_lines_of_a_loop_iteration_are_flushed_together_and_never_left_behind() 
 
     async def next_loop() -> None:
         log.info("on a new loop")
-        await asyncio.sleep(LOG_FLUSH_INTERVAL_S * 3)
+        await eventually(lambda: out.flushes > before, what="the new loop's batch flushed")
 
     before = out.flushes
     asyncio.run(next_loop())

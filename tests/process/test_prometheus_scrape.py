@@ -7,7 +7,6 @@ import json
 import shutil
 import socket
 import subprocess
-import time
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
@@ -19,6 +18,7 @@ import pytest
 from router import constants as c
 from router.demo.grpc_pods import call_whoami, start_pod
 from router.outcomes import TCP_PROTOCOLS, GrpcOutcome, QuicOutcome
+from tests.support.polling import eventually_blocking
 from tests.support.router_process import RouterProcess, router_args, write_endpoints
 
 pytestmark = pytest.mark.skipif(shutil.which("prometheus") is None, reason="prometheus not installed")
@@ -56,17 +56,18 @@ class Prometheus:
         return result
 
     def wait_for(self, promql: str, predicate: object, timeout: float = 30.0) -> list[dict[str, object]]:
-        deadline = time.monotonic() + timeout
         last: list[dict[str, object]] = []
-        while time.monotonic() < deadline:
+
+        def met() -> bool:
+            nonlocal last
             try:
                 last = self.query(promql)
-                if callable(predicate) and predicate(last):
-                    return last
-            except OSError:
-                pass
-            time.sleep(0.3)
-        raise AssertionError(f"{promql}: condition not met, last result {last}")
+            except OSError:  # Prometheus still starting
+                return False
+            return callable(predicate) and bool(predicate(last))
+
+        eventually_blocking(met, timeout, 0.3, what=lambda: f"{promql}: condition not met, last result {last}")
+        return last
 
     def stop(self) -> None:
         self.proc.terminate()

@@ -21,7 +21,7 @@ from router.demo.pki import DemoPki
 from router.demo.quic_pods import bound_port, start_quic_pod
 from tests.support.edge_clients import TLS_ALERT_RECORD, QuicFrom, quic_from, read_some, tcp_from
 from tests.support.names import host
-from tests.support.polling import eventually_blocking
+from tests.support.polling import eventually, eventually_blocking
 from tests.support.router_process import Supervised, router_args, write_endpoints
 from tests.support.tls import ssl_client_hello_records
 
@@ -186,14 +186,13 @@ async def _quic_flows_count_once(tmp_path: Path, pki: DemoPki) -> None:
             for client in held:
                 client.close()  # the flows end when idle (1.5 s here): then the slots are free
             held.clear()
-            for _ in range(100):
+
+            async def two_fit_again() -> bool:
                 while len(held) < 2 and await attempt():
                     await keep_alive()
-                if len(held) == 2:
-                    break
-                await asyncio.sleep(0.2)
-            else:
-                raise AssertionError("the QUIC slots were never released")
+                return len(held) == 2
+
+            await eventually(two_fit_again, 30, 0.2, what="the QUIC slots released")
             assert not await attempt()
             assert await asyncio.to_thread(router.stop, signal.SIGTERM, 30.0) == 0
     finally:

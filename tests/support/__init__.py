@@ -6,8 +6,9 @@ its gRPC request), ``quic_frames`` (CRYPTO, ACK, CONNECTION_CLOSE), ``quic_vecto
 ``quic_initial_rewriter`` (a real client's first flight, rebuilt with aioquic's).
 Harnesses: ``router_process`` (the router as a subprocess), ``udp_router`` (an in-process
 QUIC edge on loopback), ``bulk_tls`` (a TLS pod and client for byte-exact bulk transfers),
-``polling`` (``eventually``), ``haproxy`` (Debian's HAProxy in front of the router, sending PROXY
-headers), ``edge_clients`` (raw TCP and aioquic clients from a chosen loopback address);
+``polling`` (every wait a test makes: ``eventually``, ``holds``, ``steady``, ``deliberate_pause``),
+``haproxy`` (Debian's HAProxy in front of the router, sending PROXY headers), ``edge_clients``
+(raw TCP and aioquic clients from a chosen loopback address);
 ``proxy_headers`` builds PROXY v1/v2 headers; ``names`` (``host(pod)``) spells the hostname a
 pod is dialled by; ``access_peers`` (raw pods that end connections a chosen way, a byte-counting
 client, the router's access lines). Fixtures live in ``tests/conftest.py``.

@@ -9,10 +9,10 @@ import json
 import socket
 import struct
 import threading
-import time
 from typing import Any
 
 from tests.support.h2 import h2c_grpc_request
+from tests.support.polling import eventually_blocking
 from tests.support.router_process import RouterProcess
 
 LINGER_RESET = struct.pack("ii", 1, 0)
@@ -30,13 +30,9 @@ def access_lines(router: RouterProcess, since: int = 0) -> list[dict[str, Any]]:
 
 def wait_access(router: RouterProcess, count: int = 1, timeout_s: float = 10.0) -> list[dict[str, Any]]:
     """Wait until the router wrote at least ``count`` access lines; all of them."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        lines = access_lines(router)
-        if len(lines) >= count:
-            return lines
-        time.sleep(0.02)
-    raise AssertionError(f"{count} access lines expected, got {access_lines(router)}")
+    eventually_blocking(lambda: len(access_lines(router)) >= count, timeout_s,
+                        what=lambda: f"{count} access lines, got {access_lines(router)}")
+    return access_lines(router)
 
 
 def h2c_request(authority: str) -> bytes:

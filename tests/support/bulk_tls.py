@@ -12,6 +12,7 @@ import ssl
 from collections.abc import Callable
 
 from router.demo.pki import DemoPki
+from tests.support.polling import deliberate_pause
 
 CHUNK = 1 << 20
 
@@ -21,7 +22,7 @@ async def _send(writer: asyncio.StreamWriter, data: bytes, chunk: int, pace_s: f
         writer.write(data[i : i + chunk])
         await writer.drain()
         if pace_s:
-            await asyncio.sleep(pace_s)
+            await deliberate_pause(pace_s, "a paced sender: the gap between chunks is the load's shape")
 
 
 class BulkTlsPod:

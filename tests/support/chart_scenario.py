@@ -23,7 +23,6 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -36,6 +35,7 @@ from router.demo.grpc_pods import RunningPod, call_whoami, start_pod
 from router.demo.pki import make_pki
 from router.demo.quic_pods import bound_port, quic_whoami, start_quic_pod
 from tests.support.fake_kube_api import FakeKubeApi, make_endpoint, make_slice
+from tests.support.polling import becomes_true
 from tests.support.router_process import suite_workers_args
 from tests.support.upstream_chart import ChartContainer, chart_arg, chart_container
 
@@ -124,11 +124,8 @@ async def scenario(workdir: Path) -> dict[str, Any]:
         reader = threading.Thread(target=lambda: lines.extend(line.rstrip("\n") for line in router.stderr or ()),
                                   daemon=True)
         reader.start()
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while probe(chart.readiness.port, chart.readiness.path) != 200 and time.monotonic() < deadline:
-            if router.poll() is not None:
-                break
-            await asyncio.sleep(0.1)
+        await becomes_true(lambda: router.poll() is not None  # exited: judged from the facts
+                           or probe(chart.readiness.port, chart.readiness.path) == 200, START_TIMEOUT_S, 0.1)
         facts["readiness"] = probe(chart.readiness.port, chart.readiness.path)
         facts["liveness"] = probe(chart.liveness.port, chart.liveness.path)
         facts["h2c"], facts["quic"] = {}, {}
@@ -140,9 +137,7 @@ async def scenario(workdir: Path) -> dict[str, Any]:
             except (ConnectionError, TimeoutError) as exc:
                 facts["quic"][pod] = f"error {exc}"
         router.send_signal(signal.SIGTERM)  # as the kubelet stops a pod: readiness fails at once
-        deadline = time.monotonic() + STOP_PROBE_S
-        while probe(chart.readiness.port, chart.readiness.path) == 200 and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
+        await becomes_true(lambda: probe(chart.readiness.port, chart.readiness.path) != 200, STOP_PROBE_S, 0.05)
         facts["readiness_after_sigterm"] = probe(chart.readiness.port, chart.readiness.path)
         facts["liveness_after_sigterm"] = probe(chart.liveness.port, chart.liveness.path)
     finally:

@@ -24,6 +24,7 @@ from typing import Any
 from aiohttp import web
 
 from discovery.constants import SERVICE_NAME_LABEL
+from tests.support.polling import deliberate_pause
 
 API_PREFIX = "/apis/discovery.k8s.io/v1/namespaces/{namespace}/endpointslices"
 
@@ -290,7 +291,7 @@ class FakeKubeApi:
         is_watch = query.get("watch", "").lower() in ("true", "1")  # Go ParseBool: the client sends "True"
         kind = "watch" if is_watch else "list"
         if self.latency_s:
-            await asyncio.sleep(self.latency_s)
+            await deliberate_pause(self.latency_s, "a slow API server: each request waits latency_s")
         if self._failures:
             status, retry_after = self._failures.pop(0)
             self.requests.append(RecordedRequest(time.monotonic(), kind, query, status))

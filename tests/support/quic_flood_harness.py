@@ -27,6 +27,7 @@ from router.metrics import RouterMetrics
 from router.outcomes import QuicDropReason
 from router.udp.edge import UdpRouter
 from tests.support.names import host as sni
+from tests.support.polling import becomes_true, deliberate_pause
 from tests.support.quic_flood_forge import PENDING_KINDS, REFUSED_KINDS, FloodForge
 from tests.support.router_probes import rss_kib
 from tests.support.router_process import RouterProcess
@@ -96,17 +97,22 @@ class FloodSockets:
             sock.close()
 
 
-def kernel_drops(ports: set[tuple[str, int]]) -> int:
-    """Datagrams the kernel dropped at these local (host, port) sockets (``/proc/net/udp``)."""
+def _udp_rows(ports: set[tuple[str, int]]) -> list[list[str]]:
+    """The ``/proc/net/udp`` rows of these local (host, port) sockets, split into fields."""
     wanted = {f"{int.from_bytes(socket.inet_aton(h), 'little'):08X}:{p:04X}" for h, p in ports}
-    total = 0
     with open("/proc/net/udp") as table:
         next(table)
-        for line in table:
-            fields = line.split()
-            if fields[1] in wanted:
-                total += int(fields[-1])
-    return total
+        return [fields for line in table if (fields := line.split())[1] in wanted]
+
+
+def kernel_drops(ports: set[tuple[str, int]]) -> int:
+    """Datagrams the kernel dropped at these local (host, port) sockets (``/proc/net/udp``)."""
+    return sum(int(fields[-1]) for fields in _udp_rows(ports))
+
+
+def kernel_queued(ports: set[tuple[str, int]]) -> int:
+    """Bytes waiting unread in these local (host, port) sockets' receive queues (``/proc/net/udp``)."""
+    return sum(int(fields[4].partition(":")[2], 16) for fields in _udp_rows(ports))
 
 
 class RouterAudit:
@@ -265,11 +271,10 @@ async def send_flood(
         except BlockingIOError:
             pass
         if i % burst == burst - 1:
-            await asyncio.sleep(max(0.0, started + (i + 1) / rate_per_s - time.perf_counter()))
-            if backlog is not None:
-                wait_until = time.monotonic() + 0.05
-                while backlog(sent) > WINDOW and time.monotonic() < wait_until:
-                    await asyncio.sleep(0)
+            await deliberate_pause(max(0.0, started + (i + 1) / rate_per_s - time.perf_counter()),
+                                   "the flood's pacing: rate_per_s, burst by burst")
+            if backlog is not None:  # up to 50 ms for the router to catch up, yielding the loop to it
+                await becomes_true(lambda behind=backlog, n=sent: behind(n) <= WINDOW, 0.05, interval_s=0)
     return sent, time.perf_counter() - started
 
 
@@ -287,4 +292,4 @@ async def sample_process(proc: RouterProcess, samples: ProcessSamples, stop: asy
         pending = await asyncio.to_thread(proc.metric, c.PENDING_FLOWS)
         samples.max_pending = max(samples.max_pending, pending)
         samples.max_rss_kib = max(samples.max_rss_kib, rss_kib(proc.all_pids()))
-        await asyncio.sleep(0.1)
+        await deliberate_pause(0.1, "the sampling period")

@@ -15,6 +15,7 @@ import grpc
 
 from router import constants as c
 from router.demo.grpc_pods import ECHO, call_whoami
+from tests.support.polling import becomes_true_blocking
 from tests.support.router_process import RouterProcess
 
 GRPC_CHANNEL_OPTIONS: tuple[tuple[str, int], ...] = (("grpc.use_local_subchannel_pool", 1),)
@@ -125,12 +126,25 @@ def peak_rss_kib(pids: Pids) -> int:
 
 def settle_fds(pids: Pids, at_most: int, timeout_s: float = 10.0) -> int:
     """Wait (bounded) until the processes hold at most ``at_most`` fds; returns the last count."""
-    deadline = time.monotonic() + timeout_s
-    count = open_fds(pids)
-    while count > at_most and time.monotonic() < deadline:
-        time.sleep(0.05)
-        count = open_fds(pids)
-    return count
+    becomes_true_blocking(lambda: open_fds(pids) <= at_most, timeout_s, 0.05)
+    return open_fds(pids)
+
+
+TCP_LISTEN, TCP_TIME_WAIT = "0A", "06"
+"""``/proc/net/tcp`` states that hold no connection's socket open: a listener, a closed one's wait."""
+
+
+def open_tcp_connections(*ports: int) -> int:
+    """Loopback TCP sockets with one of ``ports`` at either end that are still open (not a listener,
+    not TIME-WAIT): a connection whose two ends are both closed counts no more (``/proc/net/tcp``)."""
+    wanted = {f"{port:04X}" for port in ports}
+    with open("/proc/net/tcp") as table:
+        next(table)
+        return sum(
+            1 for line in table
+            if (f := line.split())[3] not in (TCP_LISTEN, TCP_TIME_WAIT)
+            and (f[1].rpartition(":")[2] in wanted or f[2].rpartition(":")[2] in wanted)
+        )
 
 
 def outcome_count(router: RouterProcess, protocol: str, outcome: str) -> float:

@@ -15,13 +15,13 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 
 from router.demo.command import endpoints_document
+from tests.support.polling import becomes_true_blocking
 
 _HOST_PORT = r"(\[[^\]]*\]|[^\s:\[\]\"]+):(\d+)"
 """A listener's ``host:port`` (an IPv6 host in brackets), ending at its digits: in a JSON line a
@@ -127,12 +127,8 @@ class RouterProcess:
 
     def wait_ready(self, timeout: float = 20.0) -> None:
         self.wait_listening(timeout)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.http_get("/readyz")[0] == 200:
-                return
-            time.sleep(0.05)
-        raise RuntimeError("router never became ready:\n" + "\n".join(self.lines[-30:]))
+        if not becomes_true_blocking(lambda: self.http_get("/readyz")[0] == 200, timeout, 0.05):
+            raise RuntimeError("router never became ready:\n" + "\n".join(self.lines[-30:]))
 
     def all_pids(self) -> list[int]:
         """Every process of this router: the router itself, or the supervisor and its live workers
@@ -198,12 +194,8 @@ class Supervised(RouterProcess):
             self.health_port = saved
 
     def wait_for(self, what: str, predicate: object, timeout: float = 30.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if callable(predicate) and predicate():
-                return
-            time.sleep(0.05)
-        raise AssertionError(f"timed out waiting for {what}:\n" + "\n".join(self.lines[-30:]))
+        if not becomes_true_blocking(lambda: callable(predicate) and predicate(), timeout, 0.05):
+            raise AssertionError(f"timed out waiting for {what}:\n" + "\n".join(self.lines[-30:]))
 
 
 def _canonical(series: str) -> str:

@@ -88,6 +88,10 @@ def closed_port(address: str) -> int:
         return int(probe.getsockname()[1])
 
 
+TCP_SYN_SENT = "02"
+"""The state column of ``/proc/net/tcp`` for a connect whose SYN is not answered yet."""
+
+
 class SynDroppingPod:
     """A pod address whose accept queue is full (backlog 0, one queued connection): SYNs are dropped."""
 
@@ -95,6 +99,13 @@ class SynDroppingPod:
         self._listener = socket.create_server((address, 0), backlog=0)
         self.port: int = self._listener.getsockname()[1]
         self._filler = socket.create_connection((address, self.port), timeout=2)
+        self._remote = f"{int.from_bytes(socket.inet_aton(address), 'little'):08X}:{self.port:04X}"
+
+    def dials_waiting(self) -> int:
+        """Connections to this pod in SYN-SENT (``/proc/net/tcp``): dialled, their SYN dropped."""
+        with open("/proc/net/tcp") as table:
+            next(table)
+            return sum(1 for line in table if (f := line.split())[2] == self._remote and f[3] == TCP_SYN_SENT)
 
     def close(self) -> None:
         self._filler.close()

@@ -16,6 +16,8 @@ import socket
 from dataclasses import dataclass, field
 from typing import Any
 
+from tests.support.polling import deliberate_pause
+
 Address = tuple[Any, ...]
 
 
@@ -101,7 +103,7 @@ class UdpBalancer(asyncio.DatagramProtocol):
 
     async def _sweep(self) -> None:
         while True:
-            await asyncio.sleep(self.idle_s / 4)
+            await deliberate_pause(self.idle_s / 4, "the balancer's sweep period, as a real one ticks")
             now = self._loop.time()
             for session in [s for s in self.sessions.values() if now - s.last_active >= self.idle_s]:
                 self._forget(session)

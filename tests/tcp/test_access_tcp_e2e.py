@@ -32,6 +32,7 @@ from tests.support.access_peers import (
     wait_access,
 )
 from tests.support.names import host
+from tests.support.polling import eventually_blocking, holds_blocking
 from tests.support.router_process import RouterProcess, router_args, write_endpoints
 from tests.support.tls import client_hello, sni_extension
 
@@ -41,6 +42,9 @@ IDLE_TIMEOUT_MS = 800
 PEEK_TIMEOUT_MS = 500
 PAYLOAD = bytes(range(256)) * 40
 """10 KiB after the first bytes: crosses several reads, stays in the buffered relay path."""
+SECOND_LINE_CHANCE_S = 0.1
+"""How long a connection's one line is watched for a second (a bug) before it is taken: a line
+is written once, when the connection ends; nothing marks the moment a second could no longer come."""
 
 
 def _closed_port(address: str) -> int:
@@ -119,16 +123,13 @@ def router(peers: Peers, tmp_path_factory: pytest.TempPathFactory, tcp_pump: str
 def line_of(router: RouterProcess, client: CountingClient | str, timeout_s: float = 10.0) -> dict[str, Any]:
     """The one access line of the connection from ``client``'s address (fails on two)."""
     address, since = (client, 0) if isinstance(client, str) else (client.address, client.log_from)
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        mine = [line for line in access_lines(router, since) if line["client"] == address]
-        if mine:
-            time.sleep(0.1)  # a second line would be a bug: give it the chance to show
-            mine = [line for line in access_lines(router, since) if line["client"] == address]
-            assert len(mine) == 1, mine
-            return mine[0]
-        time.sleep(0.02)
-    raise AssertionError(f"no access line for {address}: {access_lines(router)[-5:]}")
+
+    def mine() -> list[dict[str, Any]]:
+        return [line for line in access_lines(router, since) if line["client"] == address]
+
+    eventually_blocking(mine, timeout_s, what=lambda: f"an access line for {address}: {access_lines(router)[-5:]}")
+    holds_blocking(lambda: len(mine()) == 1, SECOND_LINE_CHANCE_S, what=lambda: f"one line for {address}: {mine()}")
+    return mine()[0]
 
 
 def assert_bytes(line: dict[str, Any], client: CountingClient) -> None:
@@ -281,7 +282,9 @@ def test_access_log_off_writes_no_line(peers: Peers, tmp_path: Path) -> None:
         client.send(h2c_request("nobody.example.org"))
         client.read_to_eof()
         client.close()
-        time.sleep(0.3)
-        assert router.metric("stargate_k8s_router_terminations_total", protocol="h2c", termination="rejected") == 1
-        assert access_lines(router) == []
+        rejected = {"protocol": "h2c", "termination": "rejected"}
+        eventually_blocking(lambda: router.metric("stargate_k8s_router_terminations_total", **rejected) == 1,
+                            what="the rejection counted")
         router.stop()
+        router.wait_exit()  # its stderr read to the end: every line it wrote is in router.lines
+        assert access_lines(router) == []

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import ipaddress
 import socket
+import struct
+import termios
 
 import pytest
 
 from router.tcp.client_intake import ClientIntake, Intake, TrustedSources, read_proxy_header
 from tests.support import proxy_headers as ph
+from tests.support.polling import eventually
 from wire.proxy_protocol import ProxyHeaderError
 
 SOCKET_PEER = ("127.0.0.9", 40000)
@@ -39,10 +43,13 @@ async def _intake(*chunks: bytes, close: bool = False) -> Intake:
     ours, theirs = socket.socketpair()
     ours.setblocking(False)
     try:
+        def taken() -> bool:  # nothing left unread on the reader's side (or it is closed already)
+            return ours.fileno() == -1 or struct.unpack("i", fcntl.ioctl(ours, termios.FIONREAD, bytes(4)))[0] == 0
+
         async def send() -> None:
-            for chunk in chunks:
+            for chunk in chunks:  # one piece per read: the next is sent once the reader took this one
                 theirs.sendall(chunk)
-                await asyncio.sleep(0.01)
+                await eventually(taken, what="the reader to take the piece")
             if close:
                 theirs.shutdown(socket.SHUT_WR)
 

@@ -28,6 +28,7 @@ from router.constants import NO_EXTENSIONS_ENV, RELAY_CHUNK_BYTES, RELAY_REPORT_
 from router.outcomes import Termination
 from router.tcp.relay import SPLICE_AVAILABLE, RelayResult, live_relays, relay
 from tests.support.loops import Runner
+from tests.support.polling import deliberate_pause, eventually, steady
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -252,13 +253,9 @@ def test_slow_reader_bounds_what_the_relay_holds(run: Runner, use_splice: bool) 
             link.client_peer.shutdown(socket.SHUT_WR)
 
         sending = thread(sender)
-        last, steady = -1, 0
-        for _ in range(200):  # the pod reads nothing until the sender stalls (<= 10 s)
-            await asyncio.sleep(0.05)
-            steady = steady + 1 if sent[0] == last else 0
-            last = sent[0]
-            if steady == 4:
-                break
+        await eventually(lambda: sent[0] > 0, 10.0, what="the sender's first bytes")
+        # the pod reads nothing until the sender stalls: no progress for 0.2 s is the stall
+        await steady(lambda: sent[0], 0.2, 10.0, 0.05, what="the sender to stall")
         assert 0 < sent[0] < len(payload), "the sender should be stalled by flow control"
         state = only_state()
         assert 0 < state.client_to_pod_pending <= limit
@@ -290,11 +287,7 @@ def test_quiet_connection_gives_back_pipes_and_buffers(
             assert await thread(recv_exactly, link.client_peer, 4) == b"pong"
             if round_trip == 0 and use_splice:  # the buffered path holds nothing once written
                 assert only_state().held_bytes > 0
-            for _ in range(200):
-                if only_state().held_bytes == 0:
-                    break
-                await asyncio.sleep(0.02)
-            assert only_state().held_bytes == 0
+            await eventually(lambda: only_state().held_bytes == 0, 4.0, what="pipes and buffers given back")
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         link.close_peers()
@@ -322,7 +315,7 @@ def test_traffic_keeps_an_idle_timeout_away() -> None:
         task = link.start(idle_timeout_s=0.5)
         for _ in range(16):  # 0.8 s of pings every 0.05 s: well inside the 0.5 s timeout
             await thread(link.client_peer.sendall, b".")
-            await asyncio.sleep(0.05)
+            await deliberate_pause(0.05, "the gap between pings, a tenth of the idle timeout")
         assert not task.done()
         assert await thread(recv_exactly, link.pod_peer, 16) == b"." * 16
         assert (await finished(task)).outcome == "idle_timeout"
@@ -463,7 +456,7 @@ def test_no_fds_for_pipes_falls_back_to_copying(
     async def scenario() -> None:
         link = Link()
         task = link.start()  # auto: splice wanted
-        await asyncio.sleep(0)  # started: the pump's own fds (the C engine's epoll set) exist
+        await eventually(live_relays, what="the relay started: the pump's own fds (the C engine's epoll set) exist")
         with contextlib.ExitStack() as stack:
             if pump_in == "c":  # the C pump calls pipe2(2) itself: take every free fd number away
                 stack.enter_context(no_free_fds())

@@ -5,12 +5,12 @@ from __future__ import annotations
 import errno
 import socket
 import struct
-import time
 
 import pytest
 
 from router.outcomes import Termination
 from router.tcp.ending import TCP_CLOSE, closed_termination, failure_termination, tcp_state
+from tests.support.polling import eventually_blocking
 
 ESTABLISHED = 1
 
@@ -51,10 +51,6 @@ def test_a_socket_that_received_a_reset_is_in_tcp_close() -> None:
         assert tcp_state(client) == ESTABLISHED
         accepted.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         accepted.close()
-        for _ in range(100):
-            if tcp_state(client) == TCP_CLOSE:
-                break
-            time.sleep(0.01)
-        assert tcp_state(client) == TCP_CLOSE
+        eventually_blocking(lambda: tcp_state(client) == TCP_CLOSE, interval_s=0.01, what="the reset to arrive")
         client.close()
         assert tcp_state(client) is None

@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import gc
 import logging
 import socket
+import struct
+import termios
 import threading
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -30,6 +33,7 @@ from router.tcp import native_relay
 from router.tcp.edge import TcpRouter, TcpRouterSettings
 from router.tcp.relay_policy import Relay
 from tests.support.loops import Runner
+from tests.support.polling import eventually
 from tests.support.tcp_peers import SynDroppingPod
 from tests.support.tls import ssl_client_hello_records
 
@@ -86,18 +90,22 @@ def ended(metrics: RouterMetrics, termination: Termination) -> float:
     return metrics.terminations.labels(protocol=ProtocolLabel.TLS, termination=termination).value
 
 
+def unacked(sock: socket.socket) -> int:
+    """Bytes ``sock`` sent that its peer's kernel has not acknowledged yet (``SIOCOUTQ``)."""
+    return int(struct.unpack("i", fcntl.ioctl(sock, termios.TIOCOUTQ, bytes(4)))[0])
+
+
 async def connect_with_hello(port: int, extra: bytes = b"") -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-    """A client whose hello (and ``extra``) is there when the router accepts it."""
+    """A client whose hello (and ``extra``) is there when the router accepts it (its accept is
+    deferred until bytes arrive, ``--tcp-defer-accept``)."""
     sock = socket.create_connection(("127.0.0.1", port))
     sock.sendall(HELLO + extra)
-    await asyncio.sleep(0.02)  # the router has accepted it with the bytes there
+    await eventually(lambda: unacked(sock) == 0, interval_s=0.005, what="the hello at the router's socket")
     return await asyncio.open_connection(sock=sock)
 
 
 async def until(condition: Callable[[], bool], timeout_s: float = 5.0) -> None:
-    async with asyncio.timeout(timeout_s):
-        while not condition():
-            await asyncio.sleep(0.01)
+    await eventually(condition, timeout_s, 0.01)
 
 
 def test_a_tls_connection_is_relayed_without_a_task_and_ends_as_the_task_ends_it(run: Runner) -> None:
@@ -256,7 +264,7 @@ def test_a_dial_still_in_progress_is_waited_for_by_the_pump(run: Runner) -> None
         try:
             async with edge(pod.port, connect_timeout_s=5.0) as (router, metrics, port):
                 reader, writer = await connect_with_hello(port)
-                await asyncio.sleep(0.1)
+                await until(lambda: pod.dials_waiting() == 1)  # the dial's SYN went out and was dropped
                 assert outcome(metrics, GrpcOutcome.ACCEPTED) == 0  # not connected yet
                 filler, _ = await asyncio.to_thread(pod._listener.accept)  # room in the queue
                 filler.close()
@@ -281,8 +289,7 @@ def test_a_hello_in_pieces_goes_on_in_a_task(run: Runner) -> None:
         async with echo_pod() as pod_port, edge(pod_port) as (router, metrics, port):
             sock = socket.create_connection(("127.0.0.1", port))
             sock.sendall(HELLO[:10])
-            await asyncio.sleep(0.05)
-            assert len(router._tasks) == 1  # the fast path found the hello incomplete
+            await until(lambda: len(router._tasks) == 1)  # the fast path found the hello incomplete
             sock.sendall(HELLO[10:])
             reader, writer = await asyncio.open_connection(sock=sock)
             assert await reader.readexactly(len(HELLO)) == HELLO
@@ -305,8 +312,7 @@ def test_client_slots_are_held_by_fast_connections_and_follow_one_into_its_task(
             assert await first[0].readexactly(len(HELLO)) == HELLO
             sock = socket.create_connection(("127.0.0.1", port))
             sock.sendall(HELLO[:10])
-            await asyncio.sleep(0.05)
-            assert len(router._tasks) == 1 and len(slots) == 2  # the task holds the slot it took
+            await until(lambda: len(router._tasks) == 1 and len(slots) == 2)  # the task holds the slot it took
             refused = await connect_with_hello(port)
             assert (await asyncio.wait_for(refused[0].read(), 5.0))[:1] == bytes([TLS_ALERT])
             refused[1].close()
@@ -368,8 +374,7 @@ def test_a_pod_that_resets_is_told_as_pod_reset_and_leaves_no_fd(run: Runner) ->
                 await until(lambda: router.active_connections == 0)
                 assert ended(metrics, Termination.POD_RESET) == 1
                 assert outcome(metrics, GrpcOutcome.RELAY_ERROR) == 1
-                await asyncio.sleep(0.05)  # the test client's socket is gone too
-                assert len(os.listdir("/proc/self/fd")) <= before
+                await until(lambda: len(os.listdir("/proc/self/fd")) <= before)  # the test client's socket is gone too
         finally:
             server.close()
 
@@ -411,8 +416,7 @@ def test_the_drain_waits_for_a_fast_connection_that_ends_in_time(run: Runner) ->
             reader, writer = await connect_with_hello(port)
             assert await reader.readexactly(len(HELLO)) == HELLO
 
-            async def close_soon() -> None:
-                await asyncio.sleep(0.1)
+            async def close_soon() -> None:  # first runs when the drain below waits: the connection ends during it
                 writer.close()
 
             closing = asyncio.ensure_future(close_soon())
@@ -480,7 +484,7 @@ def test_a_dial_that_fails_while_in_progress_is_answered_with_an_alert(run: Runn
             async with edge(pod.port, connect_timeout_s=timeout_s) as (router, metrics, port):
                 reader, writer = await connect_with_hello(port)
                 if failure == "refused-later":
-                    await asyncio.sleep(0.1)
+                    await until(lambda: pod.dials_waiting() == 1)  # the dial's SYN went out and was dropped
                     assert outcome(metrics, GrpcOutcome.ACCEPTED) == 0  # still connecting
                     pod.close()  # the listener is gone before the SYN is sent again
                 answer = await asyncio.wait_for(reader.read(), 5.0)

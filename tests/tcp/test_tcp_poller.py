@@ -17,6 +17,7 @@ from router.tcp import native_relay
 from router.tcp.poller import FdPoller, poller_for, recv, sendall
 from router.tcp.relay import RelayOutcome, RelayProbe, relay
 from tests.support.loops import Runner
+from tests.support.polling import eventually
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -42,9 +43,21 @@ def tcp_pair() -> tuple[socket.socket, socket.socket]:
 
 
 async def until(condition: Callable[[], bool]) -> None:
-    async with asyncio.timeout(5):
-        while not condition():
-            await asyncio.sleep(0.005)
+    await eventually(condition, 5.0, 0.005)
+
+
+async def a_later_dispatch(poller: FdPoller) -> None:
+    """Until the poller has dispatched an event made ready after everything before this call: a
+    callback still watched for a readiness already there would have run by then (level-triggered,
+    in that batch or an earlier one)."""
+    x, y = socket.socketpair()
+    fired: list[bytes] = []
+    poller.add_reader(x.fileno(), lambda: fired.append(x.recv(1)))
+    y.send(b"!")
+    await until(lambda: fired == [b"!"])
+    poller.remove_reader(x.fileno())
+    x.close()
+    y.close()
 
 
 def test_reader_and_writer_callbacks_follow_their_watches(
@@ -71,7 +84,7 @@ def test_reader_and_writer_callbacks_follow_their_watches(
         poller.remove_reader(a.fileno())  # idempotent
         assert poller.watched == 0
         b.send(b"three")
-        await asyncio.sleep(0.05)
+        await a_later_dispatch(poller)
         assert reads == [b"one", b"two"]
         assert a.recv(100) == b"three"
 
@@ -98,7 +111,8 @@ def test_a_watch_removed_by_an_earlier_callback_of_the_batch_is_not_called(run: 
         poller.add_reader(a2.fileno(), second)
         b1.send(b"x")
         b2.send(b"x")
-        await asyncio.sleep(0.05)
+        await until(lambda: bool(called))
+        await a_later_dispatch(poller)
         assert len(called) == 1
         for s in (a1, b1, a2, b2):
             s.close()
@@ -137,9 +151,10 @@ def test_recv_and_sendall_wait_through_the_poller_and_leave_no_watch(run: Runner
         client, server = tcp_pair()
         poller = poller_for(asyncio.get_running_loop())
         try:
-            later = asyncio.get_running_loop().call_later(0.05, client.send, b"hello")
-            assert await recv(poller, server, 100) == b"hello"
-            later.cancel()
+            receiving = asyncio.ensure_future(recv(poller, server, 100))
+            await until(lambda: poller.watched == 1)  # waiting on the epoll set for bytes that come later
+            client.send(b"hello")
+            assert await receiving == b"hello"
             assert poller.watched == 0
             big = bytes(range(256)) * 16384  # 4 MiB: more than both socket buffers hold
             got = bytearray()

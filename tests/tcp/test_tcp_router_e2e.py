@@ -26,6 +26,7 @@ from router.demo.grpc_pods import ECHO, WATCH, RunningPod, call_whoami, start_po
 from router.demo.pki import DemoPki, make_pki
 from router.outcomes import TCP_PROTOCOLS, DroppedLog, GrpcOutcome, QuicOutcome, WebTransportOutcome
 from tests.support.bulk_tls import BulkTlsPod, bulk_tls_client
+from tests.support.polling import deliberate_pause_blocking, eventually_blocking
 from tests.support.router_process import RouterProcess, router_args, write_endpoints
 from wire.grpc import GrpcStatus
 
@@ -235,7 +236,7 @@ def test_tls_client_hello_one_byte_at_a_time(cluster: Cluster) -> None:
         for i in range(len(hello)):
             sock.send(hello[i : i + 1])
             if i % 64 == 0:
-                time.sleep(0.001)
+                deliberate_pause_blocking(0.001, "a slow client: the hello trickles in, many reads for the router")
         while True:
             data = sock.recv(65536)
             assert data, "router closed before the handshake finished"
@@ -281,15 +282,12 @@ def test_endpoints_change_reroutes_new_connections_within_2s(tmp_path: Path) -> 
                 assert call_whoami(ch) == "stargate-0"
             # the pod is rescheduled: same pod name, new IP and port
             write_endpoints(endpoints, [("stargate-0", b.address, b.port, 1)])
-            changed = time.monotonic()
-            answer = ""
-            while time.monotonic() - changed < 2.0:
+
+            def rerouted() -> bool:
                 with grpc.insecure_channel(target, options=opts) as ch:
-                    answer = call_whoami(ch)
-                if answer == "stargate-0-new":
-                    break
-                time.sleep(0.05)
-            assert answer == "stargate-0-new"
+                    return call_whoami(ch) == "stargate-0-new"
+
+            eventually_blocking(rerouted, 2.0, 0.05, what="new connections routed to the rescheduled pod")
             router.stop()
     finally:
         a.stop()

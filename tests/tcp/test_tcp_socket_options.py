@@ -22,6 +22,7 @@ from router.tcp.dial import DialError, dial
 from router.tcp.edge import TcpRouter, TcpRouterSettings
 from router.tcp.poller import poller_for
 from tests.support.loops import Runner
+from tests.support.polling import eventually, holds
 from tests.support.tcp_peers import SynDroppingPod
 from tests.support.tls import ssl_client_hello_records
 
@@ -93,8 +94,8 @@ def test_a_silent_client_is_accepted_once_it_speaks_or_after_the_deferral(run: R
             reader, writer = await asyncio.open_connection(host, port)
             silent_reader, silent = await asyncio.open_connection(host, port)
             silent_since = loop.time()
-            await asyncio.sleep(0.3)
-            assert router.active_connections == 0  # both connected, neither accepted
+            # both connected, neither accepted: the kernel holds them while they are silent
+            await holds(lambda: router.active_connections == 0, 0.3, what="no connection accepted")
             writer.write(ssl_client_hello_records("nobody.stargate.external"))
             answer = await asyncio.wait_for(reader.read(), 2.0)  # accepted, read, refused
             assert answer[:1] == bytes([0x15])  # a TLS alert record (unrecognized_name)
@@ -176,17 +177,16 @@ def test_a_hello_that_comes_later_is_waited_for_on_the_epoll_set_and_no_wait_out
         try:
             hello = ssl_client_hello_records("stargate-0.stargate.external")
             reader, writer = await asyncio.open_connection(host, port)
-            await asyncio.sleep(0.05)  # accepted, peeked, found empty: waiting
-            assert router.active_connections == 1 and poller.watched == 1
+            await eventually(lambda: router.active_connections == 1 and poller.watched == 1,
+                             what="accepted, peeked, found empty: waiting on the epoll set")
             writer.write(hello)
             assert await reader.readexactly(len(hello)) == hello  # routed to the pod, echoed
             writer.close()
             silent_reader, silent = await asyncio.open_connection(host, port)
             assert await asyncio.wait_for(silent_reader.read(), 2.0) == b""  # cut at the peek timeout
             silent.close()
-            async with asyncio.timeout(2.0):
-                while router.active_connections or poller.watched:
-                    await asyncio.sleep(0.01)
+            await eventually(lambda: not router.active_connections and not poller.watched, interval_s=0.01,
+                             what="no connection and no watch left")
         finally:
             await router.close()
             pod.close()

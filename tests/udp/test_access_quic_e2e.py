@@ -24,6 +24,7 @@ from router.demo.pki import DemoPki
 from router.demo.quic_pods import WHOAMI, bound_port, client_configuration, request, start_quic_pod
 from tests.support.access_peers import access_lines, wait_access
 from tests.support.names import host
+from tests.support.polling import becomes_true, eventually
 from tests.support.quic_initial_rewriter import client_first_flight
 from tests.support.router_process import RouterProcess, router_args, write_endpoints
 
@@ -87,14 +88,16 @@ async def quic_router(pki: DemoPki, tmp: Path, idle_ms: int) -> AsyncIterator[Ro
             pod.close()
 
 
+def lines_from(router: RouterProcess, address: str) -> list[dict[str, Any]]:
+    return [x for x in access_lines(router) if x["client"] == address]
+
+
 async def line_of(router: RouterProcess, address: str, timeout_s: float = 10.0) -> dict[str, Any]:
-    for _ in range(int(timeout_s / 0.05)):
-        mine = [x for x in access_lines(router) if x["client"] == address]
-        if mine:
-            assert len(mine) == 1, mine
-            return mine[0]
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"no access line for {address}: {access_lines(router)[-5:]}")
+    await eventually(lambda: lines_from(router, address), timeout_s, 0.05,
+                     what=lambda: f"an access line for {address}: {access_lines(router)[-5:]}")
+    mine = lines_from(router, address)
+    assert len(mine) == 1, mine
+    return mine[0]
 
 
 async def test_an_idle_flow_ends_completed_with_the_bytes_its_client_moved(pki: DemoPki, tmp_path: Path) -> None:
@@ -136,12 +139,16 @@ async def test_a_pending_flow_is_listed_without_a_pod_then_ends_at_the_pending_t
             sock.bind(("127.0.0.1", 0))
             sock.sendto(flight[0], ("127.0.0.1", router.quic_port))  # the rest of the ClientHello never comes
             address = f"127.0.0.1:{sock.getsockname()[1]}"
-            for _ in range(100):
+            pending: list[dict[str, Any]] = []
+
+            async def listed() -> bool:
+                nonlocal pending
                 view = json.loads((await asyncio.to_thread(router.http_get, "/debug/connections"))[1])
                 pending = [e for e in view["connections"] if e["client"] == address]
-                if pending:
-                    break
-                await asyncio.sleep(0.02)
+                return bool(pending)
+
+            # seen well before the pending timeout ends it
+            await becomes_true(listed, c.QUIC_PENDING_FLOW_TIMEOUT_MS / 1000 * 0.8)
             assert [(e["protocol"], e["pod"]) for e in pending] == [("quic", None)]
             assert pending[0]["bytes_client_to_pod"] == len(flight[0])  # held, waiting for the rest
             line = await line_of(router, address, timeout_s=c.QUIC_PENDING_FLOW_TIMEOUT_MS / 1000 + 10)
@@ -170,12 +177,8 @@ async def test_connections_from_one_address_each_write_their_own_line_at_their_o
         view = json.loads((await asyncio.to_thread(router.http_get, "/debug/connections"))[1])
         live = sorted((e["pod"], e["hostname"]) for e in view["connections"] if e["client"] == address)
         assert live == [("sg-0", host("sg-0")), ("sg-1", host("sg-1"))]
-        lines: list[dict[str, Any]] = []
-        for _ in range(200):
-            lines = [x for x in access_lines(router) if x["client"] == address]
-            if len(lines) == 2:
-                break
-            await asyncio.sleep(0.05)
+        await becomes_true(lambda: len(lines_from(router, address)) >= 2, 10.0, 0.05)
+        lines = lines_from(router, address)
         assert sorted((x["pod"], x["outcome"], x["termination"]) for x in lines) == [
             ("sg-0", "completed", "quic_idle_timeout"), ("sg-1", "completed", "quic_idle_timeout")]
         assert all(x["bytes_client_to_pod"] > 0 and x["bytes_pod_to_client"] > 0 for x in lines)

@@ -24,7 +24,7 @@ from router.demo.pki import DemoPki
 from router.demo.quic_pods import bound_port, client_configuration, request, start_quic_pod
 from tests.support.access_peers import access_lines
 from tests.support.names import host as sni
-from tests.support.polling import eventually_blocking
+from tests.support.polling import deliberate_pause, eventually_blocking
 from tests.support.rebinding import rebind
 from tests.support.router_process import RouterProcess, router_args, write_endpoints
 from tests.support.shared_socket import open_shared_socket
@@ -201,7 +201,7 @@ async def test_a_flood_of_random_short_headers_is_dropped_once_each_and_joins_no
                 for sock in sockets:  # a short header (0b01 first bits), a random connection ID and payload
                     junk = bytes([0x40 | os.urandom(1)[0] & 0x3F]) + os.urandom(40)
                     sock.sendto(junk, ("127.0.0.1", router.quic_port))
-                await asyncio.sleep(0.01)
+                await deliberate_pause(0.01, "the flood's pace: a burst from every address, then the next")
         finally:
             for sock in sockets:
                 sock.close()

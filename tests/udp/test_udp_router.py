@@ -17,7 +17,7 @@ from router import constants as c
 from router.demo.pki import DemoPki
 from router.demo.quic_pods import QUIC_V1, QUIC_V2, WHOAMI, client_configuration, request
 from tests.support.names import host as sni
-from tests.support.polling import eventually
+from tests.support.polling import eventually, holds, steady
 from tests.support.quic_initial_rewriter import BIG_HELLO_ALPN, SERVER_COMPLETABLE, rewrite_flight
 from tests.support.quic_pods_harness import (
     POD_HOSTS,
@@ -212,18 +212,16 @@ async def test_an_idle_router_does_not_sweep_until_something_can_expire(pki: Dem
         sweeps: list[float] = []
         sweep = h.router.sweep
         h.router.sweep = lambda now: (sweeps.append(now), sweep(now))[1]  # type: ignore[method-assign]
-        await asyncio.sleep(0.3)
-        assert sweeps == []  # nothing to expire: the sweeper sleeps, no timer wakes the loop
+        # nothing to expire: the sweeper sleeps, no timer wakes the loop (six sweep periods)
+        await holds(lambda: sweeps == [], 0.3, what="no sweep")
         conn = QuicConnection(
             configuration=client_configuration(sni("stargate-0"), h.cafile, extra_alpn=BIG_HELLO_ALPN)
         )
         conn.connect((ROUTER_HOST, h.port), now=0.0)
         client.sendto(next(iter(conn.datagrams_to_send(now=0.0)))[0], (ROUTER_HOST, h.port))
         await eventually(lambda: h.dropped("pending_timeout") == 1, what="the pending flow to expire")
-        await asyncio.sleep(0.1)
-        settled = len(sweeps)
-        await asyncio.sleep(0.3)
-        assert len(sweeps) == settled  # empty again: asleep again
+        settled = await steady(lambda: len(sweeps), 0.1, what="the last sweep (two periods without one)")
+        await holds(lambda: len(sweeps) == settled, 0.3, what="no sweep")  # empty again: asleep again
 
 
 async def test_a_pod_port_that_refuses_is_a_relay_error(pki: DemoPki) -> None:
