@@ -63,8 +63,7 @@ CALLBACK_HOOKS = '''
     hook(initial_sniffer.InitialSniffer, "feed", "  of which: InitialSniffer.feed")
     hook(initial_sniffer.InitialSniffer, "_sniff_first", "    of which: sniff_first (C: keys, opening, hello)")
     hook(flow_opening.FlowOpener, "_route", "  of which: routing decision and flow setup")
-    hook(demux, "classify_unrouted", "  of which: classify_unrouted")
-    hook(demux, "classify_on_flow", "  of which: classify_on_flow")
+    hook(demux, "judge", "  of which: judge (verdicts)")
     hook(pod_to_client.ClientReplies, "_send", "  of which: send to client")
     # Names the sniffer and the edge imported: hooked where they are looked up.
     hook(initial_sniffer, "client_initial_keys", "    of which: Initial keys")

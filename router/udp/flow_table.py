@@ -10,10 +10,11 @@ are *shared*, told apart by connection ID wherever they go (``demux``). The pod'
 learned from the SCID of its long headers, are indexed apart from addresses (``flow_for_cid``): a
 datagram from another address carrying one belongs to that flow (NAT rebinding, migration), also
 where other flows are; with ``--workers N`` the workers' shared index answers this same question on
-a miss (``cid_index``, ``joins``). CIDs the pod issues later in encrypted NEW_CONNECTION_ID frames stay unseen: a client that
-migrates *and* switches to one at once is not followed. A pending flow is keyed by address and
-its first Initial's DCID: a new connection beside an address's flows, never a threat to them. A
-silent flow ends at its connection's own idle timeout (``FlowLimits.flow_idle_timeout_s``).
+a miss (``cid_index``, ``joins``). CIDs the pod issues later in encrypted NEW_CONNECTION_ID frames
+stay unseen: a client that migrates *and* switches to one at once is not followed. A pending flow
+is keyed by address and its first Initial's DCID: a new connection beside an address's flows, never
+a threat to them. A silent flow ends at its connection's own idle timeout
+(``FlowLimits.flow_idle_timeout_s``).
 
 A flow starts *unconfirmed* (``handshake_watch``): until its client and pod are seen talking it
 lives at most ``FlowLimits.handshake_timeout_s`` from its opening, and when the table is full a new

@@ -7,6 +7,7 @@ a flood of random short headers from many addresses, each counted dropped once a
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import signal
 import socket
@@ -175,7 +176,8 @@ async def test_a_quinn_endpoint_that_rebinds_twenty_times_keeps_its_connections_
             for pod, name in zip(PODS, names, strict=True):
                 assert f"{phase} {name} {pod}:{phase}-{name}" in lines
         ports = [line.split()[2] for line in lines if line.startswith("port ")]
-        assert len(ports) == REBINDS + 1 and len(set(ports)) == REBINDS + 1  # a new port every time
+        assert len(ports) == REBINDS + 1  # a new port every time (the kernel may hand back an earlier one later)
+        assert all(before != after for before, after in itertools.pairwise(ports))
         assert await _metric(router, CONNECTIONS, outcome="accepted") == 2
         assert await _metric(router, DROPPED, reason="not_initial") == 0
         assert await _metric(router, CONNECTIONS, outcome="joined") > 0
