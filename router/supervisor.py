@@ -78,17 +78,29 @@ log = logging.getLogger("router.workers")  # pinned: operators filter logs by th
 # ---------------------------------------------------------------------------
 # IO
 # ---------------------------------------------------------------------------
-def concrete_address(addr: SocketAddress, kind: socket.SocketKind) -> SocketAddress:
-    """Binds ``addr`` once, as a worker will (SO_REUSEPORT; SO_REUSEADDR for TCP), and lets go:
+def held_address(addr: SocketAddress, kind: socket.SocketKind) -> tuple[SocketAddress, socket.socket]:
+    """Binds ``addr`` as a worker will (SO_REUSEPORT; SO_REUSEADDR for TCP) and keeps the socket:
     an address no worker could bind raises its ``OSError`` here, before any worker starts. Port 0
-    becomes a port the kernel says is free now, so every worker binds the same one."""
+    becomes a concrete port, which no other process can take while the socket is held, so every
+    worker binds the same one; the supervisor lets go once they all have (``_announce``)."""
     family = socket.AF_INET6 if ":" in addr.host else socket.AF_INET
-    with socket.socket(family, kind) as probe:
+    probe = socket.socket(family, kind)
+    try:
         if kind == socket.SOCK_STREAM:
             probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         probe.bind((addr.host, addr.port))
-        return addr if addr.port != 0 else SocketAddress(addr.host, int(probe.getsockname()[1]))
+    except OSError:
+        probe.close()
+        raise
+    return (addr if addr.port != 0 else SocketAddress(addr.host, int(probe.getsockname()[1]))), probe
+
+
+def concrete_address(addr: SocketAddress, kind: socket.SocketKind) -> SocketAddress:
+    """``held_address``'s address, the socket let go at once."""
+    concrete, probe = held_address(addr, kind)
+    probe.close()
+    return concrete
 
 
 class Supervisor:
@@ -112,6 +124,8 @@ class Supervisor:
         self._config_errors: set[str] = set()
         """The workers' config error lines said so far: N workers failing alike say it once."""
         self._stop = asyncio.Event()
+        self._held: list[socket.socket] = []
+        """The listeners' ports, bound until every worker has bound them too (``held_address``)."""
         self._preexec = parent_death_signal()
         self.workers = WorkerClient()
         self.cid_index = create_index_file(config.workers, c.QUIC_CID_INDEX_ENTRIES_PER_WORKER, c.QUIC_CID_INDEX_WINDOW)
@@ -123,12 +137,20 @@ class Supervisor:
 
     # -- lifecycle -----------------------------------------------------------------------
     async def run(self) -> int:
+        try:
+            return await self._run()
+        finally:
+            self._let_go()
+
+    async def _run(self) -> int:
         cfg = self.config
         # A BindFailure here reaches the CLI: one line naming the flag, exit 2, no worker started.
         with binding("--listen-addr", cfg.listen_addr):
-            grpc = concrete_address(cfg.listen_addr, socket.SOCK_STREAM)
+            grpc, held = held_address(cfg.listen_addr, socket.SOCK_STREAM)
+            self._held.append(held)
         with binding("--reverse-tunnel-listen-addr", cfg.reverse_tunnel_listen_addr):
-            quic = concrete_address(cfg.reverse_tunnel_listen_addr, socket.SOCK_DGRAM)
+            quic, held = held_address(cfg.reverse_tunnel_listen_addr, socket.SOCK_DGRAM)
+            self._held.append(held)
         routes: dict[str, Route] = {**liveness_routes(), "/readyz": self.readyz, "/metrics": self.metrics_route}
         query_routes: dict[str, QueryRoute] = {}
         if cfg.debug_endpoints:
@@ -168,9 +190,16 @@ class Supervisor:
         self._stopping = True
         self._stop.set()
 
+    def _let_go(self) -> None:
+        """Close the sockets that kept the listeners' ports for the workers (they hold them now)."""
+        for held in self._held:
+            held.close()
+        self._held.clear()
+
     async def _announce(self, grpc: SocketAddress, quic: SocketAddress, health: HostPort) -> None:
         """The ``listening`` line once every worker has bound (as a single router logs it)."""
         await asyncio.gather(*(s.first_bound.wait() for s in self.slots))
+        self._let_go()
         log.info(
             "listening grpc=%s:%d quic=%s:%d health=%s:%d", grpc.host, grpc.port, quic.host, quic.port,
             *health, extra={"workers": len(self.slots)},

@@ -137,55 +137,45 @@ def test_a_low_port_as_an_unprivileged_user_is_one_line_naming_the_flag_and_stat
     assert_one_line(run_router(flag, address, workers=workers, as_user=as_nobody), flag, address, errno.EACCES)
 
 
-@pytest.mark.parametrize("taken", [TCP, UDP])
-def test_a_port_taken_after_the_supervisor_checked_it_stops_every_worker_with_one_line(taken: str) -> None:
-    """The supervisor found the port free; another program takes it before the workers bind (they
-    are still importing when the supervisor logs their start): every worker exits 2, the supervisor
-    says the line once, restarts none, and exits 2."""
-    for _attempt in range(3):
-        with held(taken) as probe:
-            port = probe.getsockname()[1]
-        address = f"127.0.0.1:{port}"
-        outcome = _take_port_once_workers_start(taken, port)
-        if outcome is None:  # a worker bound first: the race went the other way; again on a new port
-            continue
-        returncode, stderr = outcome
-        assert returncode == 2, stderr
-        naming = [line for line in stderr.splitlines() if taken in line]
-        assert naming == [f"{CONFIG_ERROR_PREFIX}{taken} {address}: {REASONS[errno.EADDRINUSE]}"], stderr
-        assert "Traceback" not in stderr and "restarting" not in stderr, stderr
-        return
-    pytest.fail("a worker bound the port before the test could take it, three times")
-
-
-def _take_port_once_workers_start(flag: str, port: int) -> tuple[int, str] | None:
-    """Run ``--workers 2`` with ``flag`` on ``port``; once the supervisor logs its first worker's
-    start, hold the port. ``(status, stderr)``, or None if a worker held it first."""
+@pytest.mark.parametrize("flag", [TCP, UDP])
+def test_no_program_can_take_a_port_between_the_supervisors_check_and_the_workers_bind(flag: str) -> None:
+    """The supervisor binds each listener's port itself and holds it until every worker has bound it
+    too (``held_address``): another program that tries to take it while the workers start (they are
+    still importing when the supervisor logs their start) is refused, and the router comes up."""
+    with held(flag) as probe:
+        port = probe.getsockname()[1]
     command = router_command(flag, f"127.0.0.1:{port}", workers=2)
     proc = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, cwd=ROOT)
     assert proc.stderr is not None
     lines = []
-    for line in proc.stderr:
-        lines.append(line)
-        if "worker 0 started" in line:
-            break
-    holder = socket.socket(socket.AF_INET, socket.SOCK_DGRAM if flag == UDP else socket.SOCK_STREAM)
     try:
-        try:
-            holder.bind(("127.0.0.1", port))
-            if flag != UDP:
-                holder.listen()
-        except OSError:
-            proc.terminate()
-            proc.communicate(timeout=RUN_BOUND_S)
-            return None
-        _, rest = proc.communicate(timeout=RUN_BOUND_S)
+        for line in proc.stderr:
+            lines.append(line)
+            if "worker 0 started" in line:
+                break
+        intruder = socket.socket(socket.AF_INET, socket.SOCK_DGRAM if flag == UDP else socket.SOCK_STREAM)
+        with intruder, pytest.raises(OSError) as refused:
+            intruder.bind(("127.0.0.1", port))
+        assert refused.value.errno == errno.EADDRINUSE
+        for line in proc.stderr:
+            lines.append(line)
+            if "listening grpc=" in line:
+                break
+        assert any("listening grpc=" in line for line in lines), "".join(lines)
     finally:
-        holder.close()
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    return proc.returncode, "".join(lines) + rest
+        proc.terminate()
+        rest = proc.communicate(timeout=RUN_BOUND_S)[1]
+    assert proc.returncode == 0, "".join(lines) + rest
+
+
+def test_a_config_error_only_the_workers_find_is_said_once_on_their_control_pipes() -> None:
+    """A template the flag parser takes but the router refuses (not ASCII): every worker reports it on
+    the pipe the supervisor made, and the supervisor says it once, restarts none, and exits 2."""
+    proc = run_router("--advertised-hostname-template", "{pod_name}.stargate.\u00e9xternal", workers=2)
+    assert proc.returncode == 2, proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith(CONFIG_ERROR_PREFIX)]
+    assert len(errors) == 1 and "--advertised-hostname-template" in errors[0], proc.stderr
+    assert "restarting" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
 
 
 # ---------------------------------------------------------------------------
