@@ -3,8 +3,9 @@
 
 A UDP flow is routed by the router only after a real QUIC client Initial naming the pod,
 so every flow's socket first sends one (built by aioquic), then raw 1200-byte datagrams
-that look like short-header packets. The UDP sink pod counts datagrams and remembers the
-distinct source addresses, which tells when each flow has reached it.
+that look like short-header packets. The UDP sink pod counts datagrams, remembers the
+distinct source addresses, which tells when each flow has reached it, and answers every long
+header (a flow's Initial, or its retransmit) with that datagram, as a server answers an Initial.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ _STATE: dict[str, Any] = {}
 SOCKET_BUFFER_BYTES = 4 * 1024 * 1024
 ECHO_STALL_S = 0.05
 """A flow with no echo for this long is refilled to its window, as a sender's loss recovery would."""
+LONG_HEADER = 0x80
+"""RFC 9000 section 17: the first bit of a long header (an Initial); a short header has it clear."""
 
 
 def use_c_peers(binary: Path | None) -> None:
@@ -67,6 +70,7 @@ def client_initials(server_name: str, count: int, alpn: str = "stargate-whoami")
 # ---------------------------------------------------------------------------------------
 def _sink_loop(sock: socket.socket, counts: list[int], sources: set[Any]) -> None:
     buf = bytearray(65536)
+    view = memoryview(buf)
     recv = sock.recvfrom_into
     add = sources.add
     while True:
@@ -77,6 +81,9 @@ def _sink_loop(sock: socket.socket, counts: list[int], sources: set[Any]) -> Non
         counts[0] += 1
         counts[1] += n
         add(addr)
+        if n and buf[0] & LONG_HEADER:  # an Initial (or its retransmit): answered, as a server answers it
+            with contextlib.suppress(OSError):
+                sock.sendto(view[:n], addr)
 
 
 def _echo_loop(sock: socket.socket, counts: list[int], sources: set[Any]) -> None:
@@ -98,8 +105,9 @@ def _echo_loop(sock: socket.socket, counts: list[int], sources: set[Any]) -> Non
 
 
 def start_udp_sink(host: str, echo: bool = False) -> int:
-    """A UDP pod that counts what it receives (and, ``echo``, sends each datagram back to its
-    source); ``udp_sink_stats()`` reads the counts."""
+    """A UDP pod that counts what it receives and answers each long header (a flow's Initial, or
+    its retransmit) with that datagram, as a server answers an Initial with its own, or, ``echo``,
+    sends every datagram back to its source; ``udp_sink_stats()`` reads the counts."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SOCKET_BUFFER_BYTES)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKET_BUFFER_BYTES)
@@ -160,11 +168,12 @@ def count_flow_datagrams(seconds: float) -> int:
     if (binary := _c_peers()) is not None:
         return udp_peers.count(binary, _flow_sockets(), seconds)
     selector = selectors.DefaultSelector()
+    buf = bytearray(65536)
     for sock in _flow_sockets():
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SOCKET_BUFFER_BYTES)
         sock.setblocking(False)
+        _drain(sock, buf)  # the answered Initials: not part of the download
         selector.register(sock, selectors.EVENT_READ)
-    buf = bytearray(65536)
     received = 0
     deadline = time.monotonic() + seconds
     try:
@@ -195,6 +204,20 @@ def udp_sink_forget_sources() -> None:
 # ---------------------------------------------------------------------------------------
 # Flows: open (one Initial each), blast, close
 # ---------------------------------------------------------------------------------------
+def _drain(sock: socket.socket, buf: bytearray) -> int:
+    """Read what waits on the non-blocking ``sock`` (answers to Initials, anything older: never part
+    of a load); the datagrams read."""
+    read = 0
+    while True:
+        try:
+            sock.recv_into(buf)
+        except BlockingIOError:
+            return read
+        except ConnectionRefusedError:  # an ICMP error queued on the socket: reported once
+            continue
+        read += 1
+
+
 def open_udp_flows(addr: tuple[str, int], count: int, flights: list[list[bytes]],
                    batch: int = 20, pause_s: float = 0.01) -> int:
     """Open ``count`` more flow sockets to ``addr``, each sending one client Initial flight
@@ -275,9 +298,7 @@ def udp_echo_window(seconds: float, size: int, window: int, stall_s: float = ECH
     for i, sock in enumerate(socks):
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SOCKET_BUFFER_BYTES)
         sock.setblocking(False)
-        with contextlib.suppress(BlockingIOError):
-            while True:  # echoed Initials and anything older: not part of the window
-                sock.recv_into(buf)
+        _drain(sock, buf)  # answered Initials and anything older: not part of the window
         selector.register(sock, selectors.EVENT_READ, i)
     clock = time.perf_counter
     progress = [0.0] * len(socks)

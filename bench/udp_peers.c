@@ -5,7 +5,9 @@
  * with the system calls of a QUIC stack that batches (quinn, quiche): reads are recvmmsg. What a
  * load's shape says about sends is kept: the relay's clients and the download's pod send one
  * datagram per call as aioquic does, or SEGMENTS per call as one UDP_SEGMENT (GSO) batch as
- * quinn does; the echo answers each batch it reads with one sendmmsg.
+ * quinn does; the echo answers each batch it reads with one sendmmsg. The sink pod answers every
+ * long header it receives (a flow's Initial, sent by Python) with that datagram, as a server
+ * answers an Initial: the middle box reads the connection ID in the answer.
  * Built by bench/udp_peers.py with the machine's C compiler; without one the bench uses the
  * Python peers and says so.
  *
@@ -36,6 +38,7 @@
 #define SOCKET_BYTES (4 << 20) /* bench/quic_load.py's SOCKET_BUFFER_BYTES */
 #define CHECK_EVERY  256       /* datagrams sent between two looks at the clock */
 #define MAX_SEGMENTS 64        /* the kernel's UDP_MAX_SEGMENTS */
+#define LONG_HEADER  0x80      /* the first bit of a long header (an Initial); clear in a short header */
 #ifndef UDP_SEGMENT
 #define UDP_SEGMENT 103
 #endif
@@ -216,14 +219,18 @@ pod(int fd, int echo)
         int n;
         do {
             n = read_batch(fd, names);
+            int answers = 0;
             for (int i = 0; i < n; i++) {
                 datagrams++;
                 bytes += msgs[i].msg_len;
                 remember(&names[i], msgs[i].msg_hdr.msg_namelen);
                 iov[i].iov_len = msgs[i].msg_len;
+                if (!echo && msgs[i].msg_len && (buffers[i][0] & LONG_HEADER))
+                    msgs[answers++] = msgs[i]; /* an Initial: answered with itself (its iov stays put) */
             }
-            for (int sent = 0; echo && sent < n;) { /* a full send buffer loses the rest, as UDP loses */
-                int k = sendmmsg(fd, msgs + sent, (unsigned)(n - sent), MSG_DONTWAIT);
+            int out = echo ? n : answers;
+            for (int sent = 0; sent < out;) { /* a full send buffer loses the rest, as UDP loses */
+                int k = sendmmsg(fd, msgs + sent, (unsigned)(out - sent), MSG_DONTWAIT);
                 sent += k > 0 ? k : 1;
             }
         } while (n == BATCH);

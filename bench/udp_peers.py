@@ -46,8 +46,9 @@ def describe(binary: Path | None) -> str:
 
 
 class NativePod:
-    """The pod on ``sock`` (which it inherits): counts what it receives and, ``echo``, sends each
-    datagram back to its source; answers ``stats``, ``forget`` and ``blast`` on stdin."""
+    """The pod on ``sock`` (which it inherits): counts what it receives and answers each long header
+    with it (a flow's Initial, as a server answers one) or, ``echo``, sends every datagram back to
+    its source; answers ``stats``, ``forget`` and ``blast`` on stdin."""
 
     def __init__(self, binary: Path, sock: socket.socket, echo: bool) -> None:
         fd = sock.fileno()

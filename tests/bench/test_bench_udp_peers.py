@@ -17,6 +17,8 @@ from tests.support.polling import eventually_blocking
 from tests.support.quic_flood_harness import kernel_queued
 
 POD_HOST = "127.0.0.2"
+INITIAL = b"\xc0initial"
+"""A flow's first datagram: a long header, which every pod answers with itself."""
 
 
 def counting_client_runs() -> bool:
@@ -65,12 +67,11 @@ def flows(request: pytest.FixtureRequest) -> Iterator[list[socket.socket]]:
     socks = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(3)]
     for sock in socks:
         sock.connect((POD_HOST, port))
-        sock.send(b"\xc0initial")  # a flow's first datagram: echoed or not, not part of any load
-    if request.param == "echo":  # its echo read now, so no load counts it as one of its own
-        for sock in socks:
-            sock.settimeout(5)
-            sock.recv(2048)
-            sock.settimeout(None)
+        sock.send(INITIAL)  # a flow's first datagram, answered by either pod: not part of any load
+    for sock in socks:  # its answer read now, so no load counts it as one of its own
+        sock.settimeout(5)
+        assert sock.recv(2048) == INITIAL
+        sock.settimeout(None)
     try:
         yield socks
     finally:
@@ -98,7 +99,7 @@ def test_the_c_clients_blast_reaches_the_c_pod_on_every_flow(
     eventually_blocking(lambda: kernel_queued({(POD_HOST, sink_pod[1])}) == 0, what="what is queued at the pod read")
     datagrams, size, sources = sink_pod[0].stats()
     assert sources == 3
-    assert 0 < datagrams - 3 <= sent and size - 3 * len(b"\xc0initial") == 1200 * (datagrams - 3)
+    assert 0 < datagrams - 3 <= sent and size - 3 * len(INITIAL) == 1200 * (datagrams - 3)
 
 
 @pytest.mark.parametrize("segments", [1, 10])
@@ -114,6 +115,19 @@ def test_the_c_pods_blast_is_counted_by_the_c_clients(
         received = counted.result()
     assert 0.2 <= elapsed < 5 and sent > 0 and sent % segments == 0
     assert 0 < received <= sent  # each segment arrives as a datagram of its own
+
+
+def test_the_c_sink_answers_each_long_header_and_no_short_one(sink_pod: tuple[NativePod, int]) -> None:
+    native, port = sink_pod
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.connect((POD_HOST, port))
+        sock.settimeout(5)
+        sent = (INITIAL, b"\x40short", b"\xc0again")  # in order: an answer to the short one would come second
+        for datagram in sent:
+            sock.send(datagram)
+        assert sock.recv(100) == INITIAL
+        assert sock.recv(100) == b"\xc0again"
+        assert native.stats() == (3, sum(map(len, sent)), 1)
 
 
 def test_forgetting_sources_counts_only_new_ones(echo_pod: tuple[NativePod, int]) -> None:
