@@ -18,7 +18,7 @@ from collections.abc import Callable
 from bench.context import POD, POD_HOST, SNI, BenchContext, try_start
 from bench.procs import Agent, BenchError, Haproxy, Nginx, Router, raise_fd_limit, rss_bytes
 from bench.quic_load import client_initials, close_udp_flows, start_udp_sink, udp_sink_forget_sources
-from bench.quic_scenarios import establish_flows
+from bench.quic_scenarios import check_confirmed, establish_flows
 from bench.results import Row, Target
 from bench.tcp_load import close_idle, held, open_idle, release_held, start_hold_pod, tls_client_hello
 from router.constants import RELAY_RELEASE_QUIET_S
@@ -123,6 +123,8 @@ def memory_udp(ctx: BenchContext) -> list[Row]:
         time.sleep(1.0)
         after = rss_bytes(box.pid)
         per_flow[name] = (after - before) / count / 1024
+        if isinstance(box, Router):
+            check_confirmed(box, "memory_udp")
         blaster.call(close_udp_flows)
         box.close()
         sink.call(udp_sink_forget_sources)

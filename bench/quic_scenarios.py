@@ -8,6 +8,7 @@ a session (an upstream socket) per client address, as the router has a flow per 
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from functools import partial
@@ -36,8 +37,10 @@ from bench.quic_load import (
 from bench.results import Row, Target, interleaved, median
 from quic.initial_sniffer import InitialSniffer
 from quic.packet import parse_long_header
+from router import constants as c
 from router.demo.pki import make_pki
 from router.extensions import choose
+from router.outcomes import Termination
 
 UDP_TARGETS = (Target("ratio_vs_peer", ">=", 1.0, ">=1.0x nginx"),)
 MANY_FLOW_TARGETS = (Target("ratio_vs_peer", ">=", 1.3, ">=1.3x nginx"),)
@@ -141,13 +144,34 @@ def establish_flows(clients: Agent, addr: tuple[str, int], flights: list[list[by
             time.sleep(0.01)
 
 
+def unconfirmed_endings(router: Router) -> int:
+    """The router's flows ended unconfirmed so far (``handshake_timeout`` and ``evicted``): a load
+    flow among them was never confirmed, so its datagrams took the slow path while it lived."""
+    ended = 0.0
+    for termination in (Termination.HANDSHAKE_TIMEOUT, Termination.EVICTED):
+        with contextlib.suppress(KeyError):  # no such flow yet: the series is not exported
+            ended += router.process.metric(f"{c.TERMINATIONS_TOTAL}_total", protocol="quic",
+                                           termination=termination.value)
+    return int(ended)
+
+
+def check_confirmed(router: Router, what: str) -> None:
+    """Fail ``what`` if the router ended any flow unconfirmed: its figures would be the slow path's.
+    What the counters can tell: a flow still unconfirmed ``--quic-handshake-timeout-ms`` (10 s) after
+    it opened, or evicted; a scenario shorter than that is held to its shape by
+    ``tests/bench/test_bench_udp_quic_shape.py`` instead (a router with a 300 ms timeout)."""
+    if ended := unconfirmed_endings(router):
+        raise BenchError(f"{what}: the router ended {ended} flows unconfirmed (handshake_timeout or evicted): "
+                         "the load's flows are not QUIC-shaped, their datagrams took the slow path")
+
+
 Endpoints = dict[str, tuple[tuple[str, int], int | None]]
 """Name -> (address the client flows send to, pid whose CPU is measured or None)."""
 
 
-def _udp_setup(ctx: BenchContext, echo: bool = False) -> tuple[Agent, Agent, Endpoints, float, str]:
+def _udp_setup(ctx: BenchContext, echo: bool = False) -> tuple[Agent, Agent, Router, Endpoints, float, str]:
     """The UDP pod (a counting sink that answers each Initial and can also send, or ``echo`` every
-    datagram back), the client agent, the router / nginx / direct endpoints, the seconds
+    datagram back), the client agent, the router, the router / nginx / direct endpoints, the seconds
     per case, and which peers (C where a compiler is found, bench/udp_peers.c: the Python ones cost
     more CPU than the middle box, on the same cores). Each case opens its flows with Initials of
     its own (``client_initials``): every connection has its own connection IDs, as in life."""
@@ -163,13 +187,13 @@ def _udp_setup(ctx: BenchContext, echo: bool = False) -> tuple[Agent, Agent, End
         "router": (("127.0.0.1", router.udp_port), router.pid), "direct": ((POD_HOST, port), None)}
     if nginx is not None:
         endpoints["nginx"] = (("127.0.0.1", nginx.port), nginx.pid)
-    return sink, clients, endpoints, ctx.pick(0.5, 2.0), which
+    return sink, clients, router, endpoints, ctx.pick(0.5, 2.0), which
 
 
 def udp_relay(ctx: BenchContext) -> list[Row]:
     """Client -> pod: the clients send one datagram per call (as aioquic does), and at 100 flows
     also GSO batches of ``GSO_SEGMENTS`` (the router's listener has GRO on with the C splice)."""
-    sink, blaster, endpoints, seconds, peers = _udp_setup(ctx)
+    sink, blaster, router, endpoints, seconds, peers = _udp_setup(ctx)
     rows = []
     for flows, segments in ((1, 1), (100, 1), (100, GSO_SEGMENTS)):
         name = f"udp_relay_{'gso_' if segments > 1 else ''}{flows}flow"
@@ -193,6 +217,7 @@ def udp_relay(ctx: BenchContext) -> list[Row]:
             Row(f"{name}_cpu", f"middle-box CPU per delivered datagram, {flows} flow(s){shape}",
                 "CPU us/pkt", med("router", 1), "nginx", med("nginx", 1), None, higher_is_better=False),
         ]
+    check_confirmed(router, "udp_relay")
     return rows
 
 
@@ -221,7 +246,7 @@ def udp_download(ctx: BenchContext) -> list[Row]:
     """Pod -> client: the pod sends one datagram per call (as aioquic does), and at 100 flows also
     GSO batches of ``GSO_SEGMENTS`` (as quinn does; the router's GRO pod socket takes each as
     one read, nginx's reads them one by one)."""
-    sink, clients, endpoints, seconds, peers = _udp_setup(ctx)
+    sink, clients, router, endpoints, seconds, peers = _udp_setup(ctx)
     rows = []
     for flows, segments in ((1, 1), (100, 1), (100, GSO_SEGMENTS)):
         name = f"udp_download_{'gso_' if segments > 1 else ''}{flows}flow"
@@ -242,6 +267,7 @@ def udp_download(ctx: BenchContext) -> list[Row]:
             Row(f"{name}_cpu", f"middle-box CPU per delivered pod datagram, {flows} flow(s){shape}",
                 "CPU us/pkt", med("router", 1), "nginx", med("nginx", 1), None, higher_is_better=False),
         ]
+    check_confirmed(router, "udp_download")
     return rows
 
 
@@ -265,7 +291,7 @@ def _download_case(sink: Agent, clients: Agent, addr: tuple[str, int], pid: int 
 def udp_echo(ctx: BenchContext) -> list[Row]:
     """QUIC-shaped traffic both ways: each flow keeps ``ECHO_WINDOW`` datagrams in flight to an
     echoing pod and sends one more per echo, like a sender clocked by its acknowledgements."""
-    pod, clients, endpoints, seconds, peers = _udp_setup(ctx, echo=True)
+    pod, clients, router, endpoints, seconds, peers = _udp_setup(ctx, echo=True)
     rows = []
     for flows in (1, 100):
         ctx.log(f"udp echo: {flows} flow(s) x {ECHO_WINDOW} in flight, {DATAGRAM_BYTES} B, {seconds}s per case")
@@ -286,6 +312,7 @@ def udp_echo(ctx: BenchContext) -> list[Row]:
             Row(f"udp_echo_{flows}flow_cpu", f"middle-box CPU per relayed datagram (either way), {flows} flow(s)",
                 "CPU us/pkt", med("router", 1), "nginx", med("nginx", 1), None, higher_is_better=False),
         ]
+    check_confirmed(router, "udp_echo")
     return rows
 
 
@@ -310,7 +337,7 @@ def udp_demux(ctx: BenchContext) -> list[Row]:
     DCID of each datagram, against the same connections each from its own address (one flow per
     address: no look at the DCID). Both blasts come from the Python client (``demux_load``), at the
     same offered rate, to the echoing pod: the figure is the router's CPU per datagram."""
-    pod, clients, endpoints, seconds, peers = _udp_setup(ctx, echo=True)
+    pod, clients, router, endpoints, seconds, peers = _udp_setup(ctx, echo=True)
     addr, pid = endpoints["router"]
     ctx.log(f"udp demux: {DEMUX_CONNECTIONS} connections on one address vs one address each, {seconds}s per case")
     results = interleaved(ctx.rounds, {
@@ -320,6 +347,7 @@ def udp_demux(ctx: BenchContext) -> list[Row]:
     def med(name: str, i: int) -> float | None:
         return median([r[i] for r in results.get(name, []) if r[i] is not None])
 
+    check_confirmed(router, "udp_demux")
     note = (f"Python client, {DATAGRAM_BYTES} B short headers offered at ~{med('one_address', 2) or 0:,.0f} pkt/s, "
             f"echoed by the pod ({peers})")
     return [

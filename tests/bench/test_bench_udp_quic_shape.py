@@ -2,7 +2,9 @@
 handshake_watch.py``) and the loads measure the confirmed path: every flow opens with a real
 Initial, its pod answers it, its client then sends one short header to the connection ID the
 answer carried (the Initial's SCID), and every datagram a load sends on it carries that DCID. On
-the Python peers and the C peers (``bench/udp_peers.c``), at a bare socket standing for the pod."""
+the Python peers and the C peers (``bench/udp_peers.c``), at a bare socket standing for the pod,
+and end to end through the router with a handshake timeout short enough that an unconfirmed
+flow would end within the load."""
 
 from __future__ import annotations
 
@@ -14,11 +16,18 @@ from pathlib import Path
 import pytest
 
 from bench import quic_load, udp_peers
-from bench.context import POD_HOST, SNI
+from bench.context import POD, POD_HOST, SNI
+from bench.procs import Agent, Router, call_all
+from bench.quic_scenarios import establish_flows, unconfirmed_endings
 from quic.packet import parse_long_header
-from tests.support.polling import eventually_blocking
+from router import constants as c
+from tests.support.polling import eventually_blocking, holds_blocking
 
 SIZE = 1200
+HANDSHAKE_TIMEOUT_MS = 300
+"""The router's ``--quic-handshake-timeout-ms`` end to end: with its sweep (every 500 ms), an
+unconfirmed flow ends within ~0.8 s, well inside the loads below."""
+LOAD_S = 1.2
 
 
 @pytest.fixture(params=["python", "c"])
@@ -129,3 +138,58 @@ def test_the_python_sink_answers_each_long_header_and_no_short_one() -> None:
             assert quic_load.udp_sink_stats() == (3, sum(map(len, sent)), 1)
     finally:
         quic_load._STATE.pop("sink")[0].close()  # its thread ends
+
+
+# -- end to end: the router confirms every load flow ------------------------------------------------
+def _run_relay(pod: Agent, clients: Agent) -> int:
+    before = pod.call(quic_load.udp_sink_stats)[0]
+    sent, _elapsed = clients.call(quic_load.udp_blast, LOAD_S, SIZE)
+    eventually_blocking(lambda: pod.call(quic_load.udp_sink_stats)[0] > before, what="the relay to reach the pod")
+    return sent
+
+
+def _run_download(pod: Agent, clients: Agent) -> int:
+    clients.submit(quic_load.count_flow_datagrams, LOAD_S + 0.3)
+    sent, _elapsed = pod.call(quic_load.udp_sink_blast, LOAD_S, SIZE)
+    received: int = clients.result()
+    assert sent > 0
+    return received
+
+
+def _run_echo(pod: Agent, clients: Agent) -> int:
+    echoes, _refills, _elapsed = clients.call(quic_load.udp_echo_window, LOAD_S, SIZE, 8)
+    return int(echoes)
+
+
+@pytest.mark.parametrize("shape", ["relay", "download", "echo"])
+@pytest.mark.parametrize("kind", ["python", "c"])
+def test_the_router_confirms_every_load_flow(tmp_path: Path, kind: str, shape: str) -> None:
+    binary = udp_peers.build() if kind == "c" else None
+    if kind == "c" and binary is None:
+        pytest.skip("no C compiler: the bench runs the Python peers")
+    with contextlib.ExitStack() as stack:
+        pod, clients = Agent("udp-pod"), Agent("udp-clients")
+        stack.callback(pod.close)
+        stack.callback(clients.close)
+        call_all([pod, clients], quic_load.use_c_peers, [(binary,), (binary,)])
+        port = pod.call(quic_load.start_udp_sink, POD_HOST, shape == "echo")
+        router = Router(tmp_path, [(POD, POD_HOST, 1, port)],
+                        extra=["--quic-handshake-timeout-ms", str(HANDSHAKE_TIMEOUT_MS)])
+        stack.callback(router.close)
+        addr = ("127.0.0.1", router.udp_port)
+
+        def active() -> float:
+            return router.process.metric(c.ACTIVE_CONNECTIONS, protocol="quic")
+
+        # The control: a flow whose Initial the pod answers but whose client never sends a short
+        # header is never confirmed, and the router ends it at the handshake timeout.
+        clients.call(quic_load.open_udp_flows, addr, quic_load.client_initials(SNI, 1))
+        clients.call(quic_load.retire_udp_flows)
+        establish_flows(clients, addr, quic_load.client_initials(SNI, 3))
+        moved = {"relay": _run_relay, "download": _run_download, "echo": _run_echo}[shape](pod, clients)
+        assert moved > 0
+        eventually_blocking(lambda: unconfirmed_endings(router) == 1,
+                            what=lambda: f"the control flow's handshake timeout alone ({unconfirmed_endings(router)} "
+                                         "flows ended unconfirmed)")
+        holds_blocking(lambda: active() == 3 and unconfirmed_endings(router) == 1, 0.6,
+                       what="the three load flows alive past the handshake timeout")
