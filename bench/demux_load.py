@@ -4,19 +4,21 @@
 Each connection opens with a real aioquic Initial (its own DCID and SCID). The echoing pod sends
 each Initial back, so the middle box reads, in the pod's long header, an SCID it learns as that
 connection's pod CID: the connection's short headers then carry it as their DCID, as a client's
-do once the pod has answered. ``shared=True`` sends every connection from one socket (one client
-address: the router tells them apart by that DCID); ``shared=False`` gives each its own socket
-(one address per connection, the established-flow path). The blast sends round-robin over the
-connections, one datagram per call.
+do once the pod has answered, from one each before the load (``confirm``: the router confirms the
+connection's flow, as a real client's is after its handshake). ``shared=True`` sends every
+connection from one socket (one client address: the router tells them apart by that DCID);
+``shared=False`` gives each its own socket (one address per connection, the established-flow
+path). The blast sends round-robin over the connections, one datagram per call.
 """
 
 from __future__ import annotations
 
-import os
+import contextlib
 import socket
 import time
 from typing import Any
 
+from bench.quic_load import short_header
 from quic.packet import parse_long_header
 
 _STATE: dict[str, Any] = {}
@@ -51,15 +53,19 @@ def resend_initials(flights: list[list[bytes]]) -> None:
             socks[min(i, len(socks) - 1)].send(datagram)
 
 
+def confirm(size: int) -> None:
+    """One ``size``-byte short header per connection to its pod CID, once the echoes have taught
+    the middle box those CIDs: each connection's flow is confirmed before any load, as a client
+    past its handshake confirms it."""
+    for sock, cid in _STATE["sends"]:
+        with contextlib.suppress(OSError):
+            sock.send(short_header(size, cid))
+
+
 def blast(seconds: float, size: int) -> tuple[int, float]:
     """``size``-byte short headers, each connection's DCID in turn, as fast as the sends go:
     (sent, elapsed seconds)."""
-    sends = []
-    for sock, cid in _STATE["sends"]:
-        payload = bytearray(os.urandom(size))
-        payload[0] = 0x40 | (payload[0] & 0x3F)
-        payload[1 : 1 + len(cid)] = cid
-        sends.append((sock.send, bytes(payload)))
+    sends = [(sock.send, short_header(size, cid)) for sock, cid in _STATE["sends"]]
     sent = errors = 0
     clock = time.perf_counter
     started = clock()

@@ -5,8 +5,9 @@ connections / flows, divided by N. Kernel memory (socket buffers, pipes) is not 
 The router runs one worker here whatever ``--workers`` says: this is a per-process figure.
 TCP connections open with a TLS ClientHello and then stay silent; the router gives back
 its splice pipes after ``RELAY_RELEASE_QUIET_S``, so the "after" reading waits past that.
-UDP flows each send one real aioquic client Initial (from a pool of distinct ones) and
-then stay silent; the UDP sink tells when every flow reached it.
+UDP flows each send one real aioquic client Initial (each flow its own), read the pod's answer
+(the sink answers each Initial), send one short header to the connection ID it carried (the
+router confirms the flow, as after a real handshake) and then stay silent.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from collections.abc import Callable
 from bench.context import POD, POD_HOST, SNI, BenchContext, try_start
 from bench.procs import Agent, BenchError, Haproxy, Nginx, Router, raise_fd_limit, rss_bytes
 from bench.quic_load import client_initials, close_udp_flows, start_udp_sink, udp_sink_forget_sources
-from bench.quic_scenarios import establish_flows
+from bench.quic_scenarios import check_confirmed, establish_flows
 from bench.results import Row, Target
 from bench.tcp_load import close_idle, held, open_idle, release_held, start_hold_pod, tls_client_hello
 from router.constants import RELAY_RELEASE_QUIET_S
@@ -103,7 +104,7 @@ def memory_udp(ctx: BenchContext) -> list[Row]:
     sink = ctx.own(Agent("udp-sink"))
     port = sink.call(start_udp_sink, POD_HOST)
     blaster = ctx.own(Agent("udp-flows"))
-    flights = client_initials(SNI, ctx.pick(32, 256))
+    flights = client_initials(SNI, WARMUP + count)  # every flow its own connection IDs (each box reuses them)
     starts: dict[str, Callable[[], Router | Nginx]] = {
         "router": lambda: Router(ctx.workdir, [(POD, POD_HOST, 1, port)]),
         "nginx": lambda: Nginx(ctx.workdir, POD_HOST, port, connections=2 * (count + WARMUP) + 100),
@@ -115,17 +116,19 @@ def memory_udp(ctx: BenchContext) -> list[Row]:
             continue
         ctx.log(f"memory: {count:,} UDP flows through {name}")
         addr = ("127.0.0.1", box.udp_port if isinstance(box, Router) else box.port)
-        establish_flows(blaster, sink, addr, WARMUP, flights)
+        establish_flows(blaster, addr, flights[:WARMUP])
         time.sleep(1.0)
         before = rss_bytes(box.pid)
-        establish_flows(blaster, sink, addr, count, flights, batch=250, timeout_s=60.0)
+        establish_flows(blaster, addr, flights[WARMUP:], batch=250, timeout_s=60.0)
         time.sleep(1.0)
         after = rss_bytes(box.pid)
         per_flow[name] = (after - before) / count / 1024
+        if isinstance(box, Router):
+            check_confirmed(box, "memory_udp")
         blaster.call(close_udp_flows)
         box.close()
         sink.call(udp_sink_forget_sources)
     return [Row("memory_udp_flow", "RSS per routed UDP flow (VmRSS delta / N)", "KiB",
                 per_flow.get("router"), "nginx", per_flow.get("nginx"), None, higher_is_better=False,
                 targets=UDP_TARGETS,
-                note=f"{count:,} flows, each opened by a real aioquic Initial ({len(flights)} distinct, reused)")]
+                note=f"{count:,} confirmed flows, each opened by a real aioquic Initial of its own")]

@@ -1,10 +1,18 @@
 """QUIC / UDP load generators and pods; every function here runs inside an ``Agent`` process
 (``client_initials`` also in the parent).
 
-A UDP flow is routed by the router only after a real QUIC client Initial naming the pod,
-so every flow's socket first sends one (built by aioquic), then raw 1200-byte datagrams
-that look like short-header packets. The UDP sink pod counts datagrams and remembers the
-distinct source addresses, which tells when each flow has reached it.
+A UDP flow is routed by the router only after a real QUIC client Initial naming the pod, and
+confirmed (``router/udp/handshake_watch.py``: moved by the C splice, never ended at the handshake
+timeout) only once its client sends a short header to a connection ID the pod chose. So the loads
+are QUIC-shaped as a real client and pod are: every flow's socket first sends an Initial flight
+(built by aioquic) and the pod answers it (the echo pod echoes everything; the sink pod answers
+every long header it receives, the Initial and its retransmits, with that datagram). The answer's
+SCID is the client's own SCID ``S``, which the middle box reads as the pod's connection ID; the
+client, once it has read the answer, sends one short header to ``S`` (the flow is confirmed before
+any load), and every datagram a load sends on the flow after that is 1,200 bytes whose first octet
+is a short header's and whose DCID (bytes 1..1+len(S)) is ``S``, the rest random. The pods' own
+datagrams (the download) stay short-header-looking random bytes: the middle box reads no pod short
+header. The UDP sink pod counts datagrams and remembers the distinct source addresses.
 """
 
 from __future__ import annotations
@@ -18,6 +26,7 @@ import selectors
 import socket
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,12 +34,30 @@ from aioquic.quic.configuration import QuicConfiguration
 from aioquic.quic.connection import QuicConnection
 
 from bench import udp_peers
+from quic.packet import parse_long_header
 from router.udp.batching import segment_cmsg
 
 _STATE: dict[str, Any] = {}
 SOCKET_BUFFER_BYTES = 4 * 1024 * 1024
 ECHO_STALL_S = 0.05
 """A flow with no echo for this long is refilled to its window, as a sender's loss recovery would."""
+LONG_HEADER = 0x80
+"""RFC 9000 section 17: the first bit of a long header (an Initial); a short header has it clear."""
+SHORT_HEADER = 0x40
+"""A short header's first octet: the long-header bit clear, the fixed bit set."""
+
+
+@dataclass(eq=False)
+class UdpFlow:
+    """One load flow: its connected socket, the Initial flight that opened it, and ``cid``, the SCID
+    of that Initial: what the pod's answer teaches the middle box as the pod's connection ID, so the
+    DCID of every short header the flow sends."""
+
+    sock: socket.socket
+    flight: list[bytes]
+    cid: bytes
+    answered: bool = False
+    """The pod's answer came back and the flow sent its confirming short header."""
 
 
 def use_c_peers(binary: Path | None) -> None:
@@ -45,9 +72,24 @@ def _c_peers() -> Path | None:
     return binary
 
 
+def _flows() -> list[UdpFlow]:
+    """The open flows, in the order they were opened."""
+    flows: list[UdpFlow] = _STATE.get("flows", [])
+    return flows
+
+
 def _flow_sockets() -> list[socket.socket]:
     """The open flows' sockets, in the order they were opened."""
-    return [sock for sock, _flight in _STATE.get("flows", [])]
+    return [flow.sock for flow in _flows()]
+
+
+def short_header(size: int, cid: bytes) -> bytes:
+    """``size`` bytes as a client's 1-RTT packet to ``cid``: a short header's first octet, ``cid`` as
+    its DCID, random bytes after (what protected packet numbers and payload look like)."""
+    payload = bytearray(os.urandom(size))
+    payload[0] = SHORT_HEADER | (payload[0] & 0x3F)
+    payload[1 : 1 + len(cid)] = cid
+    return bytes(payload)
 
 
 def client_initials(server_name: str, count: int, alpn: str = "stargate-whoami") -> list[list[bytes]]:
@@ -67,6 +109,7 @@ def client_initials(server_name: str, count: int, alpn: str = "stargate-whoami")
 # ---------------------------------------------------------------------------------------
 def _sink_loop(sock: socket.socket, counts: list[int], sources: set[Any]) -> None:
     buf = bytearray(65536)
+    view = memoryview(buf)
     recv = sock.recvfrom_into
     add = sources.add
     while True:
@@ -77,6 +120,9 @@ def _sink_loop(sock: socket.socket, counts: list[int], sources: set[Any]) -> Non
         counts[0] += 1
         counts[1] += n
         add(addr)
+        if n and buf[0] & LONG_HEADER:  # an Initial (or its retransmit): answered, as a server answers it
+            with contextlib.suppress(OSError):
+                sock.sendto(view[:n], addr)
 
 
 def _echo_loop(sock: socket.socket, counts: list[int], sources: set[Any]) -> None:
@@ -98,8 +144,9 @@ def _echo_loop(sock: socket.socket, counts: list[int], sources: set[Any]) -> Non
 
 
 def start_udp_sink(host: str, echo: bool = False) -> int:
-    """A UDP pod that counts what it receives (and, ``echo``, sends each datagram back to its
-    source); ``udp_sink_stats()`` reads the counts."""
+    """A UDP pod that counts what it receives and answers each long header (a flow's Initial, or
+    its retransmit) with that datagram, as a server answers an Initial with its own, or, ``echo``,
+    sends every datagram back to its source; ``udp_sink_stats()`` reads the counts."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SOCKET_BUFFER_BYTES)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKET_BUFFER_BYTES)
@@ -160,11 +207,12 @@ def count_flow_datagrams(seconds: float) -> int:
     if (binary := _c_peers()) is not None:
         return udp_peers.count(binary, _flow_sockets(), seconds)
     selector = selectors.DefaultSelector()
+    buf = bytearray(65536)
     for sock in _flow_sockets():
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SOCKET_BUFFER_BYTES)
         sock.setblocking(False)
+        _drain(sock, buf)
         selector.register(sock, selectors.EVENT_READ)
-    buf = bytearray(65536)
     received = 0
     deadline = time.monotonic() + seconds
     try:
@@ -193,19 +241,32 @@ def udp_sink_forget_sources() -> None:
 
 
 # ---------------------------------------------------------------------------------------
-# Flows: open (one Initial each), blast, close
+# Flows: open (an Initial flight each), confirm (one short header to the answer's CID), load, close
 # ---------------------------------------------------------------------------------------
-def open_udp_flows(addr: tuple[str, int], count: int, flights: list[list[bytes]],
-                   batch: int = 20, pause_s: float = 0.01) -> int:
-    """Open ``count`` more flow sockets to ``addr``, each sending one client Initial flight
-    (``flights`` reused round-robin); returns the flows now open. Paced at ``batch`` flows per
-    ``pause_s``: a burst would overflow the middle box's socket buffer, as it would in life."""
-    flows: list[tuple[socket.socket, list[bytes]]] = _STATE.setdefault("flows", [])
-    for i in range(count):
+def _drain(sock: socket.socket, buf: bytearray) -> int:
+    """Read what waits on the non-blocking ``sock`` (answers to Initials, anything older: never part
+    of a load); the datagrams read."""
+    read = 0
+    while True:
+        try:
+            sock.recv_into(buf)
+        except BlockingIOError:
+            return read
+        except ConnectionRefusedError:  # an ICMP error queued on the socket: reported once
+            continue
+        read += 1
+
+
+def open_udp_flows(addr: tuple[str, int], flights: list[list[bytes]], batch: int = 20,
+                   pause_s: float = 0.01) -> int:
+    """Open one more flow socket to ``addr`` per flight, each sending its flight (a real client's
+    first Initial); returns the flows now open. Paced at ``batch`` flows per ``pause_s``: a burst
+    would overflow the middle box's socket buffer, as it would in life."""
+    flows: list[UdpFlow] = _STATE.setdefault("flows", [])
+    for i, flight in enumerate(flights):
         sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         sock.connect(addr)
-        flight = flights[len(flows) % len(flights)]
-        flows.append((sock, flight))
+        flows.append(UdpFlow(sock, flight, parse_long_header(flight[0]).scid))
         for datagram in flight:
             sock.send(datagram)
         if (i + 1) % batch == 0:
@@ -214,34 +275,55 @@ def open_udp_flows(addr: tuple[str, int], count: int, flights: list[list[bytes]]
 
 
 def resend_initials(first: int = 0, batch: int = 20, pause_s: float = 0.01) -> None:
-    """Send the Initial flight of every flow from ``first`` on again, in a new random order and
-    paced: lost Initials are retransmitted, as a real client does after its PTO."""
-    flows = _STATE.get("flows", [])[first:]
-    for i, (sock, flight) in enumerate(random.sample(flows, len(flows))):
-        for datagram in flight:
+    """Send the Initial flight of every flow from ``first`` on whose pod has not answered yet again,
+    in a new random order and paced: lost Initials (or answers) are retransmitted, as a real client
+    does after its PTO."""
+    flows = [flow for flow in _flows()[first:] if not flow.answered]
+    for i, flow in enumerate(random.sample(flows, len(flows))):
+        for datagram in flow.flight:
             try:
-                sock.send(datagram)
+                flow.sock.send(datagram)
             except OSError:
                 continue
         if (i + 1) % batch == 0:
             time.sleep(pause_s)
 
 
+def confirm_udp_flows(first: int = 0, size: int = 1200) -> int:
+    """Each flow from ``first`` on whose pod's answer has come back (read here, with anything else
+    waiting) sends one ``size``-byte short header to its ``cid``, as a client past its handshake
+    sends 1-RTT packets to the connection ID the server chose: the middle box confirms the flow.
+    Returns the flows from ``first`` on still waiting for their answer."""
+    buf = bytearray(65536)
+    waiting = 0
+    for flow in _flows()[first:]:
+        if flow.answered:
+            continue
+        flow.sock.setblocking(False)
+        try:
+            if _drain(flow.sock, buf):
+                with contextlib.suppress(OSError):  # lost like any datagram: the load's next ones confirm
+                    flow.sock.send(short_header(size, flow.cid))
+                flow.answered = True
+            else:
+                waiting += 1
+        finally:
+            flow.sock.setblocking(True)
+    return waiting
+
+
 def udp_blast(seconds: float, size: int, segments: int = 1) -> tuple[int, float]:
-    """Send ``size``-byte short-header-looking datagrams round-robin on every open flow for
-    ``seconds``, as fast as the socket calls go: one ``send`` each, or with ``segments`` > 1 that
+    """Send ``size``-byte short headers (each to its flow's ``cid``) round-robin on every open flow
+    for ``seconds``, as fast as the socket calls go: one ``send`` each, or with ``segments`` > 1 that
     many per ``sendmsg`` as one ``UDP_SEGMENT`` batch; returns (datagrams sent, elapsed seconds)."""
     if (binary := _c_peers()) is not None:
-        return udp_peers.blast(binary, _flow_sockets(), seconds, size, segments)
-    payload = bytearray(os.urandom(size))
-    payload[0] = 0x40 | (payload[0] & 0x3F)  # short header, fixed bit set
-    data = bytes(payload)
-    socks = _flow_sockets()
+        return udp_peers.blast(binary, [(f.sock, f.cid) for f in _flows()], seconds, size, segments)
+    flows = _flows()
     if segments > 1:
-        batch, gso = [data * segments], [segment_cmsg(size)]
-        sends = [functools.partial(sock.sendmsg, batch, gso) for sock in socks]
+        gso = [segment_cmsg(size)]
+        sends = [functools.partial(f.sock.sendmsg, [short_header(size, f.cid) * segments], gso) for f in flows]
     else:
-        sends = [functools.partial(sock.send, data) for sock in socks]
+        sends = [functools.partial(f.sock.send, short_header(size, f.cid)) for f in flows]
     sent = 0
     errors = 0
     clock = time.perf_counter
@@ -260,43 +342,41 @@ def udp_blast(seconds: float, size: int, segments: int = 1) -> tuple[int, float]
 
 
 def udp_echo_window(seconds: float, size: int, window: int, stall_s: float = ECHO_STALL_S) -> tuple[int, int, float]:
-    """A windowed echo on every open flow: ``window`` datagrams of ``size`` bytes in flight per
-    flow, one more sent for each echo received, for ``seconds``. A flow that got no echo for
-    ``stall_s`` (its window lost to a full buffer somewhere) is refilled to ``window``, as a
-    sender's loss recovery would. Returns (echoes received, refills, elapsed seconds)."""
+    """A windowed echo on every open flow: ``window`` short headers of ``size`` bytes (to the flow's
+    ``cid``) in flight per flow, one more sent for each echo received, for ``seconds``. A flow that
+    got no echo for ``stall_s`` (its window lost to a full buffer somewhere) is refilled to
+    ``window``, as a sender's loss recovery would. Returns (echoes received, refills, elapsed seconds)."""
     if (binary := _c_peers()) is not None:
-        return udp_peers.echo_window(binary, _flow_sockets(), seconds, size, window, stall_s)
-    payload = bytearray(os.urandom(size))
-    payload[0] = 0x40 | (payload[0] & 0x3F)  # short header, fixed bit set
-    data = bytes(payload)
-    socks = _flow_sockets()
+        return udp_peers.echo_window(binary, [(f.sock, f.cid) for f in _flows()], seconds, size, window, stall_s)
+    flows = _flows()
+    socks = [flow.sock for flow in flows]
+    datas = [short_header(size, flow.cid) for flow in flows]
     buf = bytearray(65536)
     selector = selectors.DefaultSelector()
     for i, sock in enumerate(socks):
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SOCKET_BUFFER_BYTES)
         sock.setblocking(False)
-        with contextlib.suppress(BlockingIOError):
-            while True:  # echoed Initials and anything older: not part of the window
-                sock.recv_into(buf)
+        _drain(sock, buf)  # answered Initials and anything older: not part of the window
         selector.register(sock, selectors.EVENT_READ, i)
     clock = time.perf_counter
     progress = [0.0] * len(socks)
 
-    def fill(sock: socket.socket, count: int) -> None:
+    def fill(i: int, count: int) -> None:
+        send, data = socks[i].send, datas[i]
         with contextlib.suppress(OSError):  # ENOBUFS / ECONNREFUSED: counted as lost
             for _ in range(count):
-                sock.send(data)
+                send(data)
 
     received = refills = 0
     started = clock()
     deadline = started + seconds
-    for i, sock in enumerate(socks):
-        fill(sock, window)
+    for i in range(len(socks)):
+        fill(i, window)
         progress[i] = started
     try:
         while (now := clock()) < deadline:
             for key, _events in selector.select(min(deadline - now, stall_s)):
-                sock = socks[key.data]
+                sock, data = socks[key.data], datas[key.data]
                 recv, send = sock.recv_into, sock.send
                 got = 0
                 with contextlib.suppress(BlockingIOError):
@@ -311,7 +391,7 @@ def udp_echo_window(seconds: float, size: int, window: int, stall_s: float = ECH
             for i, last in enumerate(progress):
                 if now - last > stall_s:
                     refills += 1
-                    fill(socks[i], window)
+                    fill(i, window)
                     progress[i] = now
     finally:
         elapsed = clock() - started

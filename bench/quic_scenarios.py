@@ -8,6 +8,7 @@ a session (an upstream socket) per client address, as the router has a flow per 
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from functools import partial
@@ -18,6 +19,7 @@ from bench.context import POD, POD_HOST, SNI, BenchContext, try_start
 from bench.procs import Agent, BenchError, Nginx, Router, call_all, cpu_exact, cpu_seconds
 from bench.quic_load import (
     client_initials,
+    confirm_udp_flows,
     count_flow_datagrams,
     open_udp_flows,
     quic_handshakes,
@@ -35,8 +37,10 @@ from bench.quic_load import (
 from bench.results import Row, Target, interleaved, median
 from quic.initial_sniffer import InitialSniffer
 from quic.packet import parse_long_header
+from router import constants as c
 from router.demo.pki import make_pki
 from router.extensions import choose
+from router.outcomes import Termination
 
 UDP_TARGETS = (Target("ratio_vs_peer", ">=", 1.0, ">=1.0x nginx"),)
 MANY_FLOW_TARGETS = (Target("ratio_vs_peer", ">=", 1.3, ">=1.3x nginx"),)
@@ -118,39 +122,59 @@ def quic_handshake(ctx: BenchContext) -> list[Row]:
     ]
 
 
-def establish_flows(blaster: Agent, sink: Agent, addr: tuple[str, int], count: int,
-                    flights: list[list[bytes]], batch: int = 500, timeout_s: float = 30.0) -> None:
-    """Open ``count`` flows to ``addr`` and wait until the sink saw each one's source address
-    (the router or nginx opened its upstream socket); lost Initials are re-sent."""
-    sources = sink.call(udp_sink_stats)[2]
-    base = blaster.call(open_udp_flows, addr, 0, flights)
-    opened = 0
-    while opened < count:
-        first = base + opened
-        opened = blaster.call(open_udp_flows, addr, min(batch, count - opened), flights) - base
+def establish_flows(clients: Agent, addr: tuple[str, int], flights: list[list[bytes]], batch: int = 500,
+                    timeout_s: float = 30.0) -> None:
+    """Open one flow to ``addr`` per flight (the client's Initial) and wait until each one's pod
+    answered and its client sent one short header to the connection ID the answer carried: through
+    the router, a confirmed flow (``router/udp/handshake_watch.py``), as a real client's is after its
+    handshake. Initials not answered are re-sent, as a client's PTO would."""
+    base = clients.call(open_udp_flows, addr, [])
+    for first in range(0, len(flights), batch):
+        clients.call(open_udp_flows, addr, flights[first : first + batch])
         deadline = time.monotonic() + timeout_s
         next_resend = time.monotonic() + 0.5
-        while sink.call(udp_sink_stats)[2] < sources + opened:
+        while waiting := clients.call(confirm_udp_flows, base + first, DATAGRAM_BYTES):
             now = time.monotonic()
             if now > deadline:
-                got = sink.call(udp_sink_stats)[2] - sources
-                raise BenchError(f"only {got} of {opened} UDP flows to {addr} reached the pod")
+                opened = len(flights[first : first + batch])
+                raise BenchError(f"{waiting} of {opened} UDP flows to {addr} had no answer from the pod")
             if now > next_resend:
-                blaster.call(resend_initials, first)
+                clients.call(resend_initials, base + first)
                 next_resend = now + 0.5
             time.sleep(0.01)
+
+
+def unconfirmed_endings(router: Router) -> int:
+    """The router's flows ended unconfirmed so far (``handshake_timeout`` and ``evicted``): a load
+    flow among them was never confirmed, so its datagrams took the slow path while it lived."""
+    ended = 0.0
+    for termination in (Termination.HANDSHAKE_TIMEOUT, Termination.EVICTED):
+        with contextlib.suppress(KeyError):  # no such flow yet: the series is not exported
+            ended += router.process.metric(f"{c.TERMINATIONS_TOTAL}_total", protocol="quic",
+                                           termination=termination.value)
+    return int(ended)
+
+
+def check_confirmed(router: Router, what: str) -> None:
+    """Fail ``what`` if the router ended any flow unconfirmed: its figures would be the slow path's.
+    What the counters can tell: a flow still unconfirmed ``--quic-handshake-timeout-ms`` (10 s) after
+    it opened, or evicted; a scenario shorter than that is held to its shape by
+    ``tests/bench/test_bench_udp_quic_shape.py`` instead (a router with a 300 ms timeout)."""
+    if ended := unconfirmed_endings(router):
+        raise BenchError(f"{what}: the router ended {ended} flows unconfirmed (handshake_timeout or evicted): "
+                         "the load's flows are not QUIC-shaped, their datagrams took the slow path")
 
 
 Endpoints = dict[str, tuple[tuple[str, int], int | None]]
 """Name -> (address the client flows send to, pid whose CPU is measured or None)."""
 
 
-def _udp_setup(ctx: BenchContext, echo: bool = False
-               ) -> tuple[Agent, Agent, Endpoints, list[list[bytes]], float, str]:
-    """The UDP pod (a counting sink that can also send, or ``echo`` every datagram back), the
-    client agent, the router / nginx / direct endpoints, the Initial flights that open flows,
-    the seconds per case, and which peers (C where a compiler is found, bench/udp_peers.c: the
-    Python ones cost more CPU than the middle box, on the same cores)."""
+def _udp_setup(ctx: BenchContext, echo: bool = False) -> tuple[Agent, Agent, Router, Endpoints, float, str]:
+    """The UDP pod (a counting sink that answers each Initial and can also send, or ``echo`` every
+    datagram back), the client agent, the router, the router / nginx / direct endpoints, the seconds
+    per case, and which peers (C where a compiler is found, bench/udp_peers.c: the Python ones cost
+    more CPU than the middle box, on the same cores). Each case opens its flows with Initials of
+    its own (``client_initials``): every connection has its own connection IDs, as in life."""
     peers = None if ctx.python_peers else udp_peers.build()
     which = udp_peers.describe(peers)
     ctx.log(f"udp loads: {which}")
@@ -163,20 +187,20 @@ def _udp_setup(ctx: BenchContext, echo: bool = False
         "router": (("127.0.0.1", router.udp_port), router.pid), "direct": ((POD_HOST, port), None)}
     if nginx is not None:
         endpoints["nginx"] = (("127.0.0.1", nginx.port), nginx.pid)
-    return sink, clients, endpoints, client_initials(SNI, 100), ctx.pick(0.5, 2.0), which
+    return sink, clients, router, endpoints, ctx.pick(0.5, 2.0), which
 
 
 def udp_relay(ctx: BenchContext) -> list[Row]:
     """Client -> pod: the clients send one datagram per call (as aioquic does), and at 100 flows
     also GSO batches of ``GSO_SEGMENTS`` (the router's listener has GRO on with the C splice)."""
-    sink, blaster, endpoints, flights, seconds, peers = _udp_setup(ctx)
+    sink, blaster, router, endpoints, seconds, peers = _udp_setup(ctx)
     rows = []
     for flows, segments in ((1, 1), (100, 1), (100, GSO_SEGMENTS)):
         name = f"udp_relay_{'gso_' if segments > 1 else ''}{flows}flow"
         shape = f", GSO batches of {segments}" if segments > 1 else ""
         ctx.log(f"udp relay: {flows} flow(s), {DATAGRAM_BYTES} B datagrams{shape}, {seconds}s per case")
         results = interleaved(ctx.rounds, {
-            n: _udp_case(ctx, blaster, sink, addr, pid, flows, flights, seconds, segments)
+            n: _udp_case(blaster, sink, addr, pid, flows, seconds, segments)
             for n, (addr, pid) in endpoints.items()})
 
         def med(name: str, i: int, results: dict[str, list[Any]] = results) -> float | None:
@@ -193,6 +217,7 @@ def udp_relay(ctx: BenchContext) -> list[Row]:
             Row(f"{name}_cpu", f"middle-box CPU per delivered datagram, {flows} flow(s){shape}",
                 "CPU us/pkt", med("router", 1), "nginx", med("nginx", 1), None, higher_is_better=False),
         ]
+    check_confirmed(router, "udp_relay")
     return rows
 
 
@@ -200,11 +225,10 @@ def _mb(pps: float | None) -> float | None:
     return pps * DATAGRAM_BYTES / 1e6 if pps is not None else None
 
 
-def _udp_case(ctx: BenchContext, blaster: Agent, sink: Agent, addr: tuple[str, int], pid: int | None,
-              flows: int, flights: list[list[bytes]], seconds: float, segments: int = 1
-              ) -> Callable[[], tuple[float, float | None, float]]:
+def _udp_case(blaster: Agent, sink: Agent, addr: tuple[str, int], pid: int | None, flows: int, seconds: float,
+              segments: int = 1) -> Callable[[], tuple[float, float | None, float]]:
     def case() -> tuple[float, float | None, float]:
-        establish_flows(blaster, sink, addr, flows, flights)
+        establish_flows(blaster, addr, client_initials(SNI, flows))
         time.sleep(0.1)
         before = sink.call(udp_sink_stats)[0]
         cpu_before = cpu_seconds(pid) if pid is not None else 0.0
@@ -222,14 +246,14 @@ def udp_download(ctx: BenchContext) -> list[Row]:
     """Pod -> client: the pod sends one datagram per call (as aioquic does), and at 100 flows also
     GSO batches of ``GSO_SEGMENTS`` (as quinn does; the router's GRO pod socket takes each as
     one read, nginx's reads them one by one)."""
-    sink, clients, endpoints, flights, seconds, peers = _udp_setup(ctx)
+    sink, clients, router, endpoints, seconds, peers = _udp_setup(ctx)
     rows = []
     for flows, segments in ((1, 1), (100, 1), (100, GSO_SEGMENTS)):
         name = f"udp_download_{'gso_' if segments > 1 else ''}{flows}flow"
         shape = f", GSO batches of {segments}" if segments > 1 else ""
         ctx.log(f"udp download: {flows} flow(s), {DATAGRAM_BYTES} B datagrams{shape}, {seconds}s per case")
         results = interleaved(ctx.rounds, {
-            n: _download_case(sink, clients, addr, pid, flows, flights, seconds, segments)
+            n: _download_case(sink, clients, addr, pid, flows, seconds, segments)
             for n, (addr, pid) in endpoints.items()})
 
         def med(name: str, i: int, results: dict[str, list[Any]] = results) -> float | None:
@@ -243,15 +267,15 @@ def udp_download(ctx: BenchContext) -> list[Row]:
             Row(f"{name}_cpu", f"middle-box CPU per delivered pod datagram, {flows} flow(s){shape}",
                 "CPU us/pkt", med("router", 1), "nginx", med("nginx", 1), None, higher_is_better=False),
         ]
+    check_confirmed(router, "udp_download")
     return rows
 
 
 def _download_case(sink: Agent, clients: Agent, addr: tuple[str, int], pid: int | None, flows: int,
-                   flights: list[list[bytes]], seconds: float, segments: int = 1
-                   ) -> Callable[[], tuple[float, float | None, float]]:
+                   seconds: float, segments: int = 1) -> Callable[[], tuple[float, float | None, float]]:
     def case() -> tuple[float, float | None, float]:
         sink.call(udp_sink_forget_sources)  # the pod sends only to this case's flows
-        establish_flows(clients, sink, addr, flows, flights)
+        establish_flows(clients, addr, client_initials(SNI, flows))  # each flow's one short header confirms it
         time.sleep(0.1)
         cpu_before = cpu_seconds(pid) if pid is not None else 0.0
         clients.submit(count_flow_datagrams, seconds + 0.3)
@@ -267,12 +291,12 @@ def _download_case(sink: Agent, clients: Agent, addr: tuple[str, int], pid: int 
 def udp_echo(ctx: BenchContext) -> list[Row]:
     """QUIC-shaped traffic both ways: each flow keeps ``ECHO_WINDOW`` datagrams in flight to an
     echoing pod and sends one more per echo, like a sender clocked by its acknowledgements."""
-    pod, clients, endpoints, flights, seconds, peers = _udp_setup(ctx, echo=True)
+    pod, clients, router, endpoints, seconds, peers = _udp_setup(ctx, echo=True)
     rows = []
     for flows in (1, 100):
         ctx.log(f"udp echo: {flows} flow(s) x {ECHO_WINDOW} in flight, {DATAGRAM_BYTES} B, {seconds}s per case")
         results = interleaved(ctx.rounds, {
-            n: _echo_case(pod, clients, addr, pid, flows, flights, seconds)
+            n: _echo_case(pod, clients, addr, pid, flows, seconds)
             for n, (addr, pid) in endpoints.items()})
 
         def med(name: str, i: int, results: dict[str, list[Any]] = results) -> float | None:
@@ -288,14 +312,15 @@ def udp_echo(ctx: BenchContext) -> list[Row]:
             Row(f"udp_echo_{flows}flow_cpu", f"middle-box CPU per relayed datagram (either way), {flows} flow(s)",
                 "CPU us/pkt", med("router", 1), "nginx", med("nginx", 1), None, higher_is_better=False),
         ]
+    check_confirmed(router, "udp_echo")
     return rows
 
 
 def _echo_case(pod: Agent, clients: Agent, addr: tuple[str, int], pid: int | None, flows: int,
-               flights: list[list[bytes]], seconds: float) -> Callable[[], tuple[float, float | None, int]]:
+               seconds: float) -> Callable[[], tuple[float, float | None, int]]:
     def case() -> tuple[float, float | None, int]:
         pod.call(udp_sink_forget_sources)
-        establish_flows(clients, pod, addr, flows, flights)
+        establish_flows(clients, addr, client_initials(SNI, flows))
         time.sleep(0.1)
         cpu_before = cpu_seconds(pid) if pid is not None else 0.0
         echoes, refills, elapsed = clients.call(udp_echo_window, seconds, DATAGRAM_BYTES, ECHO_WINDOW)
@@ -312,7 +337,7 @@ def udp_demux(ctx: BenchContext) -> list[Row]:
     DCID of each datagram, against the same connections each from its own address (one flow per
     address: no look at the DCID). Both blasts come from the Python client (``demux_load``), at the
     same offered rate, to the echoing pod: the figure is the router's CPU per datagram."""
-    pod, clients, endpoints, _flights, seconds, peers = _udp_setup(ctx, echo=True)
+    pod, clients, router, endpoints, seconds, peers = _udp_setup(ctx, echo=True)
     addr, pid = endpoints["router"]
     ctx.log(f"udp demux: {DEMUX_CONNECTIONS} connections on one address vs one address each, {seconds}s per case")
     results = interleaved(ctx.rounds, {
@@ -322,6 +347,7 @@ def udp_demux(ctx: BenchContext) -> list[Row]:
     def med(name: str, i: int) -> float | None:
         return median([r[i] for r in results.get(name, []) if r[i] is not None])
 
+    check_confirmed(router, "udp_demux")
     note = (f"Python client, {DATAGRAM_BYTES} B short headers offered at ~{med('one_address', 2) or 0:,.0f} pkt/s, "
             f"echoed by the pod ({peers})")
     return [
@@ -347,6 +373,8 @@ def _demux_case(pod: Agent, clients: Agent, addr: tuple[str, int], pid: int | No
             clients.call(demux_load.resend_initials, flights)
             time.sleep(0.2)
         time.sleep(0.2)  # the echoed Initials teach the router each connection's CID
+        clients.call(demux_load.confirm, DATAGRAM_BYTES)  # one short header each to it: confirmed
+        time.sleep(0.05)
         before = pod.call(udp_sink_stats)[0]
         cpu_before = cpu_seconds(pid) if pid is not None else 0.0
         sent, elapsed = clients.call(demux_load.blast, seconds, DATAGRAM_BYTES)

@@ -6,14 +6,21 @@
  * load's shape says about sends is kept: the relay's clients and the download's pod send one
  * datagram per call as aioquic does, or SEGMENTS per call as one UDP_SEGMENT (GSO) batch as
  * quinn does; the echo answers each batch it reads with one sendmmsg.
+ * The traffic is QUIC-shaped as the router needs to confirm a flow (router/udp/handshake_watch.py):
+ * the pod answers every long header it receives (a flow's Initial, sent by Python before these
+ * run) with that datagram, as a server answers an Initial, and each client flow comes with its
+ * connection ID (FD:HEX), the DCID of every short header the client sends on it.
  * Built by bench/udp_peers.py with the machine's C compiler; without one the bench uses the
  * Python peers and says so.
  *
  *     udp_peers pod FD ECHO       stdin: "stats" -> "DATAGRAMS BYTES SOURCES"; "forget" -> "ok";
  *                                 "blast SECONDS SIZE SEGMENTS" -> "SENT ELAPSED" (to every source in turn)
- *     udp_peers echo SECONDS SIZE WINDOW STALL_MS FD...   -> "ECHOES REFILLS ELAPSED"
- *     udp_peers count SECONDS FD...                       -> "RECEIVED"
- *     udp_peers blast SECONDS SIZE SEGMENTS FD...         -> "SENT ELAPSED"
+ *     udp_peers echo SECONDS SIZE WINDOW STALL_MS FD[:CID]...   -> "ECHOES REFILLS ELAPSED"
+ *     udp_peers count SECONDS FD[:CID]...                       -> "RECEIVED"
+ *     udp_peers blast SECONDS SIZE SEGMENTS FD[:CID]...         -> "SENT ELAPSED"
+ *
+ * CID: the flow's connection ID in hex (up to 20 octets, RFC 9000), the DCID at bytes 1.. of the
+ * short headers sent on FD; none: random bytes there.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -36,6 +43,8 @@
 #define SOCKET_BYTES (4 << 20) /* bench/quic_load.py's SOCKET_BUFFER_BYTES */
 #define CHECK_EVERY  256       /* datagrams sent between two looks at the clock */
 #define MAX_SEGMENTS 64        /* the kernel's UDP_MAX_SEGMENTS */
+#define MAX_CID      20        /* RFC 9000 section 17.2: a connection ID has at most 20 octets */
+#define LONG_HEADER  0x80      /* the first bit of a long header (an Initial); clear in a short header */
 #ifndef UDP_SEGMENT
 #define UDP_SEGMENT 103
 #endif
@@ -75,9 +84,16 @@ read_batch(int fd, struct sockaddr_in6 *names)
     return recvmmsg(fd, msgs, BATCH, MSG_DONTWAIT, NULL);
 }
 
-/* A short-header-looking payload of `size` bytes (fixed bit set), or NULL if too long. */
+/* A flow's connection ID: the DCID of the short headers its client sends. */
+typedef struct {
+    unsigned char bytes[MAX_CID];
+    size_t len;
+} Cid;
+
+/* A short header of `size` bytes (fixed bit set) to `cid` (NULL: random bytes there), the rest
+ * random, or NULL if too long. */
 static char *
-payload(size_t size)
+payload(size_t size, const Cid *cid)
 {
     char *data = size <= BUFFER ? malloc(size) : NULL;
     if (!data)
@@ -85,6 +101,8 @@ payload(size_t size)
     for (size_t i = 0; i < size; i++)
         data[i] = (char)rand();
     data[0] = (char)(0x40 | (data[0] & 0x3f));
+    if (cid && cid->len < size)
+        memcpy(data + 1, cid->bytes, cid->len);
     return data;
 }
 
@@ -98,9 +116,9 @@ typedef struct {
 } Sender;
 
 static int
-sender_init(Sender *s, size_t size, int segments)
+sender_init(Sender *s, size_t size, int segments, const Cid *cid)
 {
-    char *one = payload(size);
+    char *one = payload(size, cid);
     if (!one || segments < 1 || segments > MAX_SEGMENTS)
         return -1;
     s->data = malloc(size * (size_t)segments);
@@ -170,7 +188,7 @@ pod_blast(int fd, double seconds, size_t size, int segments)
             targets[n++] = k;
     long sent = 0, calls = 0;
     double started = now_s(), deadline = started + seconds;
-    int ok = sender_init(&s, size, segments) == 0;
+    int ok = sender_init(&s, size, segments, NULL) == 0; /* no middle box reads a pod's short header */
     while (ok && n && now_s() < deadline) {
         for (int c = 0; c < CHECK_EVERY; c += segments, calls++) {
             int k = targets[calls % n];
@@ -216,14 +234,18 @@ pod(int fd, int echo)
         int n;
         do {
             n = read_batch(fd, names);
+            int answers = 0;
             for (int i = 0; i < n; i++) {
                 datagrams++;
                 bytes += msgs[i].msg_len;
                 remember(&names[i], msgs[i].msg_hdr.msg_namelen);
                 iov[i].iov_len = msgs[i].msg_len;
+                if (!echo && msgs[i].msg_len && (buffers[i][0] & LONG_HEADER))
+                    msgs[answers++] = msgs[i]; /* an Initial: answered with itself (its iov stays put) */
             }
-            for (int sent = 0; echo && sent < n;) { /* a full send buffer loses the rest, as UDP loses */
-                int k = sendmmsg(fd, msgs + sent, (unsigned)(n - sent), MSG_DONTWAIT);
+            int out = echo ? n : answers;
+            for (int sent = 0; sent < out;) { /* a full send buffer loses the rest, as UDP loses */
+                int k = sendmmsg(fd, msgs + sent, (unsigned)(out - sent), MSG_DONTWAIT);
                 sent += k > 0 ? k : 1;
             }
         } while (n == BATCH);
@@ -262,17 +284,18 @@ flow_set(int *fds, int flows)
 }
 
 static int
-echo(double seconds, size_t size, int window, double stall_s, int *fds, int flows)
+echo(double seconds, size_t size, int window, double stall_s, int *fds, const Cid *cids, int flows)
 {
     static double progress[MAX_FLOWS];
-    char *data = payload(size);
-    if (!data)
-        return 1;
+    static char *data[MAX_FLOWS]; /* each flow's short header, to its connection ID */
+    for (int i = 0; i < flows; i++)
+        if (!(data[i] = payload(size, &cids[i])))
+            return 1;
     int ep = flow_set(fds, flows);
     long received = 0, refills = 0;
     double started = now_s(), deadline = started + seconds, now;
     for (int i = 0; i < flows; i++) {
-        send_copies(fds[i], data, size, window);
+        send_copies(fds[i], data[i], size, window);
         progress[i] = started;
     }
     struct epoll_event events[BATCH];
@@ -285,7 +308,7 @@ echo(double seconds, size_t size, int window, double stall_s, int *fds, int flow
                 n = read_batch(fds[i], NULL);
                 if (n > 0) {
                     got += n;
-                    send_copies(fds[i], data, size, n);
+                    send_copies(fds[i], data[i], size, n);
                 }
             } while (n == BATCH);
             received += got;
@@ -296,7 +319,7 @@ echo(double seconds, size_t size, int window, double stall_s, int *fds, int flow
         for (int i = 0; i < flows; i++) {
             if (now - progress[i] > stall_s) {
                 refills++;
-                send_copies(fds[i], data, size, window);
+                send_copies(fds[i], data[i], size, window);
                 progress[i] = now;
             }
         }
@@ -327,24 +350,56 @@ count(double seconds, int *fds, int flows)
 }
 
 static int
-blast(double seconds, size_t size, int segments, int *fds, int flows)
+blast(double seconds, size_t size, int segments, int *fds, const Cid *cids, int flows)
 {
-    Sender s;
-    if (sender_init(&s, size, segments) != 0)
-        return 1;
+    static Sender s[MAX_FLOWS]; /* each flow's batch of short headers, to its connection ID */
+    for (int i = 0; i < flows; i++)
+        if (sender_init(&s[i], size, segments, &cids[i]) != 0)
+            return 1;
     long sent = 0, calls = 0;
     double started = now_s(), deadline = started + seconds;
     while (now_s() < deadline) {
-        for (int c = 0; c < CHECK_EVERY; c += segments, calls++)
-            sent += sender_send(&s, fds[calls % flows], NULL, 0);
+        for (int c = 0; c < CHECK_EVERY; c += segments, calls++) {
+            int i = (int)(calls % flows);
+            sent += sender_send(&s[i], fds[i], NULL, 0);
+        }
     }
     printf("%ld %.6f\n", sent, now_s() - started);
     return 0;
 }
 
+/* "FD" or "FD:HEX" into `fd` and `cid`; 0 when malformed. */
+static int
+parse_flow(const char *arg, int *fd, Cid *cid)
+{
+    char *end;
+    long value = strtol(arg, &end, 10);
+    if (end == arg || value < 0)
+        return 0;
+    *fd = (int)value;
+    cid->len = 0;
+    if (*end == '\0')
+        return 1;
+    if (*end != ':')
+        return 0;
+    const char *hex = end + 1;
+    size_t digits = strlen(hex);
+    if (digits % 2 || digits / 2 > MAX_CID)
+        return 0;
+    for (size_t i = 0; i < digits / 2; i++) {
+        unsigned octet;
+        if (sscanf(hex + 2 * i, "%2x", &octet) != 1)
+            return 0;
+        cid->bytes[i] = (unsigned char)octet;
+    }
+    cid->len = digits / 2;
+    return 1;
+}
+
 int
 main(int argc, char **argv)
 {
+    static Cid cids[MAX_FLOWS];
     int fds[MAX_FLOWS], first = 0;
     const char *mode = argc > 1 ? argv[1] : "";
     if (strcmp(mode, "pod") == 0 && argc == 4)
@@ -356,16 +411,21 @@ main(int argc, char **argv)
     else if (strcmp(mode, "blast") == 0)
         first = 5;
     if (first && argc > first && argc - first <= MAX_FLOWS) {
-        int flows = argc - first;
+        int flows = argc - first, ok = 1;
         for (int i = 0; i < flows; i++)
-            fds[i] = atoi(argv[first + i]);
+            ok &= parse_flow(argv[first + i], &fds[i], &cids[i]);
+        if (!ok) {
+            fprintf(stderr, "udp_peers: a flow is FD or FD:HEX (a connection ID of up to %d octets)\n", MAX_CID);
+            return 2;
+        }
         if (mode[0] == 'e')
-            return echo(atof(argv[2]), (size_t)atol(argv[3]), atoi(argv[4]), atof(argv[5]) / 1000.0, fds, flows);
+            return echo(atof(argv[2]), (size_t)atol(argv[3]), atoi(argv[4]), atof(argv[5]) / 1000.0, fds, cids,
+                        flows);
         if (mode[0] == 'c')
             return count(atof(argv[2]), fds, flows);
-        return blast(atof(argv[2]), (size_t)atol(argv[3]), atoi(argv[4]), fds, flows);
+        return blast(atof(argv[2]), (size_t)atol(argv[3]), atoi(argv[4]), fds, cids, flows);
     }
-    fprintf(stderr, "usage: udp_peers pod FD ECHO | echo SECONDS SIZE WINDOW STALL_MS FD... | "
-                    "count SECONDS FD... | blast SECONDS SIZE SEGMENTS FD...\n");
+    fprintf(stderr, "usage: udp_peers pod FD ECHO | echo SECONDS SIZE WINDOW STALL_MS FD[:CID]... | "
+                    "count SECONDS FD[:CID]... | blast SECONDS SIZE SEGMENTS FD[:CID]...\n");
     return 2;
 }

@@ -7,6 +7,10 @@ stack that batches does, and keep each load's send pattern (one datagram per cal
 and the download as aioquic does, or a GSO batch as quinn does; a batch per batch read for the
 echo). Without a compiler the loads run on the
 Python peers and their rows say so.
+
+A flow's clients are QUIC-shaped as in ``bench.quic_load``: each flow's socket is handed over with
+its connection ID (``FD:HEX``), the DCID of every short header the client sends on it; the pod
+answers each long header (a flow's Initial) as a server would, so the middle box learns it.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import shutil
 import socket
 import subprocess
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
 SOURCE = Path(__file__).with_name("udp_peers.c")
@@ -45,9 +50,14 @@ def describe(binary: Path | None) -> str:
     return "C peers (bench/udp_peers.c)" if binary is not None else "Python peers"
 
 
+Flows = Sequence[tuple[socket.socket, bytes]]
+"""Connected flow sockets, each with its connection ID (the DCID of the short headers sent on it)."""
+
+
 class NativePod:
-    """The pod on ``sock`` (which it inherits): counts what it receives and, ``echo``, sends each
-    datagram back to its source; answers ``stats``, ``forget`` and ``blast`` on stdin."""
+    """The pod on ``sock`` (which it inherits): counts what it receives and answers each long header
+    with it (a flow's Initial, as a server answers one) or, ``echo``, sends every datagram back to
+    its source; answers ``stats``, ``forget`` and ``blast`` on stdin."""
 
     def __init__(self, binary: Path, sock: socket.socket, echo: bool) -> None:
         fd = sock.fileno()
@@ -82,29 +92,30 @@ class NativePod:
         self._proc.wait(timeout=SPARE_S)
 
 
-def _run(binary: Path, mode: str, seconds: float, args: list[str], socks: list[socket.socket]) -> list[str]:
-    fds = [sock.fileno() for sock in socks]
-    done = subprocess.run([str(binary), mode, f"{seconds}", *args, *map(str, fds)], pass_fds=fds,
+def _run(binary: Path, mode: str, seconds: float, args: list[str], flows: Flows) -> list[str]:
+    fds = [sock.fileno() for sock, _cid in flows]
+    named = [f"{sock.fileno()}:{cid.hex()}" if cid else str(sock.fileno()) for sock, cid in flows]
+    done = subprocess.run([str(binary), mode, f"{seconds}", *args, *named], pass_fds=fds,
                           capture_output=True, text=True, check=True, timeout=seconds + SPARE_S)
     return done.stdout.split()
 
 
-def echo_window(binary: Path, socks: list[socket.socket], seconds: float, size: int, window: int,
+def echo_window(binary: Path, flows: Flows, seconds: float, size: int, window: int,
                 stall_s: float) -> tuple[int, int, float]:
-    """The windowed echo on ``socks`` (connected flow sockets): (echoes, refills, elapsed), as
-    ``quic_load.udp_echo_window``."""
-    echoes, refills, elapsed = _run(binary, "echo", seconds, [str(size), str(window), f"{stall_s * 1000}"], socks)
+    """The windowed echo on ``flows`` (connected sockets, each with its connection ID): (echoes,
+    refills, elapsed), as ``quic_load.udp_echo_window``."""
+    echoes, refills, elapsed = _run(binary, "echo", seconds, [str(size), str(window), f"{stall_s * 1000}"], flows)
     return int(echoes), int(refills), float(elapsed)
 
 
-def count(binary: Path, socks: list[socket.socket], seconds: float) -> int:
-    """Datagrams ``socks`` receive within ``seconds``, as ``quic_load.count_flow_datagrams``."""
-    return int(_run(binary, "count", seconds, [], socks)[0])
+def count(binary: Path, socks: Sequence[socket.socket], seconds: float) -> int:
+    """Datagrams ``socks`` receive within ``seconds``, as ``quic_load.count_flow_datagrams`` (they
+    send nothing: no connection ID needed)."""
+    return int(_run(binary, "count", seconds, [], [(sock, b"") for sock in socks])[0])
 
 
-def blast(binary: Path, socks: list[socket.socket], seconds: float, size: int, segments: int = 1
-          ) -> tuple[int, float]:
-    """``segments`` datagrams per send (more than one: a GSO batch) on each of ``socks`` in turn
-    for ``seconds``: (sent, elapsed), as ``quic_load.udp_blast``."""
-    sent, elapsed = _run(binary, "blast", seconds, [str(size), str(segments)], socks)
+def blast(binary: Path, flows: Flows, seconds: float, size: int, segments: int = 1) -> tuple[int, float]:
+    """``segments`` short headers per send (more than one: a GSO batch) on each of ``flows`` in turn,
+    each to its connection ID, for ``seconds``: (sent, elapsed), as ``quic_load.udp_blast``."""
+    sent, elapsed = _run(binary, "blast", seconds, [str(size), str(segments)], flows)
     return int(sent), float(elapsed)

@@ -64,15 +64,15 @@ Load = Callable[[Agent, Agent, float], tuple[int, int, float, int]]
 """Runs one shape's load for some seconds: (units, datagrams relayed, elapsed, refills)."""
 
 
-def _measured(load: Load, pod: Agent, clients: Agent, box: Box, flows: int, flights: list[list[bytes]],
-              seconds: float) -> Figures:
-    """Open ``flows`` through ``box``, run ``load`` and read around it: units per second, the box's
+def _measured(load: Load, pod: Agent, clients: Agent, box: Box, flows: int, seconds: float) -> Figures:
+    """Open ``flows`` through ``box`` (each with an Initial of its own, confirmed as the bench's
+    loads are: ``quic_scenarios.establish_flows``), run ``load`` and read around it: units per second, the box's
     user and system CPU microseconds per relayed datagram, the datagrams relayed, the pod's and
     the clients' CPU microseconds per unit, the windows refilled after losses, and the datagrams
     dropped at the box's sockets and at the pod's (full receive buffers)."""
     addr, pid = box
     pod.call(udp_sink_forget_sources)  # the pod sends only to this case's flows
-    establish_flows(clients, pod, addr, flows, flights)
+    establish_flows(clients, addr, client_initials(SNI, flows))
     time.sleep(0.1)
     user0, sys0 = cpu_split(pid)
     peers0 = sum(sum(cpu_split(peer.pid)) for peer in (pod, clients))
@@ -170,17 +170,15 @@ def main(argv: list[str] | None = None) -> int:
         port = pod.call(start_udp_sink, POD_HOST, args.shape == "echo")
         router = Router(workdir, [(POD, POD_HOST, 1, port)])
         stack.callback(router.close)
-        flights = client_initials(SNI, args.flows)
         boxes: dict[str, Box] = {"router": (("127.0.0.1", router.udp_port), router.pid)}
         shape = SHAPES[args.shape]
 
-        def run(pod: Agent, clients: Agent, box: Box, flows: int, flights: list[list[bytes]],
-                seconds: float) -> Figures:
-            return _measured(shape, pod, clients, box, flows, flights, seconds)
+        def run(pod: Agent, clients: Agent, box: Box, flows: int, seconds: float) -> Figures:
+            return _measured(shape, pod, clients, box, flows, seconds)
 
         if args.strace:
-            run(pod, clients, boxes["router"], args.flows, flights, 1.0)  # warm up
-            _strace(router.pid, lambda: run(pod, clients, boxes["router"], args.flows, flights, args.seconds))
+            run(pod, clients, boxes["router"], args.flows, 1.0)  # warm up
+            _strace(router.pid, lambda: run(pod, clients, boxes["router"], args.flows, args.seconds))
             return 0
         nginx = Nginx(workdir, POD_HOST, port)
         stack.callback(nginx.close)
@@ -192,8 +190,7 @@ def main(argv: list[str] | None = None) -> int:
         names = list(boxes)
         for r in range(args.rounds):
             for name in names[r % len(names):] + names[: r % len(names)]:
-                results.setdefault(name, []).append(run(pod, clients, boxes[name], args.flows, flights,
-                                                        args.seconds))
+                results.setdefault(name, []).append(run(pod, clients, boxes[name], args.flows, args.seconds))
     echo = args.shape == "echo"
     shape = f"x {ECHO_WINDOW} in flight" if echo else f"({args.shape})"
     unit = "echoes/s" if echo else "datagrams/s"

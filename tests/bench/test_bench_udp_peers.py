@@ -1,10 +1,12 @@
 """``bench/udp_peers.c``: the UDP loads' C clients and pod, run against each other on loopback
-(the bench runs them through the router and nginx)."""
+(the bench runs them through the router and nginx); what they send is QUIC-shaped as
+``tests/bench/test_bench_udp_quic_shape.py`` checks."""
 
 from __future__ import annotations
 
 import contextlib
 import socket
+import subprocess
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -17,6 +19,8 @@ from tests.support.polling import eventually_blocking
 from tests.support.quic_flood_harness import kernel_queued
 
 POD_HOST = "127.0.0.2"
+INITIAL = b"\xc0initial"
+"""A flow's first datagram: a long header, which every pod answers with itself."""
 
 
 def counting_client_runs() -> bool:
@@ -59,20 +63,20 @@ def sink_pod(binary: Path) -> Iterator[tuple[NativePod, int]]:
 
 
 @pytest.fixture
-def flows(request: pytest.FixtureRequest) -> Iterator[list[socket.socket]]:
-    """Three flow sockets to the pod fixture named by the parameter ("echo" or "sink")."""
+def flows(request: pytest.FixtureRequest) -> Iterator[list[tuple[socket.socket, bytes]]]:
+    """Three flow sockets to the pod fixture named by the parameter ("echo" or "sink"), each with
+    a connection ID of its own."""
     _native, port = request.getfixturevalue(f"{request.param}_pod")
     socks = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(3)]
     for sock in socks:
         sock.connect((POD_HOST, port))
-        sock.send(b"\xc0initial")  # a flow's first datagram: echoed or not, not part of any load
-    if request.param == "echo":  # its echo read now, so no load counts it as one of its own
-        for sock in socks:
-            sock.settimeout(5)
-            sock.recv(2048)
-            sock.settimeout(None)
+        sock.send(INITIAL)  # a flow's first datagram, answered by either pod: not part of any load
+    for sock in socks:  # its answer read now, so no load counts it as one of its own
+        sock.settimeout(5)
+        assert sock.recv(2048) == INITIAL
+        sock.settimeout(None)
     try:
-        yield socks
+        yield [(sock, bytes([i + 1]) * 8) for i, sock in enumerate(socks)]
     finally:
         for sock in socks:
             sock.close()
@@ -80,7 +84,7 @@ def flows(request: pytest.FixtureRequest) -> Iterator[list[socket.socket]]:
 
 @pytest.mark.parametrize("flows", ["echo"], indirect=True)
 def test_the_c_client_keeps_its_window_in_flight_through_the_c_pod(
-        binary: Path, echo_pod: tuple[NativePod, int], flows: list[socket.socket]) -> None:
+        binary: Path, echo_pod: tuple[NativePod, int], flows: list[tuple[socket.socket, bytes]]) -> None:
     echoes, refills, elapsed = udp_peers.echo_window(binary, flows, 0.3, 1200, 8, 0.05)
     datagrams, size, sources = echo_pod[0].stats()
     assert 0.3 <= elapsed < 5
@@ -92,28 +96,47 @@ def test_the_c_client_keeps_its_window_in_flight_through_the_c_pod(
 @pytest.mark.parametrize("segments", [1, 10])
 @pytest.mark.parametrize("flows", ["sink"], indirect=True)
 def test_the_c_clients_blast_reaches_the_c_pod_on_every_flow(
-        binary: Path, sink_pod: tuple[NativePod, int], flows: list[socket.socket], segments: int) -> None:
+        binary: Path, sink_pod: tuple[NativePod, int], flows: list[tuple[socket.socket, bytes]], segments: int) -> None:
     sent, elapsed = udp_peers.blast(binary, flows, 0.2, 1200, segments)
     assert 0.2 <= elapsed < 5 and sent > 0 and sent % segments == 0
     eventually_blocking(lambda: kernel_queued({(POD_HOST, sink_pod[1])}) == 0, what="what is queued at the pod read")
     datagrams, size, sources = sink_pod[0].stats()
     assert sources == 3
-    assert 0 < datagrams - 3 <= sent and size - 3 * len(b"\xc0initial") == 1200 * (datagrams - 3)
+    assert 0 < datagrams - 3 <= sent and size - 3 * len(INITIAL) == 1200 * (datagrams - 3)
 
 
 @pytest.mark.parametrize("segments", [1, 10])
 @pytest.mark.parametrize("flows", ["sink"], indirect=True)
 def test_the_c_pods_blast_is_counted_by_the_c_clients(
-        binary: Path, sink_pod: tuple[NativePod, int], flows: list[socket.socket], segments: int) -> None:
+        binary: Path, sink_pod: tuple[NativePod, int], flows: list[tuple[socket.socket, bytes]], segments: int) -> None:
     native, _port = sink_pod
     eventually_blocking(lambda: native.stats()[2] >= 3, interval_s=0.01, what="the pod to know its three sources")
     with ThreadPoolExecutor(1) as pool:  # the clients count while the pod sends, as in the bench
-        counted = pool.submit(udp_peers.count, binary, flows, 0.6)
+        counted = pool.submit(udp_peers.count, binary, [sock for sock, _cid in flows], 0.6)
         eventually_blocking(counting_client_runs, interval_s=0.005, what="the C clients' count to start")
         sent, elapsed = native.blast(0.2, 1200, segments)
         received = counted.result()
     assert 0.2 <= elapsed < 5 and sent > 0 and sent % segments == 0
     assert 0 < received <= sent  # each segment arrives as a datagram of its own
+
+
+def test_the_c_sink_answers_each_long_header_and_no_short_one(sink_pod: tuple[NativePod, int]) -> None:
+    native, port = sink_pod
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.connect((POD_HOST, port))
+        sock.settimeout(5)
+        sent = (INITIAL, b"\x40short", b"\xc0again")  # in order: an answer to the short one would come second
+        for datagram in sent:
+            sock.send(datagram)
+        assert sock.recv(100) == INITIAL
+        assert sock.recv(100) == b"\xc0again"
+        assert native.stats() == (3, sum(map(len, sent)), 1)
+
+
+def test_a_flow_is_a_descriptor_with_an_optional_connection_id(binary: Path) -> None:
+    for bad in ("x", "3:abc", "3:" + "ab" * 21, "3;ab"):
+        done = subprocess.run([str(binary), "count", "0.01", bad], capture_output=True, text=True)
+        assert done.returncode == 2 and "FD:HEX" in done.stderr, bad
 
 
 def test_forgetting_sources_counts_only_new_ones(echo_pod: tuple[NativePod, int]) -> None:
