@@ -354,6 +354,8 @@ class UdpFlowTable(Generic[S, H]):
             self._forget_cid(old_owner, cid)
             old_owner.cids.remove(cid)
         flow.cids.append(cid)
+        if flow.handshake is not None:
+            flow.handshake.pod_chose_cid = True
         self._by_cid[cid] = flow
         self._cid_lengths[len(cid)] = self._cid_lengths.get(len(cid), 0) + 1
         if self.on_learned is not None:

@@ -31,7 +31,8 @@ LONG_HEADER = 0x80
 class HandshakeWatch:
     """What one unconfirmed flow has shown so far."""
 
-    __slots__ = ("client_datagrams", "joined", "longest_client", "opened_at", "pod_answered", "pod_datagrams")
+    __slots__ = ("client_datagrams", "joined", "longest_client", "opened_at", "pod_answered", "pod_chose_cid",
+                 "pod_datagrams")
 
     def __init__(self, opened_at: float, joined: bool = False) -> None:
         self.opened_at = opened_at
@@ -39,6 +40,8 @@ class HandshakeWatch:
         self.joined = joined
         """Opened by QUIC-LB: the pod's answers confirm it, not the client's short headers."""
         self.pod_answered = False
+        self.pod_chose_cid = False
+        """The router learned a connection ID of the pod's for this flow (it may have moved on since)."""
         self.client_datagrams = 0
         self.longest_client = 0
         self.pod_datagrams = 0
@@ -49,12 +52,10 @@ class HandshakeWatch:
         self.longest_client = max(self.longest_client, len(datagram))
         if self.joined or not datagram or datagram[0] & LONG_HEADER:
             return False
-        learned = False
         for cid in pod_cids:
-            learned = True
             if datagram.startswith(cid, 1):
                 return True
-        return self.pod_answered and not learned
+        return self.pod_answered and not self.pod_chose_cid
 
     def pod_sent(self, size: int, count: int = 1) -> bool:
         """``count`` pod datagrams of at most ``size`` bytes each (a GRO read: equal segments but the

@@ -30,6 +30,13 @@ def test_with_a_zero_length_pod_connection_id_any_short_header_after_the_pods_an
     assert watch.client_sent(short_header(b""), [])
 
 
+def test_a_flow_whose_pod_chose_a_connection_id_is_confirmed_by_that_id_only_even_once_it_moved_on() -> None:
+    watch = HandshakeWatch(0.0)
+    watch.pod_sent(1200)
+    watch.pod_chose_cid = True  # the table learned it, then another flow took it: the flow holds none
+    assert not watch.client_sent(short_header(b"\x09" * 8), [])
+
+
 def test_a_joined_flow_is_confirmed_by_the_pods_answer_as_long_as_the_clients_longest() -> None:
     watch = HandshakeWatch(0.0, joined=True)
     assert not watch.client_sent(short_header(POD_CID, 1200), [POD_CID])  # the client's bytes confirm no join
