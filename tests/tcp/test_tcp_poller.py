@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from router.tcp import native_relay
-from router.tcp.poller import FdPoller, poller_for, recv, sendall
+from router.tcp.poller import FdPoller, PerLoop, poller_for, recv, sendall
 from router.tcp.relay import RelayOutcome, RelayProbe, relay
 from tests.support.loops import Runner
 from tests.support.polling import eventually
@@ -191,6 +191,21 @@ def test_one_poller_per_loop_and_a_closed_loops_poller_is_closed() -> None:
     assert seen[0] is not seen[1]
     with pytest.raises(ValueError):  # the first loop closed: its epoll set was closed
         seen[0]._ep.fileno()
+
+
+def test_what_a_closed_loop_left_is_dropped_and_closed_once_another_loop_adds_its_own() -> None:
+    """``PerLoop``, the one home of the poller's, the C engine's and the young relays' per-loop values."""
+    closed: list[str] = []
+    values: PerLoop[str] = PerLoop(closed.append)
+    first, second = asyncio.new_event_loop(), asyncio.new_event_loop()
+    try:
+        assert values.add(first, "first") == "first" and values.get(first) == "first"
+        first.close()
+        assert values.get(first) == "first" and closed == []  # kept until another loop adds its own
+        values.add(second, "second")
+        assert dict(values) == {second: "second"} and closed == ["first"]
+    finally:
+        second.close()
 
 
 @pytest.mark.parametrize("pump", ["python", "c"])
