@@ -2,10 +2,11 @@
 
 ``setup.py`` builds the C extensions where a C compiler (and, for the Initial protection, OpenSSL's
 headers) is there. Which ones the router uses is decided once, at start, by ``choose`` (what is
-built, minus what ``NO_EXTENSIONS_ENV`` / ``NO_IO_URING_ENV`` rule out), and the resulting
-``Extensions`` is passed down in each edge's settings; nothing below flips a module-level switch.
-Both paths behave the same (the pure-Python one is the reference the C is tested against); they
-differ only in cost. Tests choose a path by the ``Extensions`` they pass.
+built, minus what ``NO_EXTENSIONS_ENV`` / ``NO_IO_URING_ENV`` rule out), called by
+``router.runtime`` alone, and the resulting ``Extensions`` is passed down in each edge's settings
+(which default to ``PYTHON``); nothing below flips a module-level switch. Both paths behave the
+same (the pure-Python one is the reference the C is tested against); they differ only in cost.
+Tests choose a path by the ``Extensions`` they pass (the suite's ``extensions`` fixture).
 """
 
 from __future__ import annotations

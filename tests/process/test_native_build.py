@@ -91,7 +91,8 @@ async def test_without_the_extension_a_quic_stream_still_goes_through_the_router
     @asynccontextmanager
     async def router_to(pod_port: int) -> AsyncIterator[int]:
         snapshot = TargetSnapshot.of([Target("stargate-0", POD_HOST, 1, pod_port)])
-        async with running_udp_router(lambda: snapshot, UdpRouterSettings()) as (router, port):
+        chosen = UdpRouterSettings(extensions=choose({}))  # what a router here would choose: no splice
+        async with running_udp_router(lambda: snapshot, chosen) as (router, port):
             splicers.append(getattr(router.path, "splicer", None))
             yield port
 
