@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING
 
-from router import extensions
 from router.extensions import NativeUnavailable
 from router.tcp.poller import PerLoop
 from router.tcp.pump import engine_limits
@@ -22,13 +21,7 @@ from router.tcp.pump import engine_limits
 if TYPE_CHECKING:
     from router.tcp._relay import Engine
 
-__all__ = ["NativeUnavailable", "engine_for", "is_built"]
-
-
-def is_built() -> bool:
-    """Whether the C relay is importable."""
-    return extensions.is_built(extensions.TCP_PUMP_MODULE)
-
+__all__ = ["NativeUnavailable", "engine_for"]
 
 _ENGINES: PerLoop[Engine] = PerLoop(lambda engine: engine.close())
 """Per loop: its C engine, watched by the loop as one fd."""
