@@ -32,6 +32,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from router.extensions import choose
 from router.tcp.relay import relay
 
 _MIB = 1024 * 1024
@@ -143,7 +144,8 @@ def _relay_middle(use_splice: bool, loop_kind: str) -> Middle:
             client.setblocking(False)
             pod.setblocking(False)
             before = resource.getrusage(resource.RUSAGE_SELF)
-            coro = relay(client, pod, idle_timeout_s=60.0, use_splice=use_splice)
+            # the pump the router would use here (C where built, unless NO_EXTENSIONS_ENV says no)
+            coro = relay(client, pod, idle_timeout_s=60.0, use_splice=use_splice, native=choose().tcp_pump)
             if loop_kind == "uvloop":
                 import uvloop
 

@@ -52,11 +52,6 @@ except ImportError:
     EXTENSION = None
 
 
-def built() -> bool:
-    """Whether ``quic._initial_protection`` is importable."""
-    return EXTENSION is not None
-
-
 @functools.cache
 def client_hello_parser(native: InitialProtection | None) -> Callable[[bytes], ClientHelloInfo]:
     """``wire.client_hello.parse_client_hello``, read in C first when ``native`` is given: a

@@ -1,11 +1,12 @@
 """The one choice between the optional C extensions and their pure-Python twins.
 
 ``setup.py`` builds the C extensions where a C compiler (and, for the Initial protection, OpenSSL's
-headers) is there. Which ones the router uses is decided once, at start, by ``choose`` (what is
-built, minus what ``NO_EXTENSIONS_ENV`` / ``NO_IO_URING_ENV`` rule out), and the resulting
-``Extensions`` is passed down in each edge's settings; nothing below flips a module-level switch.
-Both paths behave the same (the pure-Python one is the reference the C is tested against); they
-differ only in cost. Tests choose a path by the ``Extensions`` they pass.
+headers) is there; ``is_built`` says which. Which ones the router uses is decided once, at start,
+by ``choose`` (what is built, minus what ``NO_EXTENSIONS_ENV`` / ``NO_IO_URING_ENV`` rule out),
+called by ``router.runtime`` alone, and the resulting ``Extensions`` is passed down in each edge's
+settings (which default to ``PYTHON``); nothing below flips a module-level switch. Both paths
+behave the same (the pure-Python one is the reference the C is tested against); they differ only
+in cost. Tests choose a path by the ``Extensions`` they pass (the suite's ``extensions`` fixture).
 """
 
 from __future__ import annotations
@@ -27,13 +28,18 @@ SPLICE_MODULE: Final = "router.udp._splice"
 TCP_PUMP_MODULE: Final = "router.tcp._relay"
 """The C byte pump of relayed TCP connections (``router/tcp/_relay.c``)."""
 
+INITIALS_MODULE: Final = "quic._initial_protection"
+"""The C reading of new QUIC flows' Initials and of ClientHellos (``quic/_initial_protection.c``;
+``quic.native.EXTENSION`` when built)."""
+
 
 class NativeUnavailable(RuntimeError):
     """A C extension was asked for, but it is not built."""
 
 
 def is_built(module: str) -> bool:
-    """Whether the extension ``module`` is importable."""
+    """Whether the extension ``module`` (``SPLICE_MODULE``, ``TCP_PUMP_MODULE``, ``INITIALS_MODULE``)
+    is importable: the one question of what this install built."""
     try:
         importlib.import_module(module)
     except ImportError:

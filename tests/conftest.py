@@ -1,4 +1,5 @@
-"""Fixtures the whole suite shares: the demo PKI and the loopback fake Kubernetes API.
+"""Fixtures the whole suite shares: the demo PKI, the loopback fake Kubernetes API, and the two
+paths (pure Python, C extensions) a test runs on.
 
 Byte builders and harnesses that are not fixtures live in ``tests/support/``
 (``eventually`` in ``tests.support.polling``, an in-process QUIC edge in
@@ -11,9 +12,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from router import constants as c
 from router.demo.pki import DemoPki, make_pki
-from router.udp import native
+from router.extensions import PYTHON, Extensions, choose
 from tests.support.fake_kube_api import FakeKubeApi
 
 
@@ -32,14 +32,18 @@ async def api() -> AsyncIterator[FakeKubeApi]:
     await server.stop()
 
 
-@pytest.fixture(params=["python", "native"])
-def both_udp_paths(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Run the test on the QUIC edge's pure-Python path, then on the C splice (skipped where it
-    is not built): ``NO_EXTENSIONS_ENV`` reaches in-process routers and router processes alike."""
+@pytest.fixture(scope="module", params=["python", "c"])
+def extensions(request: pytest.FixtureRequest) -> Extensions:
+    """Run the test on the pure-Python reference, then on the C extensions (skipped where they are
+    not built). The test passes the value to what it starts: an in-process edge's settings
+    (``UdpRouterSettings``, ``TcpRouterSettings``, the harnesses that make them), ``relay(native=
+    extensions.tcp_pump)``, or a router process's environment (``router_process.extensions_env``).
+    A test of one path narrows it: ``@pytest.mark.parametrize("extensions", ["c"], indirect=True)``.
+    Module-scoped (the value never changes), so a module's shared router may depend on it: a
+    module's tests run on one path, then on the other."""
     if request.param == "python":
-        monkeypatch.setenv(c.NO_EXTENSIONS_ENV, "1")
-    elif not native.is_built():
-        pytest.skip("the C splice is not built (no C compiler at install)")
-    else:
-        monkeypatch.delenv(c.NO_EXTENSIONS_ENV, raising=False)
-    return str(request.param)
+        return PYTHON
+    built = choose({})  # every extension this install built, the splice's io_uring sends included
+    if not (built.splice and built.tcp_pump):
+        pytest.skip("the C extensions are not built (no C compiler at install)")
+    return built

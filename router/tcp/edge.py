@@ -15,14 +15,14 @@ import asyncio
 import logging
 import socket
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from discovery.targets import TargetSnapshot
 from router import constants as c
 from router.access_log import AccessLog
 from router.client_limits import ClientCounts
-from router.extensions import Extensions, choose
+from router.extensions import PYTHON, Extensions
 from router.flag_values import IPNetwork
 from router.hostname import HostnameTemplate
 from router.metrics import ProtocolSeries, RouterMetrics
@@ -59,9 +59,10 @@ class TcpRouterSettings:
     table every worker shares (``router.shared_client_limits``), whose limit is the one above."""
     defer_accept: bool = c.DEFAULT_TCP_DEFER_ACCEPT == "on"
     """The listener hands over connections once their first bytes came (``--tcp-defer-accept``)."""
-    extensions: Extensions = field(default_factory=choose)
+    extensions: Extensions = PYTHON
     """Which C extensions the edge uses: the pump (with the batched accept and dial of the usual
-    TLS connection) and the ClientHello reading (``router.extensions``; the process chooses once)."""
+    TLS connection) and the ClientHello reading. The process chooses once (``router.runtime``) and
+    passes its choice; left out, the pure-Python reference."""
 
     def __post_init__(self) -> None:
         self.extensions.require()

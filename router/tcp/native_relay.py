@@ -14,22 +14,16 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING
 
-from router import extensions
 from router.extensions import NativeUnavailable
+from router.tcp.poller import PerLoop
 from router.tcp.pump import engine_limits
 
 if TYPE_CHECKING:
     from router.tcp._relay import Engine
 
-__all__ = ["NativeUnavailable", "engine_for", "is_built"]
+__all__ = ["NativeUnavailable", "engine_for"]
 
-
-def is_built() -> bool:
-    """Whether the C relay is importable."""
-    return extensions.is_built(extensions.TCP_PUMP_MODULE)
-
-
-_ENGINES: dict[asyncio.AbstractEventLoop, Engine] = {}
+_ENGINES: PerLoop[Engine] = PerLoop(lambda engine: engine.close())
 """Per loop: its C engine, watched by the loop as one fd."""
 
 
@@ -40,14 +34,8 @@ def engine_for(loop: asyncio.AbstractEventLoop, wanted: bool) -> Engine | None:
         return None
     engine = _ENGINES.get(loop)
     if engine is None:
-        _forget_closed_loops()
-        engine = _ENGINES[loop] = _make_engine(loop)
+        engine = _ENGINES.add(loop, _make_engine(loop))
     return engine
-
-
-def _forget_closed_loops() -> None:
-    for old in [loop for loop in _ENGINES if loop.is_closed()]:
-        _ENGINES.pop(old).close()
 
 
 def _make_engine(loop: asyncio.AbstractEventLoop) -> Engine:

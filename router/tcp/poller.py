@@ -7,6 +7,13 @@ costs one ``epoll_ctl`` (register, modify or unregister) and no object. The rela
 model is unchanged: level-triggered, one reader and one writer callback per fd, looked up
 when the event is dispatched (so a watch removed by an earlier callback of the same batch is
 not called; a stale event for a reused fd number only causes a harmless spurious pump).
+
+What the TCP side keeps per event loop (this poller, the C engine of ``native_relay``, the relays
+whose first timer ``relay_policy`` is still to arm) is each a ``PerLoop``: the loop's, shared by
+every connection on it (one epoll set, one engine dispatch, one arming callback), so keyed by the
+loop rather than held by an edge (intake, rejection, the dial and the pumps reach it from the
+running loop alone), and what a closed loop left is dropped when another loop's is added (a
+process may run loop after loop: the tests, ``asyncio.run``).
 """
 
 from __future__ import annotations
@@ -16,7 +23,7 @@ import contextlib
 import select
 import socket
 from collections.abc import Callable
-from typing import Final
+from typing import Final, TypeVar
 
 POLL_BATCH: Final = 256
 """Events taken per wakeup of the loop; more stay pending (level-triggered) for the next one."""
@@ -27,6 +34,29 @@ _FAULT: Final = select.EPOLLHUP | select.EPOLLERR
 """Reported whatever the mask; both callbacks run so the pump sees the error or the end."""
 
 Callback = Callable[[], None]
+T = TypeVar("T")
+
+
+class PerLoop(dict[asyncio.AbstractEventLoop, T]):
+    """A value per event loop: read with ``get`` (a plain dict lookup: the relay's hot path), made
+    by the caller on the loop's first use and kept with ``add``."""
+
+    __slots__ = ("_close",)
+
+    def __init__(self, close: Callable[[T], None] | None = None) -> None:
+        """``close``: how a closed loop's value is let go (its fds), if it holds any."""
+        super().__init__()
+        self._close = close
+
+    def add(self, loop: asyncio.AbstractEventLoop, value: T) -> T:
+        """Keep ``value`` for ``loop`` and return it; the values of loops closed since are dropped
+        (and closed) first."""
+        for old in [other for other in self if other.is_closed()]:
+            gone = self.pop(old)
+            if self._close is not None:
+                self._close(gone)
+        self[loop] = value
+        return value
 
 
 class FdPoller:
@@ -129,16 +159,14 @@ class FdPoller:
         self._masks.clear()
 
 
-_POLLERS: dict[asyncio.AbstractEventLoop, FdPoller] = {}
+_POLLERS: PerLoop[FdPoller] = PerLoop(FdPoller.close)
 
 
 def poller_for(loop: asyncio.AbstractEventLoop) -> FdPoller:
     """The poller of ``loop``, created on first use; those of closed loops are closed then."""
     poller = _POLLERS.get(loop)
     if poller is None:
-        for old in [other for other in _POLLERS if other.is_closed()]:
-            _POLLERS.pop(old).close()
-        poller = _POLLERS[loop] = FdPoller(loop)
+        poller = _POLLERS.add(loop, FdPoller(loop))
     return poller
 
 

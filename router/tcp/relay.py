@@ -2,8 +2,8 @@
 
 ``relay`` is the one call for a task: it relays a connection's two sockets until it ends, under
 the one policy (``relay_policy.Relay``: idle timeout, quiet pipes given back, endings, closing,
-accounting) on the pump engine ``native_relay.engine_for`` chooses (the C one where it is built;
-``pump``, the Python one, else and for h2c). The task-free path (``fast_path``) drives a
+accounting) on the pump engine its caller asks for (``native``: the C one, ``native_relay.engine_for``;
+else ``pump``, the Python one, which h2c always takes). The task-free path (``fast_path``) drives a
 ``Relay`` itself.
 """
 
@@ -15,7 +15,6 @@ import socket
 from collections.abc import Callable
 from typing import Final
 
-from router.extensions import choose
 from router.outcomes import Termination
 from router.tcp.ending import RelayOutcome, RelayResult
 from router.tcp.native_relay import engine_for
@@ -41,7 +40,7 @@ async def relay(
     use_splice: bool | None = None,
     on_start: Callable[[RelayProbe], None] | None = None,
     loop: asyncio.AbstractEventLoop | None = None,
-    native: bool | None = None,
+    native: bool,
 ) -> RelayResult:
     """Relay bytes both ways until both sides finish, one fails, or both are idle too long.
 
@@ -51,9 +50,8 @@ async def relay(
     client->pod byte until ``client_filter_done()`` is True. ``idle_timeout_s <= 0`` disables
     the idle timeout. ``on_start`` gets the relay's live byte counts (``RelayProbe``) as it starts
     (before it is awaited). ``loop`` is the running loop, if the caller has it at hand (saves a ``getpid``
-    system call). ``native``: pump in C (``native_relay.engine_for``; True: it must be built, False:
-    never; None: the process's choice, ``router.extensions.choose``, for callers without settings);
-    a client filter always runs on the Python pump.
+    system call). ``native``: pump in C (``native_relay.engine_for``; it must be built) or in Python:
+    the edge passes its settings' ``Extensions.tcp_pump``; a client filter always runs on the Python pump.
     """
     if loop is None:
         loop = asyncio.get_running_loop()
@@ -62,8 +60,6 @@ async def relay(
         pod.close()
         raise ValueError("use_splice=True but os.splice is not available here")
     splice = SPLICE_AVAILABLE if use_splice is None else use_splice
-    if native is None:
-        native = choose().tcp_pump
     engine = engine_for(loop, native) if client_filter is None else None
     state = Relay(loop, engine, client, pod, splice, idle_timeout_s, on_bytes)
     try:

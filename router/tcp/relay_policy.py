@@ -43,6 +43,7 @@ from router.tcp.ending import (
     side_fd,
     tcp_state,
 )
+from router.tcp.poller import PerLoop
 from router.tcp.pump import Mode, PythonPump
 
 if TYPE_CHECKING:
@@ -370,7 +371,7 @@ class Relay:
         )
 
 
-_YOUNG: dict[asyncio.AbstractEventLoop, list[Relay]] = {}
+_YOUNG: PerLoop[list[Relay]] = PerLoop()
 """Per loop: relays started since the last shared arming callback, whose timer is not armed yet."""
 
 
@@ -379,9 +380,7 @@ def _arm_later(state: Relay) -> None:
     loop = state.loop
     young = _YOUNG.get(loop)
     if young is None:
-        for old in [other for other in _YOUNG if other.is_closed()]:
-            del _YOUNG[old]
-        young = _YOUNG[loop] = []
+        young = _YOUNG.add(loop, [])
         loop.call_later(RELAY_TIMER_DEFER_S, _arm_young, loop)
     young.append(state)
 

@@ -23,8 +23,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from router import constants as c
-from router.extensions import SPLICE_MODULE, Extensions
-from router.extensions import is_built as _is_built
+from router.extensions import Extensions
 from router.udp.datapath import Link, PathEvents
 from router.udp.flow_table import Address, Flow
 from router.udp.listener import SocketOut, open_socket
@@ -33,11 +32,6 @@ if TYPE_CHECKING:
     from router.udp._splice import Splicer
 
 log = logging.getLogger("router.udp_router")
-
-
-def is_built() -> bool:
-    """Whether the C splice is importable."""
-    return _is_built(SPLICE_MODULE)
 
 
 def splicer_type(extensions: Extensions) -> type[Splicer] | None:

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from quic.frames import QUIC_MAX_CRYPTO_BYTES
 from router import constants as c
 from router.client_limits import ClientCounts
-from router.extensions import Extensions, choose
+from router.extensions import PYTHON, Extensions
 from router.udp.flow_limits import FlowLimits
 from router.udp.quic_lb import check_server_id_bytes
 
@@ -35,9 +35,10 @@ class UdpRouterSettings:
     its connection ID names (``joins``); 0 = off."""
     quic_lb_joins_per_s: float = c.QUIC_LB_JOINS_PER_S
     quic_lb_join_burst: float = c.QUIC_LB_JOIN_BURST
-    extensions: Extensions = field(default_factory=choose)
+    extensions: Extensions = PYTHON
     """Which C extensions the edge uses: the splice of established flows (and its io_uring sends)
-    and the reading of new flows' Initials (``router.extensions``; the process chooses once)."""
+    and the reading of new flows' Initials. The process chooses once (``router.runtime``) and
+    passes its choice; left out, the pure-Python reference."""
 
     def __post_init__(self) -> None:
         self.extensions.require()

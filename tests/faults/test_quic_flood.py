@@ -16,7 +16,8 @@ What must hold while the flood runs (issue "Hardening"):
   CONNECTION_CLOSE (a Version Negotiation answer is counted as a ``not_initial`` drop too).
 
 Default run: 10,000 datagrams in process, 5,000 against the real router process;
-``-m slow``: 100,000 each. Every figure is printed (``pytest -s``) for bench/README.md.
+``-m slow``: 100,000 each. Each router runs on the pure-Python path and on the C splice. Every
+figure is printed (``pytest -s``) for bench/README.md.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from quic.packet import QUIC_V1, QuicPacketError
 from router import constants as c
 from router.demo.pki import DemoPki
 from router.demo.quic_pods import WHOAMI, client_configuration, request
+from router.extensions import Extensions
 from router.hostname import HostnameTemplate
 from router.metrics import RouterMetrics
 from router.outcomes import QuicDropReason
@@ -69,23 +71,21 @@ from tests.support.quic_flood_harness import (
 )
 from tests.support.quic_frames import crypto_frame
 from tests.support.router_probes import CHART_PEAK_RSS_KIB, peak_rss_kib, rss_kib
-from tests.support.router_process import RouterProcess, router_args, write_endpoints
+from tests.support.router_process import RouterProcess, extensions_env, router_args, write_endpoints
 from tests.support.udp_router import running_udp_router
 from wire.client_hello import MAX_TLS_CLIENT_HELLO_BYTES
 
-pytestmark = pytest.mark.usefixtures("both_udp_paths")
-"""Every test here runs on the pure-Python path and on the C splice."""
-
 
 async def _flood_in_process(
-    pki: DemoPki, datagrams: int, min_handshakes: int, legit_floor: float | None = 0.99,
+    pki: DemoPki, extensions: Extensions, datagrams: int, min_handshakes: int, legit_floor: float | None = 0.99,
     rate_per_s: int = 2_500, **overrides: Any
 ) -> tuple[RouterAudit, dict[str, float], Legit]:
     """Flood an in-process router (default settings but a 1 s pending timeout, so the table
     drains quickly; ``overrides`` change more) while real handshakes run; check and print."""
     loop = asyncio.get_running_loop()
     rng = random.Random(datagrams)
-    settings = UdpRouterSettings(limits=FlowLimits(**{"pending_flow_timeout_s": 1.0, **overrides}))
+    limits = FlowLimits(**{"pending_flow_timeout_s": 1.0, **overrides})
+    settings = UdpRouterSettings(limits=limits, extensions=extensions)
     metrics = RouterMetrics()
     async with quic_pods(pki) as targets:
         snapshot = TargetSnapshot.of(list(targets.values()))
@@ -146,33 +146,33 @@ async def _flood_in_process(
     return audit, drops, legit
 
 
-async def test_initial_flood_in_process(pki: DemoPki) -> None:
-    await _flood_in_process(pki, datagrams=10_000, min_handshakes=100)
+async def test_initial_flood_in_process(pki: DemoPki, extensions: Extensions) -> None:
+    await _flood_in_process(pki, extensions, datagrams=10_000, min_handshakes=100)
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-async def test_initial_flood_in_process_100k(pki: DemoPki) -> None:
-    await _flood_in_process(pki, datagrams=100_000, min_handshakes=1_000)
+async def test_initial_flood_in_process_100k(pki: DemoPki, extensions: Extensions) -> None:
+    await _flood_in_process(pki, extensions, datagrams=100_000, min_handshakes=1_000)
 
 
-async def test_a_full_pending_table_stays_bounded_and_recovers(pki: DemoPki) -> None:
+async def test_a_full_pending_table_stays_bounded_and_recovers(pki: DemoPki, extensions: Extensions) -> None:
     """200 ports against a 64-flow pending table: the bound holds, the excess is counted, and once
     the flood stops the table drains and handshakes succeed again. While the table is full a new
     client's Initial evicts the oldest pending flow (a spoofed one: legitimate flows are decided in one
     round trip), so legitimate clients still get through (>= 95 %; before eviction some timed out)."""
     audit, drops, _ = await _flood_in_process(
-        pki, datagrams=5_000, min_handshakes=12, legit_floor=0.95, rate_per_s=2_000, max_pending_flows=64
+        pki, extensions, datagrams=5_000, min_handshakes=12, legit_floor=0.95, rate_per_s=2_000, max_pending_flows=64
     )
     assert audit.max_pending == 64 and drops["pending_full"] > 0
 
 
-async def test_an_oversized_initial_holds_no_pending_slot() -> None:
+async def test_an_oversized_initial_holds_no_pending_slot(extensions: Extensions) -> None:
     """A valid Initial bigger than a pending flow may buffer (UDP allows 65,527 bytes) is dropped
     once, and leaves no empty pending flow behind to hold a slot until the timeout."""
     metrics = RouterMetrics()
     template = HostnameTemplate.parse(c.DEFAULT_ADVERTISED_HOSTNAME_TEMPLATE, "default")
-    router = UdpRouter(UdpRouterSettings(), template, TargetSnapshot, metrics)
+    router = UdpRouter(UdpRouterSettings(extensions=extensions), template, TargetSnapshot, metrics)
     _, port = await router.start(ROUTER_HOST, 0)
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     try:
@@ -203,12 +203,12 @@ def test_a_lone_crypto_piece_far_into_the_stream_costs_no_big_buffer() -> None:
                 sniffer.feed(datagram)
 
 
-async def test_pending_memory_per_address_is_bounded() -> None:
+async def test_pending_memory_per_address_is_bounded(extensions: Extensions) -> None:
     """Worst case per source address, measured with tracemalloc: 16 datagrams of 2 KiB (the
     per-flow budget) whose CRYPTO pieces spread over the whole ClientHello range, never complete."""
     metrics = RouterMetrics()
     template = HostnameTemplate.parse(c.DEFAULT_ADVERTISED_HOSTNAME_TEMPLATE, "default")
-    settings = UdpRouterSettings(limits=FlowLimits(pending_flow_timeout_s=60.0))
+    settings = UdpRouterSettings(limits=FlowLimits(pending_flow_timeout_s=60.0), extensions=extensions)
     router = UdpRouter(settings, template, TargetSnapshot, metrics)
     _, port = await router.start(ROUTER_HOST, 0)
     loop = asyncio.get_running_loop()
@@ -247,7 +247,9 @@ async def test_pending_memory_per_address_is_bounded() -> None:
     assert per_address <= bound + 8 * 1024  # + the flow's objects, keys and reassembler bookkeeping
 
 
-async def test_a_new_connection_from_a_reused_address_reaches_its_named_pod(pki: DemoPki) -> None:
+async def test_a_new_connection_from_a_reused_address_reaches_its_named_pod(
+    pki: DemoPki, extensions: Extensions
+) -> None:
     """The first client's socket closes and its port is reused at once, while its flow is still
     established (the router cannot see the encrypted close): the new connection names another pod
     and reaches it, a flow of its own beside the old one, which ends at its own idle timeout."""
@@ -255,7 +257,7 @@ async def test_a_new_connection_from_a_reused_address_reaches_its_named_pod(pki:
         snapshot = TargetSnapshot.of(list(targets.values()))
         template = HostnameTemplate.parse(c.DEFAULT_ADVERTISED_HOSTNAME_TEMPLATE, "default")
         metrics = RouterMetrics()
-        router = UdpRouter(UdpRouterSettings(), template, lambda: snapshot, metrics)
+        router = UdpRouter(UdpRouterSettings(extensions=extensions), template, lambda: snapshot, metrics)
         _, port = await router.start(ROUTER_HOST, 0)
         try:
             local_port = next(LEGIT_PORTS)
@@ -276,14 +278,14 @@ async def test_a_new_connection_from_a_reused_address_reaches_its_named_pod(pki:
 # The real router process
 # ---------------------------------------------------------------------------
 async def _flood_router_process(
-    pki: DemoPki, workdir: Path, datagrams: int, rate_per_s: int, min_handshakes: int
+    pki: DemoPki, extensions: Extensions, workdir: Path, datagrams: int, rate_per_s: int, min_handshakes: int
 ) -> None:
     loop = asyncio.get_running_loop()
     rng = random.Random(datagrams + 1)
     async with quic_pods(pki) as targets:
         endpoints = workdir / "endpoints.json"
         write_endpoints(endpoints, [(t.pod_name, t.address, 1, t.quic_port) for t in targets.values()])
-        with RouterProcess(router_args(endpoints)) as proc:
+        with RouterProcess(router_args(endpoints), env=extensions_env(extensions)) as proc:
             await asyncio.to_thread(proc.wait_ready)
             port = proc.quic_port
             rss_before = rss_kib(proc.all_pids())
@@ -339,11 +341,15 @@ async def _flood_router_process(
     assert samples.max_rss_kib - rss_before <= pending_bound * flow_bound_kib + 32 * 1024
 
 
-async def test_initial_flood_against_the_router_process(pki: DemoPki, tmp_path: Path) -> None:
-    await _flood_router_process(pki, tmp_path, datagrams=5_000, rate_per_s=2_500, min_handshakes=40)
+async def test_initial_flood_against_the_router_process(
+    pki: DemoPki, extensions: Extensions, tmp_path: Path
+) -> None:
+    await _flood_router_process(pki, extensions, tmp_path, datagrams=5_000, rate_per_s=2_500, min_handshakes=40)
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-async def test_initial_flood_against_the_router_process_100k(pki: DemoPki, tmp_path: Path) -> None:
-    await _flood_router_process(pki, tmp_path, datagrams=100_000, rate_per_s=4_000, min_handshakes=400)
+async def test_initial_flood_against_the_router_process_100k(
+    pki: DemoPki, extensions: Extensions, tmp_path: Path
+) -> None:
+    await _flood_router_process(pki, extensions, tmp_path, datagrams=100_000, rate_per_s=4_000, min_handshakes=400)

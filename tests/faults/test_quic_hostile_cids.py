@@ -31,15 +31,16 @@ from aioquic.quic.connection import QuicConnection
 from router import constants as c
 from router.demo.pki import DemoPki
 from router.demo.quic_pods import bound_port, client_configuration, request
+from router.extensions import Extensions
 from router.udp.quic_lb import SELF_ENCODED_LENGTH_MASK, pod_server_id
 from tests.support.access_peers import access_lines
 from tests.support.names import host as sni
 from tests.support.polling import becomes_true, steady
 from tests.support.quic_lb_pods import PodCids, fetch, payload, start_quic_lb_pod
-from tests.support.router_process import RouterProcess, router_args, write_endpoints
+from tests.support.router_process import RouterProcess, extensions_env, router_args, write_endpoints
 
-pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("both_udp_paths")]
-"""Every test here runs on the pure-Python path and on the C splice."""
+pytestmark = pytest.mark.timeout(120)
+"""Every test here runs on the pure-Python path and on the C splice (the ``extensions`` fixture)."""
 
 PODS = {"stargate-0": "127.0.0.2", "stargate-1": "127.0.0.3"}
 SERVER_ID_BYTES = 4
@@ -86,14 +87,17 @@ def send_hostile(socks: list[socket.socket], router: RouterProcess) -> None:
 
 
 @asynccontextmanager
-async def quic_lb_router(pki: DemoPki, tmp: Path, one_process: str = "") -> AsyncIterator[RouterProcess]:
+async def quic_lb_router(
+    pki: DemoPki, tmp: Path, extensions: Extensions, one_process: str = ""
+) -> AsyncIterator[RouterProcess]:
     """Two QUIC-LB aioquic pods and a router process with ``--quic-lb-server-id-bytes`` and no
     ``--quic-cid-length`` (the length self-encoded): the setting the attack needs."""
     pods = {name: await start_quic_lb_pod(name, ip, pki.cert_path, pki.key_path, PodCids(ip, SERVER_ID_BYTES))
             for name, ip in PODS.items()}
     endpoints = tmp / "endpoints.json"
     write_endpoints(endpoints, [(name, PODS[name], 1, bound_port(pod)) for name, pod in pods.items()])
-    router = RouterProcess(router_args(endpoints, "--log-format", "json", QUIC_LB), one_process=one_process)
+    router = RouterProcess(router_args(endpoints, "--log-format", "json", QUIC_LB), extensions_env(extensions),
+                           one_process=one_process)
     try:
         await asyncio.to_thread(router.wait_ready)
         yield router
@@ -128,8 +132,10 @@ def tracebacks(router: RouterProcess) -> list[str]:
     return [line for line in router.lines if "Traceback" in line]
 
 
-async def test_connection_ids_over_20_octets_open_no_flow_and_raise_nothing(pki: DemoPki, tmp_path: Path) -> None:
-    async with quic_lb_router(pki, tmp_path) as router:
+async def test_connection_ids_over_20_octets_open_no_flow_and_raise_nothing(
+    pki: DemoPki, tmp_path: Path, extensions: Extensions
+) -> None:
+    async with quic_lb_router(pki, tmp_path, extensions) as router:
         with hostile_sockets(HOSTILE_ADDRESSES) as socks:
             send_hostile(socks, router)
             counts = await settled(router, lambda n: n["not_initial"] + n["joined"] >= HOSTILE_ADDRESSES)
@@ -204,10 +210,10 @@ async def quiet(client: _Client, for_s: float = 0.5) -> None:
 
 
 async def test_a_batch_mixing_bad_connection_ids_with_a_real_connection_costs_that_connection_nothing(
-    pki: DemoPki, tmp_path: Path
+    pki: DemoPki, tmp_path: Path, extensions: Extensions
 ) -> None:
     one_process = "SIGSTOP holds every datagram of the burst in the one socket a single process reads"
-    async with quic_lb_router(pki, tmp_path, one_process=one_process) as router:
+    async with quic_lb_router(pki, tmp_path, extensions, one_process=one_process) as router:
         with hostile_sockets(HOSTILE_ADDRESSES) as socks:
             half = HOSTILE_ADDRESSES // 2
             router.proc.send_signal(signal.SIGSTOP)

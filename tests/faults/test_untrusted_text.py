@@ -37,11 +37,12 @@ from aioquic.asyncio import connect
 from router import constants as c
 from router.demo.pki import DemoPki
 from router.demo.quic_pods import WHOAMI, bound_port, client_configuration, start_quic_pod
+from router.extensions import Extensions
 from tests.support.access_peers import RawPod, access_lines
 from tests.support.h2 import frame, grpc_status_of
 from tests.support.polling import becomes_true, eventually_blocking, holds_blocking
 from tests.support.router_probes import raise_nofile_limit, rss_kib
-from tests.support.router_process import RouterProcess, router_args, write_endpoints
+from tests.support.router_process import RouterProcess, extensions_env, router_args, write_endpoints
 from tests.support.tcp_peers import CountingPod, read_to_eof
 from tests.support.tls import client_hello, sni_extension
 from wire.grpc import GrpcStatus
@@ -207,14 +208,16 @@ def test_distinct_15k_names_leave_the_rss_where_it_was(deployment: Deployment) -
     assert grown_kib < 6 * 1024, f"RSS grew {grown_kib} KiB over 1,500 distinct 15 KB names"
 
 
-@pytest.mark.usefixtures("both_udp_paths")
-async def test_a_quic_sni_longer_than_any_legal_authority_is_refused(pki: DemoPki, tmp_path: Path) -> None:
+async def test_a_quic_sni_longer_than_any_legal_authority_is_refused(
+    pki: DemoPki, tmp_path: Path, extensions: Extensions
+) -> None:
     """aioquic sends the name as it is; the router refuses it as an unknown SNI, and the longest
     legal one (the positive control) is routed."""
     pod = await start_quic_pod(POD, "127.0.0.2", 0, pki.cert_path, pki.key_path)
     endpoints = tmp_path / "endpoints.json"
     write_endpoints(endpoints, [(POD, "127.0.0.2", 1, bound_port(pod))])
-    router = RouterProcess(router_args(endpoints, "--advertised-hostname-template", TEMPLATE))
+    args = router_args(endpoints, "--advertised-hostname-template", TEMPLATE)
+    router = RouterProcess(args, extensions_env(extensions))
     try:
         await asyncio.to_thread(router.wait_ready)
 
@@ -391,11 +394,12 @@ def test_control_characters_of_names_are_escaped_in_every_line(tmp_path: Path, l
         pod.stop()
 
 
-@pytest.mark.usefixtures("both_udp_paths")
-async def test_control_characters_of_a_quic_sni_are_escaped(pki: DemoPki, tmp_path: Path) -> None:
+async def test_control_characters_of_a_quic_sni_are_escaped(
+    pki: DemoPki, tmp_path: Path, extensions: Extensions
+) -> None:
     endpoints = tmp_path / "endpoints.json"
     write_endpoints(endpoints, [(POD, "127.0.0.2", 1, 1)])
-    router = RouterProcess(router_args(endpoints, "--log-format", "text"))
+    router = RouterProcess(router_args(endpoints, "--log-format", "text"), extensions_env(extensions))
     try:
         await asyncio.to_thread(router.wait_ready)
         config = client_configuration(HOSTILE, pki.ca_path)

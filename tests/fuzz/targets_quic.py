@@ -28,6 +28,7 @@ from quic.packet import (
     encode_varint,
     read_long_header,
 )
+from router.extensions import Extensions
 from router.metrics import RouterMetrics
 from router.udp.cid_index import HEADER_BYTES, CidIndex, IndexLayout
 from router.udp.edge import UdpRouter
@@ -205,7 +206,8 @@ def _metrics() -> RouterMetrics:
 def _router() -> tuple[UdpRouter, _Clock, _SocketlessPath]:
     """A fresh socket-less router per run: no state (table, refusals, slots) leaks between inputs."""
     snapshot = TargetSnapshot.of([Target("stargate-0", "127.0.0.1", 1, 9)])
-    settings = UdpRouterSettings(limits=FlowLimits(max_pending_flows=8), quic_lb_server_id_bytes=4)
+    settings = UdpRouterSettings(limits=FlowLimits(max_pending_flows=8), quic_lb_server_id_bytes=4,
+                                 extensions=Extensions(initials=native.EXTENSION))  # the C reading where built
     clock, path = _Clock(), _SocketlessPath()
     router = UdpRouter(settings, TEMPLATE, lambda: snapshot, _metrics(), datapath=path, clock=clock)
     router.opener.dial = _no_dial  # type: ignore[method-assign]

@@ -13,7 +13,7 @@ import os
 import shutil
 import socket
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import pytest
@@ -21,7 +21,9 @@ import pytest
 from router.app import RouterApp
 from router.bind_failure import REASONS, BindFailure, binding, reason
 from router.config import config_from_args
+from router.extensions import Extensions
 from router.flag_values import CONFIG_ERROR_PREFIX, ConfigError, SocketAddress
+from tests.support.router_process import extensions_env
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "deploy" / "examples" / "endpoints.yaml"
@@ -47,10 +49,13 @@ def router_command(*args: str, workers: int = 1) -> list[str]:
     ]
 
 
-def run_router(*args: str, workers: int = 1, as_user: Sequence[str] = ()) -> subprocess.CompletedProcess[str]:
-    """``as_user``: the command that runs it as another user."""
+def run_router(
+    *args: str, workers: int = 1, as_user: Sequence[str] = (), env: Mapping[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``as_user``: the command that runs it as another user; ``env``: added to this process's environment."""
     command = [*as_user, *router_command(*args, workers=workers)]
-    return subprocess.run(command, capture_output=True, text=True, timeout=RUN_BOUND_S, cwd=ROOT, check=False)
+    return subprocess.run(command, capture_output=True, text=True, timeout=RUN_BOUND_S, cwd=ROOT, check=False,
+                          env={**os.environ, **(env or {})})
 
 
 def assert_one_line(proc: subprocess.CompletedProcess[str], flag: str, address: str, code: int) -> None:
@@ -90,10 +95,10 @@ def test_a_port_another_socket_holds_is_one_line_naming_the_flag_and_status_2(fl
     assert_one_line(proc, flag, address, errno.EADDRINUSE)
 
 
-def test_a_held_udp_port_is_one_line_on_either_quic_path(both_udp_paths: str) -> None:
+def test_a_held_udp_port_is_one_line_on_either_quic_path(extensions: Extensions) -> None:
     with held(UDP) as holder:
         address = f"127.0.0.1:{holder.getsockname()[1]}"
-        proc = run_router(UDP, address)
+        proc = run_router(UDP, address, env=extensions_env(extensions))
     assert_one_line(proc, UDP, address, errno.EADDRINUSE)
 
 

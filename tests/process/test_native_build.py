@@ -15,10 +15,17 @@ from pathlib import Path
 import pytest
 
 from discovery.targets import Target, TargetSnapshot
-from quic import native as quic_native
 from router import constants as c
 from router.demo.pki import DemoPki
-from router.extensions import Extensions, NativeUnavailable, choose
+from router.extensions import (
+    INITIALS_MODULE,
+    SPLICE_MODULE,
+    TCP_PUMP_MODULE,
+    Extensions,
+    NativeUnavailable,
+    choose,
+    is_built,
+)
 from router.tcp import native_relay
 from router.udp import native
 from router.udp.settings import UdpRouterSettings
@@ -33,7 +40,7 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "deploy" / "examples" / "endpoin
                     reason="no C compiler here, or not Linux (recvmmsg/sendmmsg are Linux's)")
 def test_the_splice_is_built_wherever_a_compiler_was() -> None:
     """CI installs with a compiler: there the splice must be built, or its tests would skip unseen."""
-    assert native.is_built()
+    assert is_built(SPLICE_MODULE)
 
 
 @pytest.mark.skipif(sys.platform != "linux" or not (shutil.which("cc") or shutil.which("gcc"))
@@ -41,21 +48,21 @@ def test_the_splice_is_built_wherever_a_compiler_was() -> None:
                     reason="no C compiler or no OpenSSL headers (libssl-dev) here")
 def test_the_initial_protection_is_built_wherever_a_compiler_and_openssl_headers_were() -> None:
     """CI installs libssl-dev: there the C Initial path must be built, or its tests would skip unseen."""
-    assert quic_native.built()
+    assert is_built(INITIALS_MODULE)
 
 
 @pytest.mark.skipif(sys.platform != "linux" or not (shutil.which("cc") or shutil.which("gcc")),
                     reason="no C compiler here, or not Linux (epoll and splice are Linux's)")
 def test_the_tcp_relay_pump_is_built_wherever_a_compiler_was() -> None:
     """CI installs with a compiler: there the C pump must be built, or its tests would skip unseen."""
-    assert native_relay.is_built()
+    assert is_built(TCP_PUMP_MODULE)
 
 
 def test_without_the_c_relay_the_python_pump_is_chosen_and_requiring_it_says_why(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setitem(sys.modules, "router.tcp._relay", None)
-    assert not native_relay.is_built()
+    assert not is_built(TCP_PUMP_MODULE)
 
     assert not choose({}).tcp_pump
     with pytest.raises(NativeUnavailable, match="not built"):
@@ -78,7 +85,7 @@ def no_extension(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.usefixtures("no_extension")
 def test_without_the_extension_the_pure_python_path_is_chosen_and_requiring_it_says_why() -> None:
-    assert not native.is_built()
+    assert not is_built(SPLICE_MODULE)
     assert not choose({}).splice
     with pytest.raises(NativeUnavailable, match="not built"):
         UdpRouterSettings(extensions=Extensions(splice=True))
@@ -91,7 +98,8 @@ async def test_without_the_extension_a_quic_stream_still_goes_through_the_router
     @asynccontextmanager
     async def router_to(pod_port: int) -> AsyncIterator[int]:
         snapshot = TargetSnapshot.of([Target("stargate-0", POD_HOST, 1, pod_port)])
-        async with running_udp_router(lambda: snapshot, UdpRouterSettings()) as (router, port):
+        chosen = UdpRouterSettings(extensions=choose({}))  # what a router here would choose: no splice
+        async with running_udp_router(lambda: snapshot, chosen) as (router, port):
             splicers.append(getattr(router.path, "splicer", None))
             yield port
 
@@ -114,10 +122,10 @@ def _io_uring_opens() -> bool:
 def test_the_router_says_at_start_which_datapath_carries_quic_flows(switch: str) -> None:
     env = {c.NO_EXTENSIONS_ENV: "", c.NO_IO_URING_ENV: ""} | ({switch: "1"} if switch else {})
     switched_off = switch == c.NO_EXTENSIONS_ENV
-    expected = "python" if switched_off or not native.is_built() else \
+    expected = "python" if switched_off or not is_built(SPLICE_MODULE) else \
         "c_splice+io_uring" if not switch and _io_uring_opens() else "c_splice"
-    initials = "python" if switched_off or not quic_native.built() else "c"
-    pump = "python" if switched_off or not native_relay.is_built() else "c"
+    initials = "python" if switched_off or not is_built(INITIALS_MODULE) else "c"
+    pump = "python" if switched_off or not is_built(TCP_PUMP_MODULE) else "c"
     with RouterProcess(router_args(EXAMPLE, "--target-namespace", "stargate"), env=env) as router:
         router.wait_listening()
         wanted = f"quic_datapath={expected} quic_initials={initials} tcp_pump={pump}"
@@ -125,7 +133,7 @@ def test_the_router_says_at_start_which_datapath_carries_quic_flows(switch: str)
         assert router.stop() == 0
 
 
-@pytest.mark.skipif(platform.machine() != "x86_64" or not native.is_built(),
+@pytest.mark.skipif(platform.machine() != "x86_64" or not is_built(SPLICE_MODULE),
                     reason="the seccomp filter is x86-64's; the splice is not built")
 def test_a_seccomp_profile_that_refuses_io_uring_leaves_the_splice_on_sendmmsg_and_says_why() -> None:
     """containerd 2's RuntimeDefault profile refuses io_uring_setup: the router still splices."""

@@ -26,10 +26,11 @@ from cryptography.hazmat.primitives import serialization
 from router import constants as c
 from router.demo.pki import DemoPki
 from router.demo.quic_pods import bound_port
+from router.extensions import Extensions
 from router.udp.quic_lb import pod_server_id
 from tests.support.quic_lb_pods import PodCids, start_quic_lb_pod
 from tests.support.quinn_client import start_quinn_pod
-from tests.support.router_process import RouterProcess, router_args, write_endpoints
+from tests.support.router_process import RouterProcess, extensions_env, router_args, write_endpoints
 from tests.support.udp_balancer import Address, UdpBalancer
 
 PODS = {"stargate-0": "127.0.0.2", "stargate-1": "127.0.0.3"}
@@ -46,11 +47,14 @@ class Replicas:
     flags: tuple[str, ...]
     endpoints: Path
     cids: dict[str, PodCids]
+    extensions: Extensions
+    """The path every router takes (the suite's ``extensions`` fixture)."""
     routers: list[RouterProcess] = field(default_factory=list)
 
     async def start_router(self) -> RouterProcess:
         """One more replica, ready, added to the balancer (a rollout's new pod)."""
-        router = RouterProcess(router_args(self.endpoints, "--log-format", "json", *self.flags))
+        router = RouterProcess(router_args(self.endpoints, "--log-format", "json", *self.flags),
+                               extensions_env(self.extensions))
         self.routers.append(router)
         await asyncio.to_thread(router.wait_ready)
         self.balancer.add(self.address(router))
@@ -79,9 +83,10 @@ class Replicas:
 
 
 @asynccontextmanager
-async def replicas(pki: DemoPki, tmp: Path, *flags: str, idle_s: float = 0.5, self_encoded: bool = True,
-                   quinn: Path | None = None) -> AsyncIterator[Replicas]:
-    """Two QUIC-LB pods, two routers with ``flags`` and the balancer; all stopped at the end.
+async def replicas(pki: DemoPki, tmp: Path, extensions: Extensions, *flags: str, idle_s: float = 0.5,
+                   self_encoded: bool = True, quinn: Path | None = None) -> AsyncIterator[Replicas]:
+    """Two QUIC-LB pods, two routers on ``extensions``' path with ``flags`` and the balancer; all
+    stopped at the end.
     ``quinn``: the quinn peer's binary, which then serves stargate-1 (``quinn_peer pod``)."""
     cids = {name: PodCids(host, SERVER_ID_BYTES, self_encoded=self_encoded) for name, host in PODS.items()}
     pods = {name: await start_quic_lb_pod(name, PODS[name], pki.cert_path, pki.key_path, cids[name])
@@ -98,7 +103,7 @@ async def replicas(pki: DemoPki, tmp: Path, *flags: str, idle_s: float = 0.5, se
     write_endpoints(endpoints, [(name, PODS[name], 1, port) for name, port in ports.items()])
     balancer = UdpBalancer([], idle_s)
     front = await balancer.start()
-    r = Replicas(balancer, front, flags, endpoints, cids)
+    r = Replicas(balancer, front, flags, endpoints, cids, extensions)
     try:
         for _ in range(2):
             await r.start_router()

@@ -22,6 +22,7 @@ from discovery.targets import Target, TargetSnapshot
 from router import constants as c
 from router.demo.pki import DemoPki
 from router.demo.quic_pods import QUIC_V1, bound_port, client_configuration, quic_whoami, start_quic_pod
+from router.extensions import Extensions
 from router.metrics import RouterMetrics
 from router.udp.edge import UdpRouter
 from router.udp.flow_limits import FlowLimits
@@ -69,9 +70,11 @@ class Harness:
 
 @asynccontextmanager
 async def running(
-    pki: DemoPki, retry: bool = False, pod_versions: tuple[int, ...] | None = None, **settings: Any
+    pki: DemoPki, extensions: Extensions, retry: bool = False, pod_versions: tuple[int, ...] | None = None,
+    **settings: Any,
 ) -> AsyncIterator[Harness]:
-    """The router on ``ROUTER_HOST`` with pods stargate-0/1 on 127.0.0.2/3; ``settings`` are
+    """The router on ``ROUTER_HOST`` with pods stargate-0/1 on 127.0.0.2/3, on the path
+    ``extensions`` chose (the suite's ``extensions`` fixture); ``settings`` are the other
     ``UdpRouterSettings`` and ``FlowLimits`` fields by name."""
     pods = {
         name: await start_quic_pod(
@@ -83,7 +86,7 @@ async def running(
     metrics = RouterMetrics()
     snapshot = [TargetSnapshot.of(list(targets.values()))]
     limits = {name: settings.pop(name) for name in list(settings) if name in FlowLimits.__dataclass_fields__}
-    udp_settings = UdpRouterSettings(FlowLimits(**limits), **settings)
+    udp_settings = UdpRouterSettings(FlowLimits(**limits), extensions=extensions, **settings)
     try:
         async with running_udp_router(lambda: snapshot[0], udp_settings, metrics) as (router, port):
             yield Harness(router, metrics, port, targets, pki.ca_path, snapshot)

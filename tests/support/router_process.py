@@ -20,7 +20,9 @@ import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 
+from router.constants import NO_EXTENSIONS_ENV, NO_IO_URING_ENV
 from router.demo.command import endpoints_document
+from router.extensions import PYTHON, Extensions, choose
 from tests.support.polling import becomes_true_blocking
 
 _HOST_PORT = r"(\[[^\]]*\]|[^\s:\[\]\"]+):(\d+)"
@@ -65,6 +67,18 @@ def suite_workers_args(args: Sequence[str], one_process: str = "") -> list[str]:
     if workers is None or one_process or chooses_workers(args):
         return []
     return ["--workers", str(workers)]
+
+
+def extensions_env(extensions: Extensions) -> dict[str, str]:
+    """What a router process's environment says for it to choose ``extensions`` at start (the
+    suite's ``extensions`` fixture: ``PYTHON``, or every extension built): ``RouterProcess(args,
+    env=extensions_env(extensions))``. An empty value unsets what the test process may have set."""
+    if extensions == PYTHON:
+        return {NO_EXTENSIONS_ENV: "1"}
+    env = {NO_EXTENSIONS_ENV: "", NO_IO_URING_ENV: "" if extensions.io_uring else "1"}
+    if choose(env) != extensions:
+        raise ValueError(f"a router process uses every extension built or none, not {extensions!r}")
+    return env
 
 
 class RouterProcess:

@@ -18,10 +18,9 @@ from typing import Any
 import grpc
 import pytest
 
-from router.constants import NO_EXTENSIONS_ENV
 from router.demo.grpc_pods import call_whoami, start_pod
 from router.demo.pki import DemoPki
-from router.tcp import native_relay
+from router.extensions import Extensions
 from tests.support.access_peers import (
     H2C_SETTINGS_BYTES,
     SETTINGS_ACK,
@@ -33,10 +32,12 @@ from tests.support.access_peers import (
 )
 from tests.support.names import host
 from tests.support.polling import eventually_blocking, holds_blocking
-from tests.support.router_process import RouterProcess, router_args, write_endpoints
+from tests.support.router_process import RouterProcess, extensions_env, router_args, write_endpoints
 from tests.support.tls import client_hello, sni_extension
 
 pytestmark = pytest.mark.timeout(60)
+"""Every test on both relay pumps (the ``extensions`` fixture), one router per pump for the module:
+the same lines, causes and counts from each."""
 
 IDLE_TIMEOUT_MS = 800
 PEEK_TIMEOUT_MS = 500
@@ -89,33 +90,20 @@ def peers(pki: DemoPki) -> Iterator[Peers]:
         p.close()
 
 
-def start_router(tmp: Path, peers: Peers, *extra: str) -> RouterProcess:
+def start_router(tmp: Path, peers: Peers, extensions: Extensions, *extra: str) -> RouterProcess:
     endpoints = tmp / "endpoints.json"
     write_endpoints(endpoints, peers.rows())
     router = RouterProcess(router_args(
         endpoints, "--log-format", "json", "--relay-idle-timeout-ms", str(IDLE_TIMEOUT_MS),
         "--peek-timeout-ms", str(PEEK_TIMEOUT_MS), *extra,
-    ))
+    ), extensions_env(extensions))
     router.wait_ready()
     return router
 
 
-@pytest.fixture(scope="module", autouse=True, params=["c", "python"])
-def tcp_pump(request: pytest.FixtureRequest) -> Iterator[str]:
-    """Every test on both relay pumps: the same lines, causes and counts from each."""
-    if request.param == "c" and not native_relay.is_built():
-        pytest.skip("the C relay router.tcp._relay is not built")
-    with pytest.MonkeyPatch.context() as patch:  # router processes inherit the environment
-        if request.param == "python":
-            patch.setenv(NO_EXTENSIONS_ENV, "1")
-        else:
-            patch.delenv(NO_EXTENSIONS_ENV, raising=False)
-        yield str(request.param)
-
-
 @pytest.fixture(scope="module")
-def router(peers: Peers, tmp_path_factory: pytest.TempPathFactory, tcp_pump: str) -> Iterator[RouterProcess]:
-    with start_router(tmp_path_factory.mktemp("access"), peers) as r:
+def router(peers: Peers, tmp_path_factory: pytest.TempPathFactory, extensions: Extensions) -> Iterator[RouterProcess]:
+    with start_router(tmp_path_factory.mktemp("access"), peers, extensions) as r:
         yield r
         r.stop()
 
@@ -263,8 +251,8 @@ def test_grpcio_h2c_and_tls_calls_write_one_line_each(router: RouterProcess, pee
         assert line["bytes_client_to_pod"] > 0 and line["bytes_pod_to_client"] > 0
 
 
-def test_drain_cuts_what_is_still_open(peers: Peers, tmp_path: Path) -> None:
-    with start_router(tmp_path, peers, "--drain-timeout-ms", "300") as router:
+def test_drain_cuts_what_is_still_open(peers: Peers, tmp_path: Path, extensions: Extensions) -> None:
+    with start_router(tmp_path, peers, extensions, "--drain-timeout-ms", "300") as router:
         client = CountingClient(router)
         client.send(h2c_request(host("sg-echo")) + PAYLOAD)
         client.read(H2C_SETTINGS_BYTES + len(h2c_request(host("sg-echo"))) + len(PAYLOAD))
@@ -276,8 +264,8 @@ def test_drain_cuts_what_is_still_open(peers: Peers, tmp_path: Path) -> None:
         assert_bytes(line, client)
 
 
-def test_access_log_off_writes_no_line(peers: Peers, tmp_path: Path) -> None:
-    with start_router(tmp_path, peers, "--access-log", "off") as router:
+def test_access_log_off_writes_no_line(peers: Peers, tmp_path: Path, extensions: Extensions) -> None:
+    with start_router(tmp_path, peers, extensions, "--access-log", "off") as router:
         client = CountingClient(router)
         client.send(h2c_request("nobody.example.org"))
         client.read_to_eof()

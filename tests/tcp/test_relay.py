@@ -24,7 +24,8 @@ import router.tcp.native_relay as native_relay_module
 import router.tcp.pump as pump_module
 import router.tcp.relay as relay_module
 import router.tcp.relay_policy as relay_policy
-from router.constants import NO_EXTENSIONS_ENV, RELAY_CHUNK_BYTES, RELAY_REPORT_BYTES, SPLICE_PIPE_BYTES
+from router.constants import RELAY_CHUNK_BYTES, RELAY_REPORT_BYTES, SPLICE_PIPE_BYTES
+from router.extensions import Extensions
 from router.outcomes import Termination
 from router.tcp.relay import SPLICE_AVAILABLE, RelayResult, live_relays, relay
 from tests.support.loops import Runner
@@ -34,18 +35,6 @@ pytestmark = pytest.mark.timeout(60)
 
 MIB = 1024 * 1024
 PEER_TIMEOUT_S = 20.0
-
-
-@pytest.fixture(autouse=True, params=["python", "c"])
-def pump_in(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Every test on both pumps: Python's (``pump``) and the C extension's (``native_relay``)."""
-    if request.param == "c":
-        if not native_relay_module.is_built():
-            pytest.skip("the C relay router.tcp._relay is not built")
-        monkeypatch.delenv(NO_EXTENSIONS_ENV, raising=False)
-    else:
-        monkeypatch.setenv(NO_EXTENSIONS_ENV, "1")
-    return str(request.param)
 
 
 @pytest.fixture(params=["splice", "buffered"])
@@ -84,9 +73,11 @@ def tcp_pair(bufsize: int | None = None) -> tuple[socket.socket, socket.socket]:
 
 
 class Link:
-    """client_peer <-tcp-> [relay] <-tcp-> pod_peer; the relay's two sockets are non-blocking."""
+    """client_peer <-tcp-> [relay] <-tcp-> pod_peer; the relay's two sockets are non-blocking, its
+    pump the one ``extensions`` chose (every test runs on both: the ``extensions`` fixture)."""
 
-    def __init__(self, bufsize: int | None = None) -> None:
+    def __init__(self, extensions: Extensions, bufsize: int | None = None) -> None:
+        self.native = extensions.tcp_pump
         self.client_peer, self.relay_client = tcp_pair(bufsize)
         self.relay_pod, self.pod_peer = tcp_pair(bufsize)
         for sock in (self.relay_client, self.relay_pod):
@@ -96,6 +87,7 @@ class Link:
 
     def start(self, **kwargs: Any) -> asyncio.Task[RelayResult]:
         kwargs.setdefault("idle_timeout_s", 30.0)
+        kwargs.setdefault("native", self.native)
         return asyncio.ensure_future(relay(self.relay_client, self.relay_pod, **kwargs))
 
     def close_peers(self) -> None:
@@ -154,9 +146,9 @@ def only_state() -> relay_module.RelayState:
 
 
 # ---------------------------------------------------------------------------------------------
-def test_echo_with_peeked_bytes(run: Runner, use_splice: bool) -> None:
+def test_echo_with_peeked_bytes(extensions: Extensions, run: Runner, use_splice: bool) -> None:
     async def scenario() -> None:
-        link = Link()
+        link = Link(extensions)
         task = link.start(initial_to_pod=b"peeked:", use_splice=use_splice)
 
         def echo() -> None:  # the pod echoes everything until the client's EOF, then closes
@@ -178,13 +170,13 @@ def test_echo_with_peeked_bytes(run: Runner, use_splice: bool) -> None:
 
 
 def test_64_mib_each_way_concurrently(
-    run: Runner, use_splice: bool, payloads: tuple[bytes, bytes]
+    extensions: Extensions, run: Runner, use_splice: bool, payloads: tuple[bytes, bytes]
 ) -> None:
     up, down = payloads
     reports: list[tuple[int, int]] = []
 
     async def scenario() -> None:
-        link = Link()
+        link = Link(extensions)
         task = link.start(use_splice=use_splice, on_bytes=lambda a, b: reports.append((a, b)))
         senders = [thread(send_and_shut, link.client_peer, up), thread(send_and_shut, link.pod_peer, down)]
         at_pod, at_client = await asyncio.gather(
@@ -203,9 +195,9 @@ def test_64_mib_each_way_concurrently(
     assert len(reports) <= (len(up) + len(down)) // RELAY_REPORT_BYTES + 1  # batched, not per chunk
 
 
-def test_client_half_close_then_pod_keeps_sending(run: Runner, use_splice: bool) -> None:
+def test_client_half_close_then_pod_keeps_sending(extensions: Extensions, run: Runner, use_splice: bool) -> None:
     async def scenario() -> None:
-        link = Link()
+        link = Link(extensions)
         task = link.start(use_splice=use_splice)
         await thread(send_and_shut, link.client_peer, b"request")
         assert await thread(recv_all, link.pod_peer) == b"request"  # EOF reached the pod
@@ -220,9 +212,9 @@ def test_client_half_close_then_pod_keeps_sending(run: Runner, use_splice: bool)
     run(scenario())
 
 
-def test_pod_half_close_then_client_keeps_sending(run: Runner, use_splice: bool) -> None:
+def test_pod_half_close_then_client_keeps_sending(extensions: Extensions, run: Runner, use_splice: bool) -> None:
     async def scenario() -> None:
-        link = Link()
+        link = Link(extensions)
         task = link.start(use_splice=use_splice)
         await thread(send_and_shut, link.pod_peer, b"greeting")
         assert await thread(recv_all, link.client_peer) == b"greeting"
@@ -237,12 +229,12 @@ def test_pod_half_close_then_client_keeps_sending(run: Runner, use_splice: bool)
     run(scenario())
 
 
-def test_slow_reader_bounds_what_the_relay_holds(run: Runner, use_splice: bool) -> None:
+def test_slow_reader_bounds_what_the_relay_holds(extensions: Extensions, run: Runner, use_splice: bool) -> None:
     payload = random.Random(5).randbytes(32 * MIB)
     limit = SPLICE_PIPE_BYTES if use_splice else RELAY_CHUNK_BYTES
 
     async def scenario() -> None:
-        link = Link(bufsize=64 * 1024)
+        link = Link(extensions, bufsize=64 * 1024)
         task = link.start(use_splice=use_splice)
         sent = [0]
 
@@ -272,13 +264,13 @@ def test_slow_reader_bounds_what_the_relay_holds(run: Runner, use_splice: bool) 
 
 
 def test_quiet_connection_gives_back_pipes_and_buffers(
-    run: Runner, use_splice: bool, monkeypatch: pytest.MonkeyPatch
+    extensions: Extensions, run: Runner, use_splice: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(relay_policy, "RELAY_RELEASE_QUIET_S", 0.05)  # the policy reads it, for both pumps
     monkeypatch.setattr(pump_module, "SPLICE_AFTER_BYTES", 0)  # pipes from the first byte on, both pumps
 
     async def scenario() -> None:
-        link = Link()
+        link = Link(extensions)
         task = link.start(use_splice=use_splice)
         for round_trip in range(2):  # the second round re-creates what the first gave back
             await thread(link.client_peer.sendall, b"ping")
@@ -295,9 +287,9 @@ def test_quiet_connection_gives_back_pipes_and_buffers(
     run(scenario())
 
 
-def test_idle_timeout_closes_both(run: Runner, use_splice: bool) -> None:
+def test_idle_timeout_closes_both(extensions: Extensions, run: Runner, use_splice: bool) -> None:
     async def scenario() -> None:
-        link = Link()
+        link = Link(extensions)
         task = link.start(use_splice=use_splice, idle_timeout_s=0.2)
         await thread(link.client_peer.sendall, b"x")
         assert await thread(recv_exactly, link.pod_peer, 1) == b"x"
@@ -309,9 +301,9 @@ def test_idle_timeout_closes_both(run: Runner, use_splice: bool) -> None:
     run(scenario())
 
 
-def test_traffic_keeps_an_idle_timeout_away() -> None:
+def test_traffic_keeps_an_idle_timeout_away(extensions: Extensions) -> None:
     async def scenario() -> None:
-        link = Link()
+        link = Link(extensions)
         task = link.start(idle_timeout_s=0.5)
         for _ in range(16):  # 0.8 s of pings every 0.05 s: well inside the 0.5 s timeout
             await thread(link.client_peer.sendall, b".")
@@ -325,9 +317,9 @@ def test_traffic_keeps_an_idle_timeout_away() -> None:
 
 
 @pytest.mark.parametrize("resetting", ["pod", "client"])
-def test_reset_is_propagated(run: Runner, use_splice: bool, resetting: str) -> None:
+def test_reset_is_propagated(extensions: Extensions, run: Runner, use_splice: bool, resetting: str) -> None:
     async def scenario() -> None:
-        link = Link()
+        link = Link(extensions)
         task = link.start(use_splice=use_splice)
         await thread(link.client_peer.sendall, b"hi")
         assert await thread(recv_exactly, link.pod_peer, 2) == b"hi"
@@ -345,9 +337,9 @@ def test_reset_is_propagated(run: Runner, use_splice: bool, resetting: str) -> N
     run(scenario())
 
 
-def test_cancellation_closes_both_and_reraises(run: Runner, use_splice: bool) -> None:
+def test_cancellation_closes_both_and_reraises(extensions: Extensions, run: Runner, use_splice: bool) -> None:
     async def scenario() -> None:
-        link = Link()
+        link = Link(extensions)
         task = link.start(use_splice=use_splice)
         await thread(link.client_peer.sendall, b"partial")
         assert await thread(recv_exactly, link.pod_peer, 7) == b"partial"
@@ -378,12 +370,12 @@ class DropFirstMarker:
 
 
 def test_client_filter_sees_peeked_and_later_bytes_then_steps_aside(
-    run: Runner, use_splice: bool, monkeypatch: pytest.MonkeyPatch
+    extensions: Extensions, run: Runner, use_splice: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(pump_module, "SPLICE_AFTER_BYTES", 0)  # splice as soon as the filter is done
 
     async def scenario() -> None:
-        link = Link()
+        link = Link(extensions)
         marker = DropFirstMarker()
         task = link.start(
             initial_to_pod=b"head-",
@@ -407,12 +399,12 @@ def test_client_filter_sees_peeked_and_later_bytes_then_steps_aside(
     run(scenario())
 
 
-def test_failing_filter_is_a_relay_error(run: Runner) -> None:
+def test_failing_filter_is_a_relay_error(extensions: Extensions, run: Runner) -> None:
     def explode(data: bytes) -> bytes:
         raise ValueError("bad frame")
 
     async def scenario() -> None:
-        link = Link()
+        link = Link(extensions)
         task = link.start(client_filter=explode, client_filter_done=lambda: False)
         await thread(link.client_peer.sendall, b"boom")
         result = await finished(task)
@@ -424,11 +416,11 @@ def test_failing_filter_is_a_relay_error(run: Runner) -> None:
     run(scenario())
 
 
-def test_on_bytes_totals_match_small_transfers(run: Runner, use_splice: bool) -> None:
+def test_on_bytes_totals_match_small_transfers(extensions: Extensions, run: Runner, use_splice: bool) -> None:
     reports: list[tuple[int, int]] = []
 
     async def scenario() -> None:
-        link = Link()
+        link = Link(extensions)
         task = link.start(
             initial_to_pod=b"12345", use_splice=use_splice, on_bytes=lambda a, b: reports.append((a, b))
         )
@@ -446,7 +438,7 @@ def test_on_bytes_totals_match_small_transfers(run: Runner, use_splice: bool) ->
 
 @pytest.mark.skipif(not SPLICE_AVAILABLE, reason="os.splice not available")
 def test_no_fds_for_pipes_falls_back_to_copying(
-    run: Runner, monkeypatch: pytest.MonkeyPatch, pump_in: str
+    extensions: Extensions, run: Runner, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(pump_module, "SPLICE_AFTER_BYTES", 0)
 
@@ -454,11 +446,11 @@ def test_no_fds_for_pipes_falls_back_to_copying(
         raise OSError(errno.EMFILE, "Too many open files")
 
     async def scenario() -> None:
-        link = Link()
+        link = Link(extensions)
         task = link.start()  # auto: splice wanted
         await eventually(live_relays, what="the relay started: the pump's own fds (the C engine's epoll set) exist")
         with contextlib.ExitStack() as stack:
-            if pump_in == "c":  # the C pump calls pipe2(2) itself: take every free fd number away
+            if extensions.tcp_pump:  # the C pump calls pipe2(2) itself: take every free fd number away
                 stack.enter_context(no_free_fds())
             else:
                 monkeypatch.setattr(os, "pipe2", no_pipes)
@@ -495,9 +487,9 @@ def no_free_fds() -> Iterator[None]:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
-def test_short_exchanges_never_take_a_pipe_and_bulk_switches_to_splice(run: Runner) -> None:
+def test_short_exchanges_never_take_a_pipe_and_bulk_switches_to_splice(extensions: Extensions, run: Runner) -> None:
     async def scenario() -> None:
-        link = Link()
+        link = Link(extensions)
         task = link.start()  # auto: splice wanted
         for _ in range(20):  # a unary gRPC-like exchange: small both ways
             await thread(link.client_peer.sendall, b"request")
@@ -520,40 +512,35 @@ def test_short_exchanges_never_take_a_pipe_and_bulk_switches_to_splice(run: Runn
     run(scenario())
 
 
-@pytest.mark.parametrize("native", [None, True, False])
-def test_the_pump_is_the_one_asked_for(
-    run: Runner, pump_in: str, native: bool | None, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """None: the process's choice (C when built and not ruled out by NO_EXTENSIONS_ENV); True: C
-    whatever the variable says; False: Python. The C pump's relays run on the loop's engine, which
-    counts them."""
-    expected = "c" if native or (native is None and pump_in == "c") else "python"
+def test_the_pump_is_the_one_asked_for(extensions: Extensions, run: Runner) -> None:
+    """``native`` (the edge passes its settings' ``Extensions.tcp_pump``) alone decides: the C pump's
+    relays run on the loop's engine, which counts them; the Python pump's on no engine."""
 
     async def scenario() -> None:
-        link = Link()
-        task = link.start(native=native)
+        link = Link(extensions)
+        task = link.start()
         await thread(link.client_peer.sendall, b"ping")
         assert await thread(recv_exactly, link.pod_peer, 4) == b"ping"
         running = list(relay_policy.LIVE)
         assert len(running) == 1
-        assert (running[0].engine is not None) == (expected == "c")
-        engine = native_relay_module.engine_for(asyncio.get_running_loop(), True)
-        assert engine is not None and engine.live == (1 if expected == "c" else 0)
+        engine = native_relay_module.engine_for(asyncio.get_running_loop(), extensions.tcp_pump)
+        assert running[0].engine is engine
+        assert engine is None or engine.live == 1
         link.close_peers()
         assert (await finished(task)).outcome == "completed"
-        assert engine.live == 0
+        assert engine is None or engine.live == 0
 
     run(scenario())
 
 
-def test_an_engine_that_cannot_watch_a_socket_ends_the_relay(run: Runner, pump_in: str) -> None:
+def test_an_engine_that_cannot_watch_a_socket_ends_the_relay(extensions: Extensions, run: Runner) -> None:
     """A socket the C engine cannot watch (here: its fd is not a socket epoll accepts) ends the
     relay as the router's error at once, instead of a relay that waits forever."""
-    if pump_in != "c":
+    if not extensions.tcp_pump:
         pytest.skip("the C engine's own failure")
 
     async def scenario() -> None:
-        link = Link()
+        link = Link(extensions)
         with open(os.devnull, "rb") as regular:  # epoll_ctl(2) refuses a regular file: EPERM
             os.dup2(regular.fileno(), link.relay_pod.fileno())
         task = asyncio.ensure_future(relay(link.relay_client, link.relay_pod, idle_timeout_s=30.0, native=True))
@@ -568,12 +555,12 @@ def test_an_engine_that_cannot_watch_a_socket_ends_the_relay(run: Runner, pump_i
 
 @pytest.mark.parametrize("ending", ["completed", "cancelled"])
 def test_the_engine_closes_an_ended_relays_sockets_and_its_epoll_set_is_empty(
-    run: Runner, pump_in: str, ending: str
+    extensions: Extensions, run: Runner, ending: str
 ) -> None:
     """On the C engine the sockets of a relay that ends are closed by the engine (``close_fds``:
     their close takes them out of its epoll set, no ``epoll_ctl``). The kernel's view of the set
     (``/proc/self/fdinfo``) must be empty after, and each socket closed exactly once."""
-    if pump_in != "c":
+    if not extensions.tcp_pump:
         pytest.skip("the C engine's own closing")
 
     def in_epoll_set(epfd: int) -> list[str]:
@@ -583,7 +570,7 @@ def test_the_engine_closes_an_ended_relays_sockets_and_its_epoll_set_is_empty(
     async def scenario() -> None:
         engine = native_relay_module.engine_for(asyncio.get_running_loop(), True)
         assert engine is not None
-        link = Link()
+        link = Link(extensions)
         fds = (link.relay_client.fileno(), link.relay_pod.fileno())
         task = link.start()
         await thread(link.client_peer.sendall, b"ping")
@@ -608,18 +595,18 @@ def test_the_engine_closes_an_ended_relays_sockets_and_its_epoll_set_is_empty(
     run(scenario())
 
 
-def test_an_engine_dispatch_pumps_every_ready_relay_before_any_end_is_told(pump_in: str) -> None:
+def test_an_engine_dispatch_pumps_every_ready_relay_before_any_end_is_told(extensions: Extensions) -> None:
     """The accounting of a relay that ends (its ``on_end``: Python, tens of microseconds) waits
     until the dispatch has pumped the other ready relays: their bytes are not held up by it.
     Relay A's two ends become ready before relay B's bytes; when A's end is told, B's bytes have
     reached B's pod already. The engine is driven by hand, on real sockets."""
-    if pump_in != "c":
+    if not extensions.tcp_pump:
         pytest.skip("the C engine's dispatch")
     from router.tcp._relay import Engine
 
     engine = Engine(chunk_bytes=RELAY_CHUNK_BYTES, splice_after_bytes=1 << 20, pipe_bytes=SPLICE_PIPE_BYTES,
                     report_bytes=RELAY_REPORT_BYTES, rounds=4, events_per_dispatch=64)
-    a, b = Link(), Link()
+    a, b = Link(extensions), Link(extensions)
     told: list[bytes] = []
 
     def a_ended(_relay: object, code: int, *_flags: int) -> None:

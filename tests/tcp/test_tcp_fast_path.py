@@ -24,12 +24,11 @@ from typing import Any
 import pytest
 
 from discovery.targets import Target, TargetSnapshot
-from router import constants as c
 from router.access_log import AccessLog
+from router.extensions import Extensions
 from router.hostname import HostnameTemplate
 from router.metrics import RouterMetrics
 from router.outcomes import GrpcOutcome, ProtocolLabel, Termination
-from router.tcp import native_relay
 from router.tcp.edge import TcpRouter, TcpRouterSettings
 from router.tcp.relay_policy import Relay
 from tests.support.loops import Runner
@@ -39,7 +38,7 @@ from tests.support.tls import ssl_client_hello_records
 
 pytestmark = [
     pytest.mark.timeout(30),
-    pytest.mark.skipif(not native_relay.is_built(), reason="the C relay router.tcp._relay is not built"),
+    pytest.mark.parametrize("extensions", ["c"], indirect=True),  # the path is the C pump's
 ]
 
 HELLO = ssl_client_hello_records("stargate-0.stargate.external")
@@ -47,17 +46,14 @@ TLS_ALERT = 21
 """A TLS record of content type alert: how a refused TLS client is told (``rejection``)."""
 
 
-@pytest.fixture(autouse=True)
-def extensions_allowed(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The fast path needs the C pump: the process's choice must not rule it out."""
-    monkeypatch.delenv(c.NO_EXTENSIONS_ENV, raising=False)
-
-
 @asynccontextmanager
-async def edge(pod_port: int, **settings: Any) -> AsyncIterator[tuple[TcpRouter, RouterMetrics, int]]:
+async def edge(
+    pod_port: int, extensions: Extensions, **settings: Any
+) -> AsyncIterator[tuple[TcpRouter, RouterMetrics, int]]:
     snapshot = TargetSnapshot.of([Target("stargate-0", "127.0.0.2", pod_port, 0)])
     metrics = RouterMetrics()
-    router = TcpRouter(TcpRouterSettings(**settings), HostnameTemplate.parse("{pod_name}.stargate.external", "default"),
+    router = TcpRouter(TcpRouterSettings(extensions=extensions, **settings),
+                       HostnameTemplate.parse("{pod_name}.stargate.external", "default"),
                        lambda: snapshot, metrics, AccessLog(metrics))
     _, port = await router.start("127.0.0.1", 0)
     try:
@@ -108,9 +104,11 @@ async def until(condition: Callable[[], bool], timeout_s: float = 5.0) -> None:
     await eventually(condition, timeout_s, 0.01)
 
 
-def test_a_tls_connection_is_relayed_without_a_task_and_ends_as_the_task_ends_it(run: Runner) -> None:
+def test_a_tls_connection_is_relayed_without_a_task_and_ends_as_the_task_ends_it(
+    run: Runner, extensions: Extensions
+) -> None:
     async def main() -> None:
-        async with echo_pod() as pod_port, edge(pod_port) as (router, metrics, port):
+        async with echo_pod() as pod_port, edge(pod_port, extensions) as (router, metrics, port):
             reader, writer = await connect_with_hello(port, b"ping")
             assert await reader.readexactly(len(HELLO) + 4) == HELLO + b"ping"
             assert router.active_connections == 1 and not router._tasks  # on the fast path
@@ -157,7 +155,9 @@ def recv_exactly(sock: socket.socket, n: int) -> bytes:
     return data
 
 
-def test_an_accept_batch_is_dialled_together_then_relayed(run: Runner, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_accept_batch_is_dialled_together_then_relayed(
+    run: Runner, extensions: Extensions, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Connections queued before the router's loop runs arrive in one accept batch: every dial
     of the batch goes out before the first relay starts, and each connection still reaches its
     own pod; a name no pod has is refused on its own."""
@@ -182,7 +182,8 @@ def test_an_accept_batch_is_dialled_together_then_relayed(run: Runner, monkeypat
             snapshot = TargetSnapshot.of([Target("stargate-0", "127.0.0.2", pod_port, 0),
                                           Target("stargate-1", "127.0.0.2", pod_port, 0)])
             metrics = RouterMetrics()
-            router = TcpRouter(TcpRouterSettings(), HostnameTemplate.parse("{pod_name}.stargate.external", "default"),
+            router = TcpRouter(TcpRouterSettings(extensions=extensions),
+                               HostnameTemplate.parse("{pod_name}.stargate.external", "default"),
                                lambda: snapshot, metrics, AccessLog(metrics))
             _, port = await router.start("127.0.0.1", 0)
             names = ["stargate-0", "stargate-1", "stargate-9", "stargate-1", "stargate-0"]
@@ -212,12 +213,12 @@ def test_an_accept_batch_is_dialled_together_then_relayed(run: Runner, monkeypat
     run(main())
 
 
-def test_the_fast_path_leaves_no_cyclic_garbage(run: Runner) -> None:
+def test_the_fast_path_leaves_no_cyclic_garbage(run: Runner, extensions: Extensions) -> None:
     """Peers without an event loop, so that whatever the collector finds is the router's."""
     listener, pod = blocking_echo_pod()
 
     async def main() -> None:
-        async with edge(listener.getsockname()[1]) as (router, metrics, port):
+        async with edge(listener.getsockname()[1], extensions) as (router, metrics, port):
             await asyncio.to_thread(hello_and_close, port)  # the loop's and the pool's own objects, once
             await until(lambda: router.active_connections == 0)
             gc.collect()
@@ -239,11 +240,11 @@ def test_the_fast_path_leaves_no_cyclic_garbage(run: Runner) -> None:
         pod.join(5)
 
 
-def test_a_refused_dial_is_answered_with_an_alert(run: Runner) -> None:
+def test_a_refused_dial_is_answered_with_an_alert(run: Runner, extensions: Extensions) -> None:
     async def main() -> None:
         with socket.create_server(("127.0.0.2", 0)) as closed:
             closed_port = closed.getsockname()[1]
-        async with edge(closed_port) as (router, metrics, port):
+        async with edge(closed_port, extensions) as (router, metrics, port):
             reader, writer = await connect_with_hello(port)
             answer = await reader.read()
             assert answer[:1] == bytes([TLS_ALERT])
@@ -255,14 +256,14 @@ def test_a_refused_dial_is_answered_with_an_alert(run: Runner) -> None:
     run(main())
 
 
-def test_a_dial_still_in_progress_is_waited_for_by_the_pump(run: Runner) -> None:
+def test_a_dial_still_in_progress_is_waited_for_by_the_pump(run: Runner, extensions: Extensions) -> None:
     """The pod's accept queue is full: the SYN is dropped and retransmitted (1 s later) once the
     queue has room. Meanwhile the C pump holds the hello; then it goes out and the relay runs."""
 
     async def main() -> None:
         pod = SynDroppingPod("127.0.0.2")
         try:
-            async with edge(pod.port, connect_timeout_s=5.0) as (router, metrics, port):
+            async with edge(pod.port, extensions, connect_timeout_s=5.0) as (router, metrics, port):
                 reader, writer = await connect_with_hello(port)
                 await until(lambda: pod.dials_waiting() == 1)  # the dial's SYN went out and was dropped
                 assert outcome(metrics, GrpcOutcome.ACCEPTED) == 0  # not connected yet
@@ -284,9 +285,9 @@ def test_a_dial_still_in_progress_is_waited_for_by_the_pump(run: Runner) -> None
     run(main())
 
 
-def test_a_hello_in_pieces_goes_on_in_a_task(run: Runner) -> None:
+def test_a_hello_in_pieces_goes_on_in_a_task(run: Runner, extensions: Extensions) -> None:
     async def main() -> None:
-        async with echo_pod() as pod_port, edge(pod_port) as (router, metrics, port):
+        async with echo_pod() as pod_port, edge(pod_port, extensions) as (router, metrics, port):
             sock = socket.create_connection(("127.0.0.1", port))
             sock.sendall(HELLO[:10])
             await until(lambda: len(router._tasks) == 1)  # the fast path found the hello incomplete
@@ -300,13 +301,16 @@ def test_a_hello_in_pieces_goes_on_in_a_task(run: Runner) -> None:
     run(main())
 
 
-def test_client_slots_are_held_by_fast_connections_and_follow_one_into_its_task(run: Runner) -> None:
+def test_client_slots_are_held_by_fast_connections_and_follow_one_into_its_task(
+    run: Runner, extensions: Extensions
+) -> None:
     """A per-client limit of 2 on the fast path (bare fds, the slot held by the connection's
     ``Connection``): a third connection is refused with an alert; a connection that leaves the path
     for a task (its hello in pieces) takes its slot along; every slot is back at the end."""
 
     async def main() -> None:
-        async with echo_pod() as pod_port, edge(pod_port, max_connections_per_client=2) as (router, metrics, port):
+        async with echo_pod() as pod_port, \
+                edge(pod_port, extensions, max_connections_per_client=2) as (router, metrics, port):
             slots = router.clients.slots
             first = await connect_with_hello(port)
             assert await first[0].readexactly(len(HELLO)) == HELLO
@@ -333,9 +337,9 @@ def test_client_slots_are_held_by_fast_connections_and_follow_one_into_its_task(
     run(main())
 
 
-def test_the_drain_cuts_fast_connections_and_counts_them(run: Runner) -> None:
+def test_the_drain_cuts_fast_connections_and_counts_them(run: Runner, extensions: Extensions) -> None:
     async def main() -> None:
-        async with echo_pod() as pod_port, edge(pod_port) as (router, metrics, port):
+        async with echo_pod() as pod_port, edge(pod_port, extensions) as (router, metrics, port):
             reader, writer = await connect_with_hello(port)
             assert await reader.readexactly(len(HELLO)) == HELLO
             await router.drain(0.2)  # the client never closes: cut when the drain runs out
@@ -351,7 +355,7 @@ def test_the_drain_cuts_fast_connections_and_counts_them(run: Runner) -> None:
     run(main())
 
 
-def test_a_pod_that_resets_is_told_as_pod_reset_and_leaves_no_fd(run: Runner) -> None:
+def test_a_pod_that_resets_is_told_as_pod_reset_and_leaves_no_fd(run: Runner, extensions: Extensions) -> None:
     """The pod's side is a bare fd on this path (the C dial): its TCP state is still read for the
     termination cause, and it is closed once."""
     import os
@@ -365,7 +369,7 @@ def test_a_pod_that_resets_is_told_as_pod_reset_and_leaves_no_fd(run: Runner) ->
     async def main() -> None:
         server = await asyncio.start_server(reset_after_hello, "127.0.0.2", 0)
         try:
-            async with edge(server.sockets[0].getsockname()[1]) as (router, metrics, port):
+            async with edge(server.sockets[0].getsockname()[1], extensions) as (router, metrics, port):
                 before = len(os.listdir("/proc/self/fd"))
                 reader, writer = await connect_with_hello(port)
                 with contextlib.suppress(ConnectionResetError):
@@ -381,7 +385,7 @@ def test_a_pod_that_resets_is_told_as_pod_reset_and_leaves_no_fd(run: Runner) ->
     run(main())
 
 
-def test_a_pod_named_by_a_host_name_is_dialled_through_the_resolver(run: Runner) -> None:
+def test_a_pod_named_by_a_host_name_is_dialled_through_the_resolver(run: Runner, extensions: Extensions) -> None:
     """The C dial takes IP literals only (what EndpointSlices carry); a name still works."""
 
     async def echo_once(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -394,7 +398,8 @@ def test_a_pod_named_by_a_host_name_is_dialled_through_the_resolver(run: Runner)
         pod_port = server.sockets[0].getsockname()[1]
         snapshot = TargetSnapshot.of([Target("stargate-0", "localhost", pod_port, 0)])
         metrics = RouterMetrics()
-        router = TcpRouter(TcpRouterSettings(), HostnameTemplate.parse("{pod_name}.stargate.external", "default"),
+        router = TcpRouter(TcpRouterSettings(extensions=extensions),
+                           HostnameTemplate.parse("{pod_name}.stargate.external", "default"),
                            lambda: snapshot, metrics, AccessLog(metrics))
         _, port = await router.start("127.0.0.1", 0)
         try:
@@ -410,9 +415,9 @@ def test_a_pod_named_by_a_host_name_is_dialled_through_the_resolver(run: Runner)
     run(main())
 
 
-def test_the_drain_waits_for_a_fast_connection_that_ends_in_time(run: Runner) -> None:
+def test_the_drain_waits_for_a_fast_connection_that_ends_in_time(run: Runner, extensions: Extensions) -> None:
     async def main() -> None:
-        async with echo_pod() as pod_port, edge(pod_port) as (router, metrics, port):
+        async with echo_pod() as pod_port, edge(pod_port, extensions) as (router, metrics, port):
             reader, writer = await connect_with_hello(port)
             assert await reader.readexactly(len(HELLO)) == HELLO
 
@@ -430,7 +435,8 @@ def test_the_drain_waits_for_a_fast_connection_that_ends_in_time(run: Runner) ->
 
 @pytest.mark.parametrize("failing", ["decide", "start"])
 def test_a_bug_costs_one_connection_never_the_listener(
-    run: Runner, failing: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    run: Runner, extensions: Extensions, failing: str, monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """A failure inside the path (before the decision, or once the relay holds both sockets):
     that connection is closed and its line ended; the next one is routed."""
@@ -445,7 +451,7 @@ def test_a_bug_costs_one_connection_never_the_listener(
         return wrapper
 
     async def main() -> None:
-        async with echo_pod() as pod_port, edge(pod_port) as (router, metrics, port):
+        async with echo_pod() as pod_port, edge(pod_port, extensions) as (router, metrics, port):
             if failing == "decide":
                 monkeypatch.setattr(router.connections, "decide", first_fails(router.connections.decide))
             else:
@@ -472,7 +478,9 @@ def test_a_bug_costs_one_connection_never_the_listener(
 
 
 @pytest.mark.parametrize("failure", ["connect-timeout", "refused-later"])
-def test_a_dial_that_fails_while_in_progress_is_answered_with_an_alert(run: Runner, failure: str) -> None:
+def test_a_dial_that_fails_while_in_progress_is_answered_with_an_alert(
+    run: Runner, extensions: Extensions, failure: str
+) -> None:
     """The SYN is dropped (full accept queue): either the connect timeout ends the wait, or the pod
     goes away and the retransmitted SYN (~1 s later) meets a RST, which the pump, waiting for the
     connect, reads from SO_ERROR. Either way the client hears an alert, counted as dial_failed."""
@@ -481,7 +489,7 @@ def test_a_dial_that_fails_while_in_progress_is_answered_with_an_alert(run: Runn
         pod = SynDroppingPod("127.0.0.2")
         timeout_s = 0.3 if failure == "connect-timeout" else 10.0
         try:
-            async with edge(pod.port, connect_timeout_s=timeout_s) as (router, metrics, port):
+            async with edge(pod.port, extensions, connect_timeout_s=timeout_s) as (router, metrics, port):
                 reader, writer = await connect_with_hello(port)
                 if failure == "refused-later":
                     await until(lambda: pod.dials_waiting() == 1)  # the dial's SYN went out and was dropped

@@ -13,8 +13,9 @@ from typing import Any
 
 import pytest
 
+from router.extensions import Extensions
 from router.tcp import native_relay
-from router.tcp.poller import FdPoller, poller_for, recv, sendall
+from router.tcp.poller import FdPoller, PerLoop, poller_for, recv, sendall
 from router.tcp.relay import RelayOutcome, RelayProbe, relay
 from tests.support.loops import Runner
 from tests.support.polling import eventually
@@ -193,14 +194,27 @@ def test_one_poller_per_loop_and_a_closed_loops_poller_is_closed() -> None:
         seen[0]._ep.fileno()
 
 
-@pytest.mark.parametrize("pump", ["python", "c"])
-def test_a_finished_relay_unwatches_its_fds_and_leaves_no_cyclic_garbage(run: Runner, pump: str) -> None:
-    if pump == "c" and not native_relay.is_built():
-        pytest.skip("the C relay is not built")
+def test_what_a_closed_loop_left_is_dropped_and_closed_once_another_loop_adds_its_own() -> None:
+    """``PerLoop``, the one home of the poller's, the C engine's and the young relays' per-loop values."""
+    closed: list[str] = []
+    values: PerLoop[str] = PerLoop(closed.append)
+    first, second = asyncio.new_event_loop(), asyncio.new_event_loop()
+    try:
+        assert values.add(first, "first") == "first" and values.get(first) == "first"
+        first.close()
+        assert values.get(first) == "first" and closed == []  # kept until another loop adds its own
+        values.add(second, "second")
+        assert dict(values) == {second: "second"} and closed == ["first"]
+    finally:
+        second.close()
+
+
+def test_a_finished_relay_unwatches_its_fds_and_leaves_no_cyclic_garbage(run: Runner, extensions: Extensions) -> None:
+    native = extensions.tcp_pump
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
-        engine = native_relay.engine_for(loop, True) if pump == "c" else None
+        engine = native_relay.engine_for(loop, native)
         poller: Any = engine if engine is not None else poller_for(loop)
         gc.collect()
         gc.disable()
@@ -210,7 +224,7 @@ def test_a_finished_relay_unwatches_its_fds_and_leaves_no_cyclic_garbage(run: Ru
                 pod, pod_end = tcp_pair()
                 probes: list[RelayProbe] = []
                 task = loop.create_task(relay(client_end, pod, initial_to_pod=b"hello", idle_timeout_s=10,
-                                              on_start=probes.append, native=pump == "c"))
+                                              on_start=probes.append, native=native))
                 await until(lambda: poller.watched == 2)
                 client.shutdown(socket.SHUT_WR)
                 pod_end.shutdown(socket.SHUT_WR)

@@ -18,11 +18,11 @@ from typing import Any
 
 import pytest
 
-from router.tcp import native_relay
+from router.extensions import TCP_PUMP_MODULE, is_built
 
 pytestmark = [
     pytest.mark.timeout(30),
-    pytest.mark.skipif(not native_relay.is_built(), reason="the C relay router.tcp._relay is not built"),
+    pytest.mark.skipif(not is_built(TCP_PUMP_MODULE), reason="the C relay router.tcp._relay is not built"),
 ]
 
 MiB = 1 << 20

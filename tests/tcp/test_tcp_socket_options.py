@@ -16,6 +16,7 @@ from discovery.targets import Target, TargetSnapshot
 from router import constants as c
 from router.app import RouterApp
 from router.config import config_from_args
+from router.extensions import Extensions
 from router.hostname import HostnameTemplate
 from router.metrics import RouterMetrics
 from router.tcp.dial import DialError, dial
@@ -79,13 +80,13 @@ def test_the_flag_reaches_the_edge(flag: str) -> None:
     assert app.tcp._settings.defer_accept is (flag == "on")
 
 
-def test_a_silent_client_is_accepted_once_it_speaks_or_after_the_deferral(run: Runner) -> None:
+def test_a_silent_client_is_accepted_once_it_speaks_or_after_the_deferral(run: Runner, extensions: Extensions) -> None:
     """With the accept deferred (the default), a connected client that has sent nothing costs the
     router nothing: no accept, no peek, no record. Its first bytes hand it over at once; a client
     that stays silent is handed over after ``TCP_DEFER_ACCEPT_S`` and cut at the peek timeout."""
 
     async def main() -> None:
-        router = TcpRouter(TcpRouterSettings(peek_timeout_s=0.3),
+        router = TcpRouter(TcpRouterSettings(peek_timeout_s=0.3, extensions=extensions),
                            HostnameTemplate.parse("{pod_name}.stargate.external", "default"),
                            TargetSnapshot, RouterMetrics())
         host, port = await router.start("127.0.0.1", 0)
@@ -152,7 +153,9 @@ def test_dial_to_a_full_backlog_times_out(run: Runner) -> None:
     run(main())
 
 
-def test_a_hello_that_comes_later_is_waited_for_on_the_epoll_set_and_no_wait_outlives_it(run: Runner) -> None:
+def test_a_hello_that_comes_later_is_waited_for_on_the_epoll_set_and_no_wait_outlives_it(
+    run: Runner, extensions: Extensions
+) -> None:
     """A router at rest without ``--tcp-defer-accept`` (or a client silent for longer than the
     kernel defers it) accepts before the ClientHello arrives: the peek waits on the relay's epoll
     set; the connection is routed once the hello comes, and a client that never sends one is cut
@@ -169,7 +172,7 @@ def test_a_hello_that_comes_later_is_waited_for_on_the_epoll_set_and_no_wait_out
         pod = await asyncio.start_server(echo, "127.0.0.2", 0)
         pod_port = pod.sockets[0].getsockname()[1]
         snapshot = TargetSnapshot.of([Target("stargate-0", "127.0.0.2", pod_port, 0)])
-        router = TcpRouter(TcpRouterSettings(peek_timeout_s=0.3, defer_accept=False),
+        router = TcpRouter(TcpRouterSettings(peek_timeout_s=0.3, defer_accept=False, extensions=extensions),
                            HostnameTemplate.parse("{pod_name}.stargate.external", "default"),
                            lambda: snapshot, RouterMetrics())
         host, port = await router.start("127.0.0.1", 0)

@@ -22,13 +22,14 @@ from aioquic.asyncio import QuicConnectionProtocol, connect
 from router import constants as c
 from router.demo.pki import DemoPki
 from router.demo.quic_pods import WHOAMI, bound_port, client_configuration, request, start_quic_pod
+from router.extensions import Extensions
 from tests.support.access_peers import access_lines, wait_access
 from tests.support.names import host
 from tests.support.polling import becomes_true, eventually
 from tests.support.quic_initial_rewriter import client_first_flight
-from tests.support.router_process import RouterProcess, router_args, write_endpoints
+from tests.support.router_process import RouterProcess, extensions_env, router_args, write_endpoints
 
-pytestmark = [pytest.mark.timeout(60), pytest.mark.usefixtures("both_udp_paths")]
+pytestmark = pytest.mark.timeout(60)
 """Every test here runs on the pure-Python path and on the C splice, each within 60 s."""
 
 IDLE_TIMEOUT_MS = 1000
@@ -71,13 +72,13 @@ class CountingClient(QuicConnectionProtocol):
 
 
 @asynccontextmanager
-async def quic_router(pki: DemoPki, tmp: Path, idle_ms: int) -> AsyncIterator[RouterProcess]:
+async def quic_router(pki: DemoPki, tmp: Path, extensions: Extensions, idle_ms: int) -> AsyncIterator[RouterProcess]:
     pods = {name: await start_quic_pod(name, ip, 0, pki.cert_path, pki.key_path) for name, ip in PODS.items()}
     endpoints = tmp / "endpoints.json"
     write_endpoints(endpoints, [(name, PODS[name], 1, bound_port(pod)) for name, pod in pods.items()])
     router = RouterProcess(router_args(
         endpoints, "--log-format", "json", "--relay-idle-timeout-ms", str(idle_ms), "--debug-endpoints",
-    ))
+    ), extensions_env(extensions))
     try:
         await asyncio.to_thread(router.wait_ready)
         yield router
@@ -100,8 +101,10 @@ async def line_of(router: RouterProcess, address: str, timeout_s: float = 10.0) 
     return mine[0]
 
 
-async def test_an_idle_flow_ends_completed_with_the_bytes_its_client_moved(pki: DemoPki, tmp_path: Path) -> None:
-    async with quic_router(pki, tmp_path, IDLE_TIMEOUT_MS) as router:
+async def test_an_idle_flow_ends_completed_with_the_bytes_its_client_moved(
+    pki: DemoPki, tmp_path: Path, extensions: Extensions
+) -> None:
+    async with quic_router(pki, tmp_path, extensions, IDLE_TIMEOUT_MS) as router:
         config = client_configuration(host("sg-0"), pki.ca_path)
         async with connect("127.0.0.1", router.quic_port, configuration=config,
                            create_protocol=CountingClient) as client:
@@ -116,8 +119,8 @@ async def test_an_idle_flow_ends_completed_with_the_bytes_its_client_moved(pki: 
         assert line["duration_ms"] >= IDLE_TIMEOUT_MS - 50 and isinstance(line["decision_us"], int)
 
 
-async def test_a_refused_flow_is_one_rejected_line(pki: DemoPki, tmp_path: Path) -> None:
-    async with quic_router(pki, tmp_path, IDLE_TIMEOUT_MS) as router:
+async def test_a_refused_flow_is_one_rejected_line(pki: DemoPki, tmp_path: Path, extensions: Extensions) -> None:
+    async with quic_router(pki, tmp_path, extensions, IDLE_TIMEOUT_MS) as router:
         config = client_configuration("nobody.example.org", pki.ca_path)
         with pytest.raises(ConnectionError):
             async with connect("127.0.0.1", router.quic_port, configuration=config, wait_connected=True):
@@ -130,9 +133,9 @@ async def test_a_refused_flow_is_one_rejected_line(pki: DemoPki, tmp_path: Path)
 
 
 async def test_a_pending_flow_is_listed_without_a_pod_then_ends_at_the_pending_timeout(
-    pki: DemoPki, tmp_path: Path,
+    pki: DemoPki, tmp_path: Path, extensions: Extensions
 ) -> None:
-    async with quic_router(pki, tmp_path, IDLE_TIMEOUT_MS) as router:
+    async with quic_router(pki, tmp_path, extensions, IDLE_TIMEOUT_MS) as router:
         _client, flight = client_first_flight(big_hello=True, addr=("127.0.0.1", router.quic_port))
         assert len(flight) > 1
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
@@ -157,11 +160,11 @@ async def test_a_pending_flow_is_listed_without_a_pod_then_ends_at_the_pending_t
 
 
 async def test_connections_from_one_address_each_write_their_own_line_at_their_own_idle_timeout(
-    pki: DemoPki, tmp_path: Path
+    pki: DemoPki, tmp_path: Path, extensions: Extensions
 ) -> None:
     """Two clients one after the other on one local port, each advertising a 2 s idle timeout: two
     flows side by side, each listed live with its own pod, each ending as ``quic_idle_timeout``."""
-    async with quic_router(pki, tmp_path, 30_000) as router:
+    async with quic_router(pki, tmp_path, extensions, 30_000) as router:
         probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         probe.bind(("127.0.0.1", 0))
         local_port = probe.getsockname()[1]

@@ -7,10 +7,9 @@ import asyncio
 import os
 import socket
 
-import pytest
-
 from discovery.targets import EMPTY_SNAPSHOT
 from router import constants as c
+from router.extensions import Extensions
 from router.metrics import RouterMetrics
 from router.outcomes import QuicOutcome
 from router.udp.settings import UdpRouterSettings
@@ -18,9 +17,6 @@ from tests.support.initial_packets import protected_initial
 from tests.support.polling import eventually
 from tests.support.quic_frames import crypto_frame
 from tests.support.udp_router import running_udp_router
-
-pytestmark = pytest.mark.usefixtures("both_udp_paths")
-"""Every test here runs on the pure-Python path and on the C splice."""
 
 INCOMPLETE_HELLO = crypto_frame(0, b"\x01\x00\x02\x00" + bytes(60))
 """The start of a 512-byte ClientHello: its flow stays pending until it times out."""
@@ -32,14 +28,15 @@ def _client(ip: str) -> socket.socket:
     return sock
 
 
-async def test_pending_flows_count_and_a_timed_out_one_gives_its_slot_back() -> None:
+async def test_pending_flows_count_and_a_timed_out_one_gives_its_slot_back(extensions: Extensions) -> None:
+    """On the pure-Python path and on the C splice."""
     metrics = RouterMetrics()
 
     def refused() -> float | None:
         labels = {"outcome": QuicOutcome.CLIENT_LIMIT}
         return metrics.registry.get_sample_value(f"{c.QUIC_CONNECTIONS_TOTAL}_total", labels)
 
-    settings = UdpRouterSettings(max_flows_per_client=2)
+    settings = UdpRouterSettings(max_flows_per_client=2, extensions=extensions)
     async with running_udp_router(lambda: EMPTY_SNAPSHOT, settings, metrics) as (router, port):
         clients = [_client("127.0.0.41") for _ in range(3)] + [_client("127.0.0.42")]
         try:

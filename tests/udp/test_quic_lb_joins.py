@@ -18,13 +18,14 @@ import pytest
 
 from discovery.targets import Target
 from router.demo.pki import DemoPki
+from router.extensions import Extensions
 from router.udp.quic_lb import pod_server_id
 from tests.support.initial_packets import long_header_packet
 from tests.support.polling import eventually
 from tests.support.quic_lb_pods import quic_lb_cid
 from tests.support.quic_pods_harness import POD_HOSTS, ROUTER_HOST, Harness, running
 
-pytestmark = [pytest.mark.timeout(60), pytest.mark.usefixtures("both_udp_paths")]
+pytestmark = pytest.mark.timeout(60)
 """Every test here runs on the pure-Python path and on the C splice."""
 
 QUIC_LB = {"quic_lb_server_id_bytes": 4}
@@ -57,8 +58,8 @@ def send_each(h: Harness, socks: list[socket.socket], make: bytes | Callable[[],
         sock.sendto(make() if callable(make) else make, (ROUTER_HOST, h.port))
 
 
-async def test_a_short_header_naming_a_ready_pod_opens_one_flow_to_it(pki: DemoPki) -> None:
-    async with running(pki, **QUIC_LB) as h:
+async def test_a_short_header_naming_a_ready_pod_opens_one_flow_to_it(pki: DemoPki, extensions: Extensions) -> None:
+    async with running(pki, extensions, **QUIC_LB) as h:
         with clients(1) as (sock,):
             for _ in range(3):
                 sock.sendto(short_header(names("stargate-1")), (ROUTER_HOST, h.port))
@@ -69,13 +70,15 @@ async def test_a_short_header_naming_a_ready_pod_opens_one_flow_to_it(pki: DemoP
         assert h.outcome("accepted") == 0
 
 
-async def test_a_handshake_packet_naming_a_pod_joins_it_and_a_zero_rtt_packet_never_does(pki: DemoPki) -> None:
+async def test_a_handshake_packet_naming_a_pod_joins_it_and_a_zero_rtt_packet_never_does(
+    pki: DemoPki, extensions: Extensions
+) -> None:
     """A v1 Handshake packet's DCID is always one the server issued; a 0-RTT packet's is the
     client's choice, which names no pod (and an Initial is read for its SNI instead)."""
     def cid() -> bytes:
         return quic_lb_cid(names("stargate-0"), os.urandom(7), 0, self_encoded=True)
 
-    async with running(pki, **QUIC_LB) as h:
+    async with running(pki, extensions, **QUIC_LB) as h:
         with clients(2) as (handshake, zero_rtt):
             handshake.sendto(long_header_packet(2, 300, dcid=cid()), (ROUTER_HOST, h.port))
             zero_rtt.sendto(long_header_packet(1, 300, dcid=cid()), (ROUTER_HOST, h.port))
@@ -84,16 +87,18 @@ async def test_a_handshake_packet_naming_a_pod_joins_it_and_a_zero_rtt_packet_ne
             assert flow is not None and flow.pod_name == "stargate-0"
 
 
-async def test_a_flood_naming_a_pod_opens_no_more_flows_than_the_join_bucket_holds(pki: DemoPki) -> None:
-    async with running(pki, **QUIC_LB, quic_lb_join_burst=5, quic_lb_joins_per_s=0.001) as h:
+async def test_a_flood_naming_a_pod_opens_no_more_flows_than_the_join_bucket_holds(
+    pki: DemoPki, extensions: Extensions
+) -> None:
+    async with running(pki, extensions, **QUIC_LB, quic_lb_join_burst=5, quic_lb_joins_per_s=0.001) as h:
         with clients(40) as socks:
             send_each(h, socks, lambda: short_header(names("stargate-0")))
             await eventually(lambda: h.dropped("quic_lb_rate_limited") == 35, what="35 joins refused")
             assert h.outcome("joined") == 5 and h.router.active_flows == 5
 
 
-async def test_datagrams_naming_no_ready_pod_open_nothing(pki: DemoPki) -> None:
-    async with running(pki, **QUIC_LB) as h:
+async def test_datagrams_naming_no_ready_pod_open_nothing(pki: DemoPki, extensions: Extensions) -> None:
+    async with running(pki, extensions, **QUIC_LB) as h:
         with clients(30) as socks:
             send_each(h, socks[:10], lambda: short_header(bytes([10, 9, 9, 9])))  # nobody's address
             send_each(h, socks[10:20], lambda: short_header(names("stargate-0"), rotation=0b111))  # not encoded
@@ -102,13 +107,13 @@ async def test_datagrams_naming_no_ready_pod_open_nothing(pki: DemoPki) -> None:
             assert h.router.active_flows == 0 and h.outcome("joined") == 0 and h.router.pending_flows == 0
 
 
-async def test_joins_hold_the_client_limit_and_the_flow_table_bound(pki: DemoPki) -> None:
-    async with running(pki, **QUIC_LB, max_flows_per_client=2) as h:
+async def test_joins_hold_the_client_limit_and_the_flow_table_bound(pki: DemoPki, extensions: Extensions) -> None:
+    async with running(pki, extensions, **QUIC_LB, max_flows_per_client=2) as h:
         with clients(5) as socks:
             send_each(h, socks, lambda: short_header(names("stargate-0")))
             await eventually(lambda: h.dropped("quic_lb_refused") == 3)
             assert h.outcome("joined") == 2 and h.router.active_flows == 2
-    async with running(pki, **QUIC_LB, max_flows=3) as h:
+    async with running(pki, extensions, **QUIC_LB, max_flows=3) as h:
         with clients(5) as socks:  # joins the pod never answers: each newer one takes the oldest's place
             send_each(h, socks, lambda: short_header(names("stargate-1")))
             await eventually(lambda: h.outcome("joined") == 5)
@@ -116,8 +121,8 @@ async def test_joins_hold_the_client_limit_and_the_flow_table_bound(pki: DemoPki
             assert h.dropped("flow_table_full") == 0
 
 
-async def test_a_draining_router_joins_nothing(pki: DemoPki) -> None:
-    async with running(pki, **QUIC_LB) as h:
+async def test_a_draining_router_joins_nothing(pki: DemoPki, extensions: Extensions) -> None:
+    async with running(pki, extensions, **QUIC_LB) as h:
         h.router.stop_accepting()
         with clients(3) as socks:
             send_each(h, socks, lambda: short_header(names("stargate-0")))
@@ -126,9 +131,9 @@ async def test_a_draining_router_joins_nothing(pki: DemoPki) -> None:
 
 
 async def test_pods_whose_addresses_end_alike_name_nobody_and_are_logged_once_per_snapshot(
-    pki: DemoPki, caplog: pytest.LogCaptureFixture
+    pki: DemoPki, extensions: Extensions, caplog: pytest.LogCaptureFixture
 ) -> None:
-    async with running(pki, quic_lb_server_id_bytes=1) as h:
+    async with running(pki, extensions, quic_lb_server_id_bytes=1) as h:
         twin = Target("stargate-9", "10.0.0.2", 1, h.targets["stargate-1"].quic_port)  # ends in 2, as 127.0.0.2
         h.publish("stargate-0", "stargate-1", twin=twin)
         with caplog.at_level(logging.WARNING, logger="router.udp_router"), clients(4) as socks:
@@ -140,8 +145,8 @@ async def test_pods_whose_addresses_end_alike_name_nobody_and_are_logged_once_pe
                             "stargate-0, stargate-9"]
 
 
-async def test_without_quic_lb_such_datagrams_are_dropped_as_ever(pki: DemoPki) -> None:
-    async with running(pki) as h:
+async def test_without_quic_lb_such_datagrams_are_dropped_as_ever(pki: DemoPki, extensions: Extensions) -> None:
+    async with running(pki, extensions) as h:
         with clients(3) as socks:
             send_each(h, socks, lambda: short_header(names("stargate-0")))
             await eventually(lambda: h.dropped("not_initial") == 3)

@@ -18,6 +18,7 @@ from aioquic.asyncio import connect
 
 from router.demo.pki import DemoPki
 from router.demo.quic_pods import client_configuration, request
+from router.extensions import Extensions
 from tests.support.access_peers import access_lines
 from tests.support.names import host as sni
 from tests.support.polling import eventually
@@ -25,7 +26,7 @@ from tests.support.quic_lb_pods import CID_BYTES, fetch, payload
 from tests.support.quic_lb_replicas import Replicas, keeping_alive, replicas
 from tests.support.shared_socket import open_shared_socket
 
-pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("both_udp_paths")]
+pytestmark = pytest.mark.timeout(120)
 """Every test here runs on the pure-Python path and on the C splice."""
 
 QUIC_LB = "--quic-lb-server-id-bytes=4"
@@ -41,9 +42,9 @@ async def _session_expired(r: Replicas) -> None:
     ids=["self_encoded_length", "configured_length"],
 )
 async def test_a_connection_moved_to_a_replica_that_never_saw_it_is_routed_by_its_server_id(
-    pki: DemoPki, tmp_path: Path, flags: tuple[str, ...], self_encoded: bool
+    pki: DemoPki, tmp_path: Path, extensions: Extensions, flags: tuple[str, ...], self_encoded: bool
 ) -> None:
-    async with replicas(pki, tmp_path, *flags, self_encoded=self_encoded) as r:
+    async with replicas(pki, tmp_path, extensions, *flags, self_encoded=self_encoded) as r:
         a, b = r.routers
         config = client_configuration(sni("stargate-1"), pki.ca_path)
         async with connect(*r.front, configuration=config) as client:
@@ -63,9 +64,9 @@ async def test_a_connection_moved_to_a_replica_that_never_saw_it_is_routed_by_it
 
 
 async def test_a_transfer_completes_byte_exact_through_a_rolling_restart_of_every_replica(
-    pki: DemoPki, tmp_path: Path
+    pki: DemoPki, tmp_path: Path, extensions: Extensions
 ) -> None:
-    async with replicas(pki, tmp_path, QUIC_LB) as r:
+    async with replicas(pki, tmp_path, extensions, QUIC_LB) as r:
         a, b = r.routers
         config = client_configuration(sni("stargate-0"), pki.ca_path)
         async with connect(*r.front, configuration=config) as client:
@@ -92,12 +93,12 @@ async def test_a_transfer_completes_byte_exact_through_a_rolling_restart_of_ever
 
 
 async def test_an_endpoints_connections_to_two_pods_move_together_and_each_reaches_its_own_pod(
-    pki: DemoPki, tmp_path: Path
+    pki: DemoPki, tmp_path: Path, extensions: Extensions
 ) -> None:
     """One client socket (a quinn ``Endpoint``) with a connection to each pod: the replica they move
     to sees one new address whose datagrams name two pods. The first to speak opens a flow there;
     the other's connection IDs name the other pod, so it gets its own flow beside it."""
-    async with replicas(pki, tmp_path, QUIC_LB) as r:
+    async with replicas(pki, tmp_path, extensions, QUIC_LB) as r:
         a, b = r.routers
         shared = await open_shared_socket("127.0.0.1")
         try:
@@ -116,10 +117,10 @@ async def test_an_endpoints_connections_to_two_pods_move_together_and_each_reach
 
 
 async def test_a_quinn_pods_connection_moved_to_a_replica_that_never_saw_it_keeps_working(
-    pki: DemoPki, tmp_path: Path, quinn_peer: Path
+    pki: DemoPki, tmp_path: Path, extensions: Extensions, quinn_peer: Path
 ) -> None:
     """The quinn pod issues its connection IDs with the ``ConnectionIdGenerator`` docs/quic.md shows."""
-    async with replicas(pki, tmp_path, QUIC_LB, quinn=quinn_peer) as r:
+    async with replicas(pki, tmp_path, extensions, QUIC_LB, quinn=quinn_peer) as r:
         a, b = r.routers
         config = client_configuration(sni("stargate-1"), pki.ca_path)
         async with connect(*r.front, configuration=config) as client:
@@ -133,9 +134,9 @@ async def test_a_quinn_pods_connection_moved_to_a_replica_that_never_saw_it_keep
 
 
 async def test_without_quic_lb_a_moved_connection_is_dropped_and_counted_never_misrouted(
-    pki: DemoPki, tmp_path: Path
+    pki: DemoPki, tmp_path: Path, extensions: Extensions
 ) -> None:
-    async with replicas(pki, tmp_path) as r:
+    async with replicas(pki, tmp_path, extensions) as r:
         b = r.routers[1]
         config = client_configuration(sni("stargate-1"), pki.ca_path, idle_timeout_s=2.0)
         async with connect(*r.front, configuration=config) as client:

@@ -23,11 +23,12 @@ from cryptography.hazmat.primitives.serialization import Encoding
 from router import constants as c
 from router.demo.pki import DemoPki
 from router.demo.quic_pods import bound_port, client_configuration, request, start_quic_pod
+from router.extensions import Extensions
 from tests.support.access_peers import access_lines
 from tests.support.names import host as sni
 from tests.support.polling import deliberate_pause, eventually_blocking
 from tests.support.rebinding import rebind
-from tests.support.router_process import RouterProcess, router_args, write_endpoints
+from tests.support.router_process import RouterProcess, extensions_env, router_args, write_endpoints
 from tests.support.shared_socket import open_shared_socket
 
 pytestmark = pytest.mark.timeout(120)
@@ -36,8 +37,8 @@ REBINDS = 20
 PODS = {"stargate-0": "127.0.0.2", "stargate-1": "127.0.0.3"}
 CONNECTIONS = f"{c.QUIC_CONNECTIONS_TOTAL}_total"
 DROPPED = f"{c.QUIC_DROPPED_DATAGRAMS_TOTAL}_total"
-PAIRS_AIOQUIC = [("native", 2), ("python", 4)]
-PAIRS_QUINN = [("native", 4), ("python", 2)]
+PAIRS_AIOQUIC = [("c", 2), ("python", 4)]
+PAIRS_QUINN = [("c", 4), ("python", 2)]
 """Each client through 2 and 4 workers, each count on both datapaths across the two clients: every
 pair the datapath and the worker count meet in is run once, not once per client (the suite's time)."""
 
@@ -55,15 +56,11 @@ async def endpoints(tmp_path: Path, pki: DemoPki) -> AsyncIterator[Path]:
             pod.close()
 
 
-@pytest.fixture(params=["native", "python"])
-def datapath(request: pytest.FixtureRequest) -> dict[str, str]:
-    """The workers' environment: the C splice (and C Initial reading) where built, or pure Python."""
-    return {c.NO_EXTENSIONS_ENV: "1"} if request.param == "python" else {}
-
-
-async def _router(endpoints: Path, workers: int, env: dict[str, str] | None = None) -> RouterProcess:
+async def _router(endpoints: Path, workers: int, extensions: Extensions | None = None) -> RouterProcess:
+    """``--workers N`` on the path ``extensions`` chose (the C splice and C Initial reading, or pure
+    Python); None: the router's own choice."""
     args = router_args(endpoints, "--workers", str(workers), "--log-format", "json", "--debug-endpoints")
-    router = RouterProcess(args, env=env)
+    router = RouterProcess(args, env=None if extensions is None else extensions_env(extensions))
     await asyncio.to_thread(router.wait_ready, 30.0)
     return router
 
@@ -76,11 +73,11 @@ async def _metric(router: RouterProcess, name: str, **labels: str) -> float:
     return await asyncio.to_thread(router.metric, name, **labels)
 
 
-@pytest.mark.parametrize(("datapath", "workers"), PAIRS_AIOQUIC, indirect=["datapath"])
+@pytest.mark.parametrize(("extensions", "workers"), PAIRS_AIOQUIC, indirect=["extensions"])
 async def test_an_aioquic_client_that_rebinds_twenty_times_keeps_its_connection(
-    endpoints: Path, pki: DemoPki, workers: int, datapath: dict[str, str]
+    endpoints: Path, pki: DemoPki, workers: int, extensions: Extensions
 ) -> None:
-    router = await _router(endpoints, workers, datapath)
+    router = await _router(endpoints, workers, extensions)
     with router:
         config = client_configuration(sni("stargate-1"), pki.ca_path)
         async with connect("127.0.0.1", router.quic_port, configuration=config) as client:
@@ -123,13 +120,13 @@ class _CountingTransport:
 
 
 async def test_a_connection_opened_beside_a_moved_one_leaves_it_its_pod(
-    endpoints: Path, pki: DemoPki, datapath: dict[str, str]
+    endpoints: Path, pki: DemoPki, extensions: Extensions
 ) -> None:
     """One aioquic endpoint (one socket): its connection to stargate-0 moves to a port the kernel
     gives the other worker (joined there), then it opens a connection to stargate-1 from that port.
     Each connection still reaches its own pod: the flows of that address are told apart by
     connection ID from the start."""
-    router = await _router(endpoints, 2, datapath)
+    router = await _router(endpoints, 2, extensions)
     with router:
         shared = await open_shared_socket("127.0.0.1")
         try:
@@ -155,14 +152,14 @@ async def test_a_connection_opened_beside_a_moved_one_leaves_it_its_pod(
         assert await asyncio.to_thread(router.stop, signal.SIGTERM, 30.0) == 0
 
 
-@pytest.mark.parametrize(("datapath", "workers"), PAIRS_QUINN, indirect=["datapath"])
+@pytest.mark.parametrize(("extensions", "workers"), PAIRS_QUINN, indirect=["extensions"])
 async def test_a_quinn_endpoint_that_rebinds_twenty_times_keeps_its_connections_to_two_pods(
-    endpoints: Path, pki: DemoPki, tmp_path: Path, quinn_peer: Path, workers: int, datapath: dict[str, str]
+    endpoints: Path, pki: DemoPki, tmp_path: Path, quinn_peer: Path, workers: int, extensions: Extensions
 ) -> None:
     ca = tmp_path / "ca.der"
     ca.write_bytes(x509.load_pem_x509_certificate(pki.ca_pem).public_bytes(Encoding.DER))
     names = [sni(pod) for pod in PODS]
-    router = await _router(endpoints, workers, datapath)
+    router = await _router(endpoints, workers, extensions)
     with router:
         peer = await asyncio.create_subprocess_exec(
             str(quinn_peer), f"127.0.0.1:{router.quic_port}", str(ca), "--rebinds", str(REBINDS), *names,

@@ -18,12 +18,13 @@ from cryptography.hazmat.primitives.serialization import Encoding
 from router import constants as c
 from router.demo.pki import DemoPki
 from router.demo.quic_pods import WHOAMI, client_configuration, request
+from router.extensions import Extensions
 from tests.support.names import host as sni
 from tests.support.polling import eventually
 from tests.support.quic_pods_harness import ROUTER_HOST, Harness, T, running
 from tests.support.shared_socket import open_shared_socket
 
-pytestmark = [pytest.mark.timeout(60), pytest.mark.usefixtures("both_udp_paths")]
+pytestmark = pytest.mark.timeout(60)
 """Every test here runs on the pure-Python path and on the C splice."""
 
 PODS = ("stargate-0", "stargate-1")
@@ -41,12 +42,12 @@ def _open_fds() -> int:
 @pytest.mark.parametrize("at_once", [False, True], ids=["one_by_one", "at_once"])
 @pytest.mark.parametrize("order", [PODS, PODS[::-1]], ids=["0_then_1", "1_then_0"])
 async def test_a_quinn_endpoint_holds_connections_to_two_pods_through_its_rebinding(
-    pki: DemoPki, tmp_path: Path, quinn_peer: Path, order: tuple[str, str], at_once: bool
+    pki: DemoPki, extensions: Extensions, tmp_path: Path, quinn_peer: Path, order: tuple[str, str], at_once: bool
 ) -> None:
     ca = tmp_path / "ca.der"
     ca.write_bytes(x509.load_pem_x509_certificate(pki.ca_pem).public_bytes(Encoding.DER))
     names = [sni(pod) for pod in order]
-    async with running(pki) as h:
+    async with running(pki, extensions) as h:
         peer = await asyncio.create_subprocess_exec(
             str(quinn_peer), f"{ROUTER_HOST}:{h.port}", str(ca), *(["--at-once"] if at_once else []), *names,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
@@ -64,9 +65,9 @@ async def test_a_quinn_endpoint_holds_connections_to_two_pods_through_its_rebind
 
 
 async def test_an_aioquic_endpoint_holds_connections_to_two_pods_on_one_socket_through_its_rebinding(
-    pki: DemoPki,
+    pki: DemoPki, extensions: Extensions,
 ) -> None:
-    async with running(pki) as h:
+    async with running(pki, extensions) as h:
         shared = await open_shared_socket(ROUTER_HOST)
         try:
             first = await asyncio.wait_for(
@@ -87,10 +88,12 @@ async def test_an_aioquic_endpoint_holds_connections_to_two_pods_on_one_socket_t
         assert h.outcome("accepted") == 2 and h.dropped("not_initial") == 0
 
 
-async def test_clients_reusing_a_local_port_reach_their_own_pods_while_the_first_flow_lives(pki: DemoPki) -> None:
+async def test_clients_reusing_a_local_port_reach_their_own_pods_while_the_first_flow_lives(
+    pki: DemoPki, extensions: Extensions
+) -> None:
     """One after the other from one local port, each while the flows before it are still there
     (their clients closed, the router cannot see that): each reaches the pod it named."""
-    async with running(pki) as h:
+    async with running(pki, extensions) as h:
         shared = await open_shared_socket(ROUTER_HOST)
         local_port = shared.port
         shared.close()
@@ -107,13 +110,13 @@ async def test_clients_reusing_a_local_port_reach_their_own_pods_while_the_first
     ("nobody.example.org", "unknown_sni"),
 ], ids=["routable", "refused"])
 async def test_a_spoofed_initial_from_a_live_clients_address_gets_its_own_fate_and_cuts_nothing(
-    pki: DemoPki, spoofed_name: str, fate: str
+    pki: DemoPki, extensions: Extensions, spoofed_name: str, fate: str
 ) -> None:
     """Another connection's first flight sent from a live client's own socket (as an off-path
     attacker spoofing that address would): it is sniffed, routed or refused on its own; the pod's
     or the router's answer reaches the live client, which drops it (not its connection IDs); the
     live connection keeps working, to its own pod."""
-    async with running(pki) as h:
+    async with running(pki, extensions) as h:
         config = client_configuration(sni("stargate-0"), h.cafile)
         async with connect(ROUTER_HOST, h.port, configuration=config) as live:
             assert await request(live, b"before") == b"stargate-0:before"
@@ -129,11 +132,11 @@ async def test_a_spoofed_initial_from_a_live_clients_address_gets_its_own_fate_a
 
 # -- flows end with their connections -----------------------------------------------------
 async def test_forty_closed_connections_that_advertised_two_seconds_leave_no_flow_or_fd_behind(
-    pki: DemoPki,
+    pki: DemoPki, extensions: Extensions,
 ) -> None:
     """Each client advertises max_idle_timeout 2 s and closes: its flow ends within three PTOs plus
     the grace (``QUIC_IDLE_PROBE_TIMEOUT_MS``, ``QUIC_IDLE_GRACE_MS``), with its pod socket."""
-    async with running(pki) as h:
+    async with running(pki, extensions) as h:
         before = _open_fds()
 
         async def one(i: int) -> None:
@@ -153,10 +156,12 @@ async def test_forty_closed_connections_that_advertised_two_seconds_leave_no_flo
         assert h.outcome("completed") == 40 and _open_fds() <= before
 
 
-async def test_a_client_that_advertises_no_idle_timeout_keeps_the_relay_bound(pki: DemoPki) -> None:
+async def test_a_client_that_advertises_no_idle_timeout_keeps_the_relay_bound(
+    pki: DemoPki, extensions: Extensions
+) -> None:
     """A client advertising 2 s ends at its own timeout; one advertising none (0) is still there
     then and ends at ``--relay-idle-timeout-ms`` (here 6 s), under the older label."""
-    async with running(pki, idle_timeout_s=6.0, probe_timeout_s=0.3, idle_grace_s=0.3) as h:
+    async with running(pki, extensions, idle_timeout_s=6.0, probe_timeout_s=0.3, idle_grace_s=0.3) as h:
 
         async def connection(idle_s: float) -> None:
             config = client_configuration(sni("stargate-0"), h.cafile, idle_timeout_s=idle_s)

@@ -24,12 +24,13 @@ from aioquic.quic.connection import QuicConnection
 from router import constants as c
 from router.demo.pki import DemoPki
 from router.demo.quic_pods import WHOAMI, client_configuration, request
+from router.extensions import Extensions
 from router.udp.flow_table import Address
 from tests.support.names import host as sni
 from tests.support.polling import eventually
 from tests.support.quic_pods_harness import ROUTER_HOST, T, running
 
-pytestmark = [pytest.mark.timeout(30), pytest.mark.usefixtures("both_udp_paths")]
+pytestmark = pytest.mark.timeout(30)
 """Every test here runs on the pure-Python path and on the C splice."""
 
 MARKER = b"\x40a datagram that meets a bug"
@@ -37,9 +38,9 @@ FAULTY_ADDRESSES = 40
 
 
 async def test_a_bug_some_datagrams_meet_costs_no_other_datagram_and_logs_a_traceback_a_second(
-    pki: DemoPki, caplog: pytest.LogCaptureFixture
+    pki: DemoPki, extensions: Extensions, caplog: pytest.LogCaptureFixture
 ) -> None:
-    async with running(pki) as h:
+    async with running(pki, extensions) as h:
         router = h.router
         reached = router.demux._judged
 

@@ -16,6 +16,7 @@ from quic.packet import QuicErrorCode
 from router import constants as c
 from router.demo.pki import DemoPki
 from router.demo.quic_pods import QUIC_V1, QUIC_V2, WHOAMI, client_configuration, request
+from router.extensions import Extensions
 from tests.support.names import host as sni
 from tests.support.polling import eventually, holds, steady
 from tests.support.quic_initial_rewriter import BIG_HELLO_ALPN, SERVER_COMPLETABLE, rewrite_flight
@@ -30,13 +31,13 @@ from tests.support.quic_pods_harness import (
     running,
 )
 
-pytestmark = [pytest.mark.timeout(30), pytest.mark.usefixtures("both_udp_paths")]
+pytestmark = pytest.mark.timeout(30)
 """Every test here runs on the pure-Python path and on the C splice, each within 30 s."""
 
 # -- routing ------------------------------------------------------------------------------
 @pytest.mark.parametrize("version", [QUIC_V1, QUIC_V2], ids=["v1", "v2"])
-async def test_handshake_and_stream_reach_the_named_pod(pki: DemoPki, version: int) -> None:
-    async with running(pki) as h:
+async def test_handshake_and_stream_reach_the_named_pod(pki: DemoPki, extensions: Extensions, version: int) -> None:
+    async with running(pki, extensions) as h:
         assert await h.whoami(sni("stargate-0"), version) == "stargate-0"
         assert await h.whoami(sni("stargate-1"), version) == "stargate-1"
         assert h.outcome("accepted") == 2
@@ -46,31 +47,33 @@ async def test_handshake_and_stream_reach_the_named_pod(pki: DemoPki, version: i
         assert h.count(c.PENDING_FLOWS) == h.router.pending_flows == 0
 
 
-async def test_twenty_concurrent_connections_split_over_two_pods(pki: DemoPki) -> None:
-    async with running(pki) as h:
+async def test_twenty_concurrent_connections_split_over_two_pods(pki: DemoPki, extensions: Extensions) -> None:
+    async with running(pki, extensions) as h:
         wanted = [f"stargate-{i % 2}" for i in range(20)]
         got = await asyncio.wait_for(asyncio.gather(*(h.whoami(sni(p)) for p in wanted)), 3 * T)
         assert got == wanted
         assert h.outcome("accepted") == 20
 
 
-async def test_a_pod_answering_with_retry_is_passed_through(pki: DemoPki) -> None:
-    async with running(pki, retry=True) as h:
+async def test_a_pod_answering_with_retry_is_passed_through(pki: DemoPki, extensions: Extensions) -> None:
+    async with running(pki, extensions, retry=True) as h:
         assert await h.whoami(sni("stargate-1")) == "stargate-1"
         assert h.outcome("accepted") == 1 and h.router.active_flows == 1
 
 
-async def test_version_negotiation_from_the_pod_is_passed_through(pki: DemoPki) -> None:
+async def test_version_negotiation_from_the_pod_is_passed_through(pki: DemoPki, extensions: Extensions) -> None:
     """A v2 client meets a v1-only pod: the pod's VN reaches it and its v1 retry stays on the flow."""
-    async with running(pki, pod_versions=(QUIC_V1,)) as h:
+    async with running(pki, extensions, pod_versions=(QUIC_V1,)) as h:
         assert await h.whoami(sni("stargate-0"), QUIC_V2) == "stargate-0"
         assert h.outcome("accepted") == 1 and h.router.active_flows == 1
 
 
 @pytest.mark.parametrize("case", sorted(SERVER_COMPLETABLE))
-async def test_rewritten_first_flights_complete_through_the_router(pki: DemoPki, case: str) -> None:
+async def test_rewritten_first_flights_complete_through_the_router(
+    pki: DemoPki, extensions: Extensions, case: str
+) -> None:
     """Chrome-like chaos, reordering, duplicates, junk: the router buffers and forwards as is."""
-    async with running(pki) as h:
+    async with running(pki, extensions) as h:
         loop = asyncio.get_running_loop()
         config = client_configuration(sni("stargate-0"), h.cafile, extra_alpn=BIG_HELLO_ALPN)
         conn = QuicConnection(configuration=config)
@@ -103,9 +106,10 @@ async def test_rewritten_first_flights_complete_through_the_router(pki: DemoPki,
     ids=["missing", "unknown", "not_in_snapshot"],
 )
 async def test_refusals_fail_fast_with_the_reason(
-    pki: DemoPki, caplog: pytest.LogCaptureFixture, server_name: str | None, outcome: str, reason: str
+    pki: DemoPki, extensions: Extensions, caplog: pytest.LogCaptureFixture, server_name: str | None, outcome: str,
+    reason: str,
 ) -> None:
-    async with running(pki) as h:
+    async with running(pki, extensions) as h:
         with caplog.at_level(logging.INFO, logger="router.udp_router"):
             terminated = await asyncio.wait_for(refusal(h, server_name), T)
         assert (terminated.error_code, terminated.reason_phrase) == (QuicErrorCode.CONNECTION_REFUSED, reason)
@@ -116,10 +120,10 @@ async def test_refusals_fail_fast_with_the_reason(
 
 
 async def test_a_flood_of_refusals_is_counted_but_logged_at_a_bounded_rate(
-    pki: DemoPki, caplog: pytest.LogCaptureFixture
+    pki: DemoPki, extensions: Extensions, caplog: pytest.LogCaptureFixture
 ) -> None:
     attempts = 3 * int(c.REJECTION_LOG_LINES_PER_S)
-    async with running(pki) as h, raw_socket() as sock:
+    async with running(pki, extensions) as h, raw_socket() as sock:
         flights = [first_flight(h, "nobody.example.com")[0] for _ in range(attempts)]  # a new DCID each
         with caplog.at_level(logging.INFO, logger="router.udp_router"):
             for initial in flights:
@@ -129,8 +133,8 @@ async def test_a_flood_of_refusals_is_counted_but_logged_at_a_bounded_rate(
         assert 1 <= len(refused) <= c.REJECTION_LOG_LINES_PER_S + 1
 
 
-async def test_snapshot_changes_apply_to_new_flows_only(pki: DemoPki) -> None:
-    async with running(pki) as h:
+async def test_snapshot_changes_apply_to_new_flows_only(pki: DemoPki, extensions: Extensions) -> None:
+    async with running(pki, extensions) as h:
         h.publish("stargate-0")
         await asyncio.wait_for(refusal(h, sni("stargate-1")), T)
         config = client_configuration(sni("stargate-0"), h.cafile)
@@ -144,8 +148,10 @@ async def test_snapshot_changes_apply_to_new_flows_only(pki: DemoPki) -> None:
         assert h.outcome("target_unavailable") == 1
 
 
-async def test_retransmits_of_a_refused_attempt_get_a_bounded_number_of_answers(pki: DemoPki) -> None:
-    async with running(pki) as h, raw_socket() as sock:
+async def test_retransmits_of_a_refused_attempt_get_a_bounded_number_of_answers(
+    pki: DemoPki, extensions: Extensions
+) -> None:
+    async with running(pki, extensions) as h, raw_socket() as sock:
         (initial,) = first_flight(h, "nobody.example.com")
         for _ in range(5):
             sock.sendto(initial, (ROUTER_HOST, h.port))
@@ -156,16 +162,18 @@ async def test_retransmits_of_a_refused_attempt_get_a_bounded_number_of_answers(
         assert h.outcome("unknown_sni") == 1  # parsed and counted once
 
 
-async def test_refusals_beyond_the_byte_budget_are_silent(pki: DemoPki) -> None:
-    async with running(pki, reject_budget_bytes_per_s=1.0) as h, raw_socket() as sock:
+async def test_refusals_beyond_the_byte_budget_are_silent(pki: DemoPki, extensions: Extensions) -> None:
+    async with running(pki, extensions, reject_budget_bytes_per_s=1.0) as h, raw_socket() as sock:
         (initial,) = first_flight(h, "nobody.example.com")
         sock.sendto(initial, (ROUTER_HOST, h.port))
         await eventually(lambda: h.dropped("rate_limited") == 1, what="a refusal over budget")
         assert received(sock) == [] and h.outcome("unknown_sni") == 1
 
 
-async def test_unusable_datagrams_from_new_addresses_are_dropped_and_counted(pki: DemoPki) -> None:
-    async with running(pki) as h, raw_socket() as sock:
+async def test_unusable_datagrams_from_new_addresses_are_dropped_and_counted(
+    pki: DemoPki, extensions: Extensions
+) -> None:
+    async with running(pki, extensions) as h, raw_socket() as sock:
         (initial,) = first_flight(h, sni("stargate-0"))
         router = (ROUTER_HOST, h.port)
         sock.sendto(b"\x40" + bytes(40), router)  # short header, unknown CID
@@ -176,8 +184,10 @@ async def test_unusable_datagrams_from_new_addresses_are_dropped_and_counted(pki
         assert received(sock) == [] and h.router.pending_flows == h.router.active_flows == 0
 
 
-async def test_unknown_versions_get_version_negotiation_never_larger_thanreceived(pki: DemoPki) -> None:
-    async with running(pki) as h, raw_socket() as sock:
+async def test_unknown_versions_get_version_negotiation_never_larger_thanreceived(
+    pki: DemoPki, extensions: Extensions
+) -> None:
+    async with running(pki, extensions) as h, raw_socket() as sock:
         dcid, scid = bytes(range(8)), bytes(range(10, 18))
         probe = b"\xc0" + (0x1A2A3A4A).to_bytes(4, "big") + b"\x08" + dcid + b"\x08" + scid
         sock.sendto(probe.ljust(1200, b"\x00"), (ROUTER_HOST, h.port))
@@ -190,8 +200,8 @@ async def test_unknown_versions_get_version_negotiation_never_larger_thanreceive
         assert versions == {QUIC_V1, QUIC_V2}
 
 
-async def test_incomplete_client_hellos_wait_bounded_then_expire(pki: DemoPki) -> None:
-    async with running(pki, max_pending_flows=1, pending_flow_timeout_s=0.3) as h, \
+async def test_incomplete_client_hellos_wait_bounded_then_expire(pki: DemoPki, extensions: Extensions) -> None:
+    async with running(pki, extensions, max_pending_flows=1, pending_flow_timeout_s=0.3) as h, \
             raw_socket() as first, raw_socket() as second:
         conn = QuicConnection(
             configuration=client_configuration(sni("stargate-0"), h.cafile, extra_alpn=BIG_HELLO_ALPN)
@@ -207,8 +217,8 @@ async def test_incomplete_client_hellos_wait_bounded_then_expire(pki: DemoPki) -
         assert h.router.pending_flows == 0 and h.count(c.PENDING_FLOWS) == 0
 
 
-async def test_an_idle_router_does_not_sweep_until_something_can_expire(pki: DemoPki) -> None:
-    async with running(pki, pending_flow_timeout_s=0.2) as h, raw_socket() as client:  # sweeps every 50 ms
+async def test_an_idle_router_does_not_sweep_until_something_can_expire(pki: DemoPki, extensions: Extensions) -> None:
+    async with running(pki, extensions, pending_flow_timeout_s=0.2) as h, raw_socket() as client:  # sweeps every 50 ms
         sweeps: list[float] = []
         sweep = h.router.sweep
         h.router.sweep = lambda now: (sweeps.append(now), sweep(now))[1]  # type: ignore[method-assign]
@@ -224,8 +234,8 @@ async def test_an_idle_router_does_not_sweep_until_something_can_expire(pki: Dem
         await holds(lambda: len(sweeps) == settled, 0.3, what="no sweep")  # empty again: asleep again
 
 
-async def test_a_pod_port_that_refuses_is_a_relay_error(pki: DemoPki) -> None:
-    async with running(pki) as h, raw_socket() as sock:
+async def test_a_pod_port_that_refuses_is_a_relay_error(pki: DemoPki, extensions: Extensions) -> None:
+    async with running(pki, extensions) as h, raw_socket() as sock:
         closed = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         closed.bind((POD_HOSTS["stargate-0"], 0))
         dead = Target("stargate-0", POD_HOSTS["stargate-0"], 1, closed.getsockname()[1])
@@ -253,9 +263,9 @@ async def _rebind(client: QuicConnectionProtocol) -> asyncio.DatagramTransport:
 
 @pytest.mark.parametrize("cid_length", [None, 8], ids=["learned_cid_length", "configured_cid_length"])
 async def test_a_client_that_rebinds_its_port_keeps_its_connection(
-    pki: DemoPki, cid_length: int | None
+    pki: DemoPki, extensions: Extensions, cid_length: int | None
 ) -> None:
-    async with running(pki, cid_length=cid_length) as h:
+    async with running(pki, extensions, cid_length=cid_length) as h:
         config = client_configuration(sni("stargate-1"), h.cafile)
         async with connect(ROUTER_HOST, h.port, configuration=config) as client:
             assert await request(client, b"before") == b"stargate-1:before"
@@ -268,8 +278,8 @@ async def test_a_client_that_rebinds_its_port_keeps_its_connection(
         assert h.outcome("accepted") == 1 and h.dropped("not_initial") == 0
 
 
-async def test_idle_flows_expire_as_completed(pki: DemoPki) -> None:
-    async with running(pki, idle_timeout_s=0.4) as h:
+async def test_idle_flows_expire_as_completed(pki: DemoPki, extensions: Extensions) -> None:
+    async with running(pki, extensions, idle_timeout_s=0.4) as h:
         config = client_configuration(sni("stargate-0"), h.cafile)
         async with connect(ROUTER_HOST, h.port, configuration=config) as client:
             assert await request(client, b"hi") == b"stargate-0:hi"
@@ -279,8 +289,8 @@ async def test_idle_flows_expire_as_completed(pki: DemoPki) -> None:
             assert h.count(c.ACTIVE_CONNECTIONS, protocol="quic") == 0
 
 
-async def test_drain_refuses_new_flows_and_keeps_established_ones(pki: DemoPki) -> None:
-    async with running(pki) as h:
+async def test_drain_refuses_new_flows_and_keeps_established_ones(pki: DemoPki, extensions: Extensions) -> None:
+    async with running(pki, extensions) as h:
         config = client_configuration(sni("stargate-0"), h.cafile)
         async with connect(ROUTER_HOST, h.port, configuration=config) as client:
             h.router.stop_accepting()

@@ -23,7 +23,7 @@ from discovery.targets import Target, TargetSnapshot
 from quic.packet import QUIC_V1
 from router import constants as c
 from router.demo.pki import DemoPki
-from router.extensions import PYTHON, Extensions, choose
+from router.extensions import PYTHON, SPLICE_MODULE, Extensions, choose, is_built
 from router.udp import batching, native
 from router.udp.flow_limits import FlowLimits
 from router.udp.flow_table import Flow
@@ -31,7 +31,7 @@ from router.udp.settings import UdpRouterSettings
 from tests.support.quic_exchange import quic_exchange
 from tests.support.udp_router import has_datagram, running_udp_router, udp_socket
 
-pytestmark = pytest.mark.skipif(not native.is_built(), reason="the C splice is not built (no C compiler)")
+pytestmark = pytest.mark.skipif(not is_built(SPLICE_MODULE), reason="the C splice is not built (no C compiler)")
 
 ROUTER_HOST, POD_HOST = "127.0.0.1", "127.0.0.2"
 SNI = "stargate-0.stargate.external"

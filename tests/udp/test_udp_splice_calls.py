@@ -21,13 +21,13 @@ from typing import Any
 
 import pytest
 
-from router.extensions import Extensions
+from router.extensions import SPLICE_MODULE, Extensions, is_built
 from router.udp import native
 from router.udp.flow_table import Flow
 
 pytestmark = [
     pytest.mark.timeout(60),
-    pytest.mark.skipif(not native.is_built(), reason="the C splice is not built (no C compiler)"),
+    pytest.mark.skipif(not is_built(SPLICE_MODULE), reason="the C splice is not built (no C compiler)"),
 ]
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -29,14 +29,14 @@ from hypothesis import strategies as st
 from discovery.targets import Target, TargetSnapshot
 from router.demo.pki import DemoPki
 from router.demo.quic_pods import client_configuration
-from router.extensions import Extensions, choose
+from router.extensions import SPLICE_MODULE, Extensions, choose, is_built
 from router.udp import native
 from router.udp.flow_table import Flow
 from router.udp.settings import UdpRouterSettings
 from tests.support.quic_exchange import answering_pod
 from tests.support.udp_router import has_datagram, running_udp_router, udp_socket
 
-pytestmark = pytest.mark.skipif(not native.is_built(), reason="the C splice is not built (no C compiler)")
+pytestmark = pytest.mark.skipif(not is_built(SPLICE_MODULE), reason="the C splice is not built (no C compiler)")
 
 ROUTER_HOST, POD_HOST = "127.0.0.1", "127.0.0.2"
 SNI = "stargate-0.stargate.external"

@@ -19,12 +19,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from router.extensions import Extensions
+from router.extensions import SPLICE_MODULE, Extensions, is_built
 from router.udp import native
 from router.udp.flow_table import Flow
 from tests.support.udp_router import has_datagram, udp_socket
 
-pytestmark = pytest.mark.skipif(not native.is_built(), reason="the C splice is not built (no C compiler)")
+pytestmark = pytest.mark.skipif(not is_built(SPLICE_MODULE), reason="the C splice is not built (no C compiler)")
 
 ROUTER_HOST = "127.0.0.1"
 POD_HOSTS = ("127.0.0.2", "127.0.0.3")

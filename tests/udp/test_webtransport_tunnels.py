@@ -19,17 +19,19 @@ from discovery.targets import Target, TargetSnapshot
 from router import constants as c
 from router.demo.pki import DemoPki
 from router.demo.quic_pods import bound_port
+from router.extensions import Extensions
 from router.metrics import RouterMetrics
 from router.outcomes import QuicOutcome, WebTransportOutcome
+from router.udp.settings import UdpRouterSettings
 from tests.support.access_peers import access_lines
 from tests.support.names import host
 from tests.support.polling import eventually
-from tests.support.router_process import RouterProcess, router_args, write_endpoints
+from tests.support.router_process import RouterProcess, extensions_env, router_args, write_endpoints
 from tests.support.udp_router import ROUTER_HOST, running_udp_router
 from tests.support.webtransport import start_webtransport_pod, webtransport_whoami
 
-pytestmark = [pytest.mark.timeout(60), pytest.mark.usefixtures("both_udp_paths")]
-"""Every test here runs on the pure-Python path and on the C splice, each within 60 s."""
+pytestmark = pytest.mark.timeout(60)
+"""Every test of a router here runs on the pure-Python path and on the C splice, each within 60 s."""
 
 PODS = {"stargate-0": "127.0.0.2", "stargate-1": "127.0.0.3"}
 IDLE_TIMEOUT_MS = 1000
@@ -46,14 +48,16 @@ RUST_ROUTER_SESSION_OUTCOMES = (
 
 
 @asynccontextmanager
-async def webtransport_router(pki: DemoPki, tmp: Path, *extra: str) -> AsyncIterator[RouterProcess]:
+async def webtransport_router(
+    pki: DemoPki, tmp: Path, extensions: Extensions, *extra: str
+) -> AsyncIterator[RouterProcess]:
     pods = {name: await start_webtransport_pod(name, ip, 0, pki.cert_path, pki.key_path)
             for name, ip in PODS.items()}
     endpoints = tmp / "endpoints.json"
     write_endpoints(endpoints, [(name, PODS[name], 1, bound_port(pod)) for name, pod in pods.items()])
     router = RouterProcess(router_args(
         endpoints, "--log-format", "json", "--relay-idle-timeout-ms", str(IDLE_TIMEOUT_MS), *extra,
-    ))
+    ), env=extensions_env(extensions))
     try:
         await asyncio.to_thread(router.wait_ready)
         yield router
@@ -78,9 +82,11 @@ def test_the_session_counter_has_the_rust_routers_labels_and_the_per_client_limi
     assert [o.value for o in WebTransportOutcome if o not in ours] == list(RUST_ROUTER_SESSION_OUTCOMES)
 
 
-async def test_h3_sessions_route_by_sni_and_count_as_webtransport_sessions(pki: DemoPki, tmp_path: Path) -> None:
+async def test_h3_sessions_route_by_sni_and_count_as_webtransport_sessions(
+    pki: DemoPki, tmp_path: Path, extensions: Extensions
+) -> None:
     async with webtransport_router(
-        pki, tmp_path, "--tunnel-protocol=webtransport", f"--upstream-tls-cert-path={pki.ca_path}",
+        pki, tmp_path, extensions, "--tunnel-protocol=webtransport", f"--upstream-tls-cert-path={pki.ca_path}",
     ) as router:
         before = sessions(router)
         assert set(before) == {o.value for o in WebTransportOutcome} and set(before.values()) == {0.0}
@@ -108,9 +114,11 @@ async def test_h3_sessions_route_by_sni_and_count_as_webtransport_sessions(pki: 
         assert len(started) == 1 and "--upstream-tls-cert-path" in started[0]
 
 
-async def test_raw_quic_mode_keeps_every_session_series_at_zero(pki: DemoPki, tmp_path: Path) -> None:
+async def test_raw_quic_mode_keeps_every_session_series_at_zero(
+    pki: DemoPki, tmp_path: Path, extensions: Extensions
+) -> None:
     """The default tunnel protocol: the same h3 session counts as a QUIC connection instead."""
-    async with webtransport_router(pki, tmp_path) as router:
+    async with webtransport_router(pki, tmp_path, extensions) as router:
         assert await webtransport_whoami("127.0.0.1", router.quic_port, host("stargate-1"), pki.ca_path) == "stargate-1"
         await eventually(lambda: router.metric(QUIC_CONNECTIONS, outcome="completed") == 1.0, timeout_s=10.0,
                          what="the flow to end")
@@ -118,12 +126,15 @@ async def test_raw_quic_mode_keeps_every_session_series_at_zero(pki: DemoPki, tm
         assert set(sessions(router).values()) == {0.0}
 
 
-async def test_a_pod_whose_socket_cannot_be_opened_counts_as_an_upstream_connect_error(pki: DemoPki) -> None:
+async def test_a_pod_whose_socket_cannot_be_opened_counts_as_an_upstream_connect_error(
+    pki: DemoPki, extensions: Extensions
+) -> None:
     """The one session outcome with no QUIC twin: the pod was chosen, its UDP socket could not be
     connected (the broadcast address: EACCES), and the worker is told ``target stargate not ready``."""
     metrics = RouterMetrics(webtransport=True)
     unreachable = TargetSnapshot.of([Target("stargate-0", "255.255.255.255", 1, 50052)])
-    async with running_udp_router(lambda: unreachable, metrics=metrics) as (_router, port):
+    settings = UdpRouterSettings(extensions=extensions)
+    async with running_udp_router(lambda: unreachable, settings, metrics) as (_router, port):
         with pytest.raises(ConnectionError, match=c.REASON_TARGET_NOT_READY):
             await webtransport_whoami(ROUTER_HOST, port, host("stargate-0"), pki.ca_path)
     counted = {values[0]: metrics.webtransport_sessions.labels(*values).value
