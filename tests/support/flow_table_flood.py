@@ -74,18 +74,22 @@ def forged_hello(pod: str) -> tuple[bytes, bytes]:
 
 
 class FloodForge:
-    """Flood datagrams naming the real pods in turn: ``initial()`` or ``join()``."""
+    """Flood datagrams naming ``pods`` (all by default) in turn: ``initial()`` or ``join()``.
+    ``fresh_scids``: each Initial with a source connection ID of its own, for a pod that echoes
+    (the router learns the echoed one as the pod's) rather than one that reads the hello."""
 
-    def __init__(self, rng: random.Random) -> None:
-        self.rng = rng
-        self.hellos = [forged_hello(pod) for pod in PODS]
-        self.server_ids = [pod_server_id(address, SERVER_ID_BYTES) for address in PODS.values()]
+    def __init__(self, rng: random.Random, pods: tuple[str, ...] = tuple(PODS), fresh_scids: bool = False) -> None:
+        self.rng, self.fresh_scids = rng, fresh_scids
+        self.hellos = [forged_hello(pod) for pod in pods]
+        self.server_ids = [pod_server_id(PODS[pod], SERVER_ID_BYTES) for pod in pods]
         self.made = 0
 
     def initial(self) -> bytes:
         """One client Initial (1,200 bytes, a fresh DCID) carrying a whole ClientHello."""
         hello, scid = self.hellos[self.made % len(self.hellos)]
         self.made += 1
+        if self.fresh_scids:
+            scid = self.rng.randbytes(len(scid))
         return protected_initial(crypto_frame(0, hello), dcid=self.rng.randbytes(8), scid=scid)
 
     def join(self) -> bytes:
@@ -187,12 +191,12 @@ async def aioquic_connection(port: int, pod: str, cafile: Path, legit: Legit, tr
 
 
 async def aioquic_lanes(port: int, cafile: Path, legit: Legit, stop: asyncio.Event, lanes: int,
-                        transfer_bytes: int, pause_s: float = 0.0) -> None:
-    """``lanes`` aioquic clients one connection after another (pods in turn) until ``stop``."""
+                        transfer_bytes: int, pause_s: float = 0.0, pods: tuple[str, ...] = tuple(PODS)) -> None:
+    """``lanes`` aioquic clients one connection after another (``pods`` in turn) until ``stop``."""
     async def lane(first: int) -> None:
         i = first
         while not stop.is_set():
-            await aioquic_connection(port, list(PODS)[i % len(PODS)], cafile, legit, transfer_bytes)
+            await aioquic_connection(port, pods[i % len(pods)], cafile, legit, transfer_bytes)
             i += 1
             await asyncio.sleep(pause_s)
 
