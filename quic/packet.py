@@ -242,7 +242,10 @@ def long_header_scid(datagram: bytes) -> bytes | None:
 def long_header_cids(datagram: bytes) -> tuple[bytes, bytes]:
     """(DCID, SCID) of a long header by the invariants alone (RFC 8999 section 5.1), any version;
     (b"", b"") for anything too short to hold them or not a long header. What tells one client
-    connection from another on a shared address, without building a ``LongHeader``."""
+    connection from another on a shared address, without building a ``LongHeader``. Each may be
+    up to 255 octets (the invariants'; a v1/v2 one over ``MAX_CID_LENGTH`` is malformed): callers
+    look flows up by them, and whatever they keep was read by ``parse_long_header`` or
+    ``router.udp.quic_lb.routable_cid``, which refuse one over 20."""
     n = len(datagram)
     if n < _LONG_HEADER_MIN or not datagram[0] & LONG_FORM:
         return b"", b""

@@ -177,8 +177,9 @@ def run_check(parser: argparse.ArgumentParser, argv: list[str]) -> int:
     for line in lines:
         print(line)
     print(summary)
-    if (inert := config.inert.warning()) is not None:  # what the router's start output will say too
-        print(f"{PROG}: warning: {inert}", file=sys.stderr)
+    for warning in (config.inert.warning(), config.proxy_trust_warning()):  # the router's start says them too
+        if warning is not None:
+            print(f"{PROG}: warning: {warning}", file=sys.stderr)
     if not lines:
         print(f"{PROG}: warning: no ready targets: the router would start not ready (/readyz 503)",
               file=sys.stderr)

@@ -144,11 +144,12 @@ def run_router(config: RouterConfig, seat: WorkerSeat | None = None) -> int:
         return runner.run(_main())
 
 
-def announce_flags_without_effect(config: RouterConfig) -> None:
-    """One warning line naming every flag given that has no effect at L4, and why (``router.inert_flags``)."""
-    warning = config.inert.warning()
-    if warning is not None:
-        logging.getLogger("router.app").warning("%s", warning)
+def announce_start_warnings(config: RouterConfig) -> None:
+    """One warning line naming every flag given that has no effect at L4, and why (``router.inert_flags``);
+    one more when PROXY headers are believed from every source (an explicit ``0.0.0.0/0``)."""
+    for warning in (config.inert.warning(), config.proxy_trust_warning()):
+        if warning is not None:
+            logging.getLogger("router.app").warning("%s", warning)
 
 
 def _exit_status(exc: SystemExit) -> int:
@@ -182,7 +183,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     configure_logging("json" if config.log_format == "json" else "text", config.log_level)
     if seat is None:  # said once, by the process the operator started
-        announce_flags_without_effect(config)
+        announce_start_warnings(config)
     try:
         if config.workers > 1 and seat is None:
             from router.supervisor import supervise

@@ -19,6 +19,7 @@ from router.flag_values import (
     IPNetwork,
     SocketAddress,
     boolean,
+    every_source_warning,
     log_level,
     non_negative_ms,
     parse_cidrs,
@@ -29,6 +30,9 @@ from router.flag_values import (
 )
 from router.inert_flags import InertFlags, add_inert_flags, parse_inert_flags
 from router.udp.quic_lb import MAX_SERVER_ID_BYTES
+
+TRUSTED_CIDRS_FLAG = "--proxy-protocol-trusted-cidrs"
+"""Named by its parser, the PROXY-on check and the trust-everything warning."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,8 +59,9 @@ class RouterConfig:
     workers: int
     quic_cid_length: int | None
     accept_proxy_protocol: bool = c.DEFAULT_ACCEPT_PROXY_PROTOCOL
-    proxy_protocol_trusted_cidrs: tuple[IPNetwork, ...] = ()
-    """Empty means every source (the default); see ``parse_cidrs``."""
+    proxy_protocol_trusted_cidrs: tuple[IPNetwork, ...] = c.DEFAULT_PROXY_PROTOCOL_TRUSTED_CIDRS
+    """The sources allowed to send a PROXY header; none by default, and at least one when
+    ``accept_proxy_protocol`` (``config_from_args`` refuses PROXY on without them)."""
     max_connections_per_client: int = c.DEFAULT_MAX_CONNECTIONS_PER_CLIENT
     max_quic_flows_per_client: int = c.DEFAULT_MAX_QUIC_FLOWS_PER_CLIENT
     access_log: bool = True
@@ -73,6 +78,12 @@ class RouterConfig:
     """``raw-quic`` or ``webtransport``: routed alike; says which counter the QUIC listener's flows go to."""
     inert: InertFlags = field(default_factory=InertFlags)
     """The Rust router's certificate and keep-alive flags, accepted with no effect (``router.inert_flags``)."""
+
+    def proxy_trust_warning(self) -> str | None:
+        """One line at start when PROXY headers are believed from every IPv4 or IPv6 source."""
+        if not self.accept_proxy_protocol:
+            return None
+        return every_source_warning(TRUSTED_CIDRS_FLAG, self.proxy_protocol_trusted_cidrs)
 
     @property
     def webtransport(self) -> bool:
@@ -143,8 +154,9 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         help="every TCP connection starts with a PROXY v1/v2 header naming the client (true/false)",
     )
     add(
-        "--proxy-protocol-trusted-cidrs", default=",".join(c.DEFAULT_PROXY_PROTOCOL_TRUSTED_CIDRS),
-        help="comma-separated CIDRs allowed to send PROXY headers; other sources are closed unread",
+        TRUSTED_CIDRS_FLAG, default=None,
+        help="comma-separated CIDRs allowed to send PROXY headers (required with --accept-proxy-protocol; "
+        "no source by default); other sources are closed unread",
     )
     add(
         "--max-connections-per-client", default=str(c.DEFAULT_MAX_CONNECTIONS_PER_CLIENT),
@@ -228,6 +240,14 @@ def config_from_args(
     if ns.tunnel_protocol not in c.TUNNEL_PROTOCOLS:
         raise ConfigError(f"--tunnel-protocol: expected {' or '.join(c.TUNNEL_PROTOCOLS)}, got {ns.tunnel_protocol!r}")
     inert = parse_inert_flags(ns, env, ns.tunnel_protocol)
+    accept_proxy = boolean("--accept-proxy-protocol", ns.accept_proxy_protocol)
+    trusted = (c.DEFAULT_PROXY_PROTOCOL_TRUSTED_CIDRS if ns.proxy_protocol_trusted_cidrs is None
+               else parse_cidrs(TRUSTED_CIDRS_FLAG, ns.proxy_protocol_trusted_cidrs))
+    if accept_proxy and not trusted:
+        raise ConfigError(
+            f"{TRUSTED_CIDRS_FLAG}: required with --accept-proxy-protocol "
+            "(the balancer's addresses; no source is trusted by default)"
+        )
     paths = frozenset(p.strip() for p in ns.round_robin_paths.split(",") if p.strip())
     for path in paths:
         if not path.startswith("/"):
@@ -256,8 +276,8 @@ def config_from_args(
         log_level=level,
         workers=int(ns.workers),
         quic_cid_length=cid_length,
-        accept_proxy_protocol=boolean("--accept-proxy-protocol", ns.accept_proxy_protocol),
-        proxy_protocol_trusted_cidrs=parse_cidrs("--proxy-protocol-trusted-cidrs", ns.proxy_protocol_trusted_cidrs),
+        accept_proxy_protocol=accept_proxy,
+        proxy_protocol_trusted_cidrs=trusted,
         max_connections_per_client=per_client_limit("--max-connections-per-client", ns.max_connections_per_client),
         max_quic_flows_per_client=per_client_limit("--max-quic-flows-per-client", ns.max_quic_flows_per_client),
         access_log=ns.access_log == "on",

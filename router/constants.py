@@ -58,8 +58,9 @@ MIN_KUBE_WATCH_IDLE_TIMEOUT_MS: Final = 100
 """Below this the watchdog would re-open a quiet watch in a near-hot loop."""
 DEFAULT_ACCEPT_PROXY_PROTOCOL: Final = False
 """PROXY protocol off: a router reached without a balancer in front would otherwise refuse every worker."""
-DEFAULT_PROXY_PROTOCOL_TRUSTED_CIDRS: Final = ("0.0.0.0/0", "::/0")
-"""Every source may send a PROXY header: inside a cluster the Gateway's pod IPs are not stable."""
+DEFAULT_PROXY_PROTOCOL_TRUSTED_CIDRS: Final = ()
+"""No source may send a PROXY header until the flag names the balancer's (nginx's ``set_real_ip_from``):
+a header believed from any pod lets that pod claim any client address."""
 DEFAULT_TCP_DEFER_ACCEPT: Final = "on"
 """Accept once the first bytes came (every protocol here speaks first): no wait, task or second
 read per connection (9% of its CPU on the bench), nothing held for a silent client."""
@@ -211,6 +212,9 @@ QUIC_MAX_REMEMBERED_REJECTIONS: Final = 4_096
 """Refused attempts remembered at once (oldest forgotten first); bounds a spoofed-source flood."""
 QUIC_ANSWERS_PER_REJECTION: Final = 3
 """CONNECTION_CLOSE answers per refused attempt: the first plus two for lost ones, then silence."""
+QUIC_DATAGRAM_ERROR_LOG_LINES_PER_S: Final = 1.0
+"""Tracebacks a second of a bug a client datagram met (it costs that datagram only): one names the
+bug, the rest are counted as suppressed, so a flood of such datagrams is no flood of tracebacks."""
 
 
 # -- QUIC / UDP: sockets and batched I/O (GRO reads, GSO sends) ---------------
@@ -347,6 +351,9 @@ HEALTH_MAX_REQUEST_HEAD_BYTES: Final = 8 * 1024
 """Probe and scrape requests are a few hundred bytes; anything larger is refused."""
 HEALTH_REQUEST_TIMEOUT_S: Final = 5.0
 """A probe client that cannot send its request (or read the answer) in this long is cut off."""
+PROBE_ERROR_LOG_LINES_PER_S: Final = 1.0
+"""A route that fails (a bug) logs its traceback at most once a second; a client repeating the
+request cannot flood the log, and the next line counts the ones left out."""
 
 # -- Access log and the live view (operators' view of each connection and flow)
 DEFAULT_ACCESS_LOG: Final = "on"
@@ -362,10 +369,6 @@ DURATION_BUCKETS_S: Final = (
     0.001, 0.01, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0, 21600.0, 86400.0,
 )
 """From a refused connection (ms) to a day-long reverse tunnel; the idle timeout (300 s) is a bucket edge."""
-DEBUG_CONNECTIONS_DEFAULT_LIMIT: Final = 100
-"""Connections ``/debug/connections`` lists without ``?limit=``: a screenful, newest first."""
-DEBUG_CONNECTIONS_MAX_LIMIT: Final = 10_000
-"""Largest ``?limit=``: about 2 MB of JSON, still quick to build on the event loop."""
 LIVE_VIEW_MAX_ENTRIES: Final = QUIC_MAX_FLOWS + QUIC_MAX_PENDING_FLOWS + 65_536
 """Connections and flows the live view tracks at once (every QUIC flow and pending flow, and as many
 TCP connections as a process has fds for); beyond it they are counted in ``total`` but not listed."""

@@ -21,6 +21,8 @@ from router.health import QueryRoute, Route, text_response
 from router.live_view import (
     LimitError,
     LiveConnections,
+    is_connections_view,
+    is_targets_view,
     merge_connections,
     merge_targets,
     parse_limit,
@@ -69,16 +71,19 @@ def router_routes(
     return {TARGETS_PATH: targets_route}, {CONNECTIONS_PATH: connections_route}
 
 
-def _answers(results: list[tuple[int, bytes] | BaseException]) -> list[dict[str, Any]]:
-    """The workers' JSON answers; a worker that failed or answered garbage is left out."""
+def _answers(
+    results: list[tuple[int, bytes] | BaseException], well_formed: Callable[[object], bool]
+) -> list[dict[str, Any]]:
+    """The workers' JSON answers; a worker that failed or answered garbage (not JSON, or not the
+    shape ``well_formed`` checks) is left out."""
     out = []
     for result in results:
         if isinstance(result, tuple) and result[0] == HTTPStatus.OK:
             try:
                 answer = json.loads(result[1])
-            except ValueError:
+            except (ValueError, RecursionError):
                 continue
-            if isinstance(answer, dict):
+            if well_formed(answer):
                 out.append(answer)
     return out
 
@@ -87,7 +92,7 @@ def supervisor_routes(fetch_all: FetchAll) -> tuple[dict[str, Route], dict[str, 
     """The supervisor's debug routes: every live worker asked at once, their answers merged."""
 
     async def targets_route() -> web.Response:
-        answers = _answers(await fetch_all(TARGETS_PATH))
+        answers = _answers(await fetch_all(TARGETS_PATH), is_targets_view)
         if not answers:
             return text_response(HTTPStatus.SERVICE_UNAVAILABLE, "no worker answered\n")
         return json_response(merge_targets(answers))
@@ -97,7 +102,7 @@ def supervisor_routes(fetch_all: FetchAll) -> tuple[dict[str, Route], dict[str, 
             limit = parse_limit(query)
         except LimitError as exc:
             return _bad_limit(exc)
-        answers = _answers(await fetch_all(f"{CONNECTIONS_PATH}?limit={limit}"))
+        answers = _answers(await fetch_all(f"{CONNECTIONS_PATH}?limit={limit}"), is_connections_view)
         return json_response(merge_connections(answers, limit))
 
     return {TARGETS_PATH: targets_route}, {CONNECTIONS_PATH: connections_route}

@@ -95,8 +95,8 @@ def per_client_limit(flag: str, value: str) -> int:
 
 
 def parse_cidrs(flag: str, value: str) -> tuple[IPNetwork, ...]:
-    """Comma-separated IPv4/IPv6 networks (a bare address is a /32 or /128); () when they cover
-    every address, so the edge skips the check."""
+    """Comma-separated IPv4/IPv6 networks (a bare address is a /32 or /128), at least one; a /0
+    is kept as given (the edge checks it like any other network)."""
     networks: list[IPNetwork] = []
     for item in (part.strip() for part in value.split(",")):
         if not item:
@@ -107,11 +107,17 @@ def parse_cidrs(flag: str, value: str) -> tuple[IPNetwork, ...]:
             raise ConfigError(f"{flag}: {item!r} is not a CIDR ({exc})") from None
     if not networks:
         raise ConfigError(f"{flag}: expected at least one CIDR, got {value!r}")
-    if any(n.prefixlen == 0 for n in networks if n.version == 4) and any(
-        n.prefixlen == 0 for n in networks if n.version == 6
-    ):
-        return ()
     return tuple(networks)
+
+
+def every_source_warning(flag: str, networks: tuple[IPNetwork, ...]) -> str | None:
+    """One line when ``networks`` trust every IPv4 or IPv6 source (a /0, given explicitly); else None."""
+    versions = sorted({n.version for n in networks if n.prefixlen == 0})
+    if not versions:
+        return None
+    sources = "every source" if versions == [4, 6] else f"every IPv{versions[0]} source"
+    return (f"{flag} trusts {sources}: any peer that reaches --listen-addr can claim any client address "
+            "(name the balancer's addresses instead)")
 
 
 def log_level(value: str) -> str:

@@ -20,6 +20,7 @@ from typing import Any, cast
 from aiohttp import web
 
 from router import constants as c
+from router.log_limiter import RateLimitedLog
 from router.metrics import RouterMetrics
 
 log = logging.getLogger("router.health")  # pinned: operators filter logs by this name
@@ -86,8 +87,11 @@ class _ProbeConnection(web.RequestHandler):
     ``max_head_bytes`` or not complete within ``timeout_s`` is cut without an answer, and an
     answer the client does not read within ``timeout_s`` is aborted."""
 
-    def __init__(self, manager: web.Server, *, max_head_bytes: int, timeout_s: float, **kwargs: Any) -> None:
+    def __init__(
+        self, manager: web.Server, *, max_head_bytes: int, timeout_s: float, errors: RateLimitedLog, **kwargs: Any,
+    ) -> None:
         super().__init__(manager, **kwargs)
+        self._errors = errors
         self._max_head_bytes = max_head_bytes
         self._timeout_s = timeout_s
         self._received = 0
@@ -132,9 +136,10 @@ class _ProbeConnection(web.RequestHandler):
         self, request: web.BaseRequest, status: int = 500, exc: BaseException | None = None,
         message: str | None = None,
     ) -> web.StreamResponse:
-        """A malformed request gets our terse 400; a failing route is logged and answers 500."""
+        """A malformed request gets our terse 400; a failing route answers 500 and is logged, at
+        most ``PROBE_ERROR_LOG_LINES_PER_S`` (one server's limiter, so every connection shares it)."""
         if status >= 500:
-            log.error("probe request %s failed", request.path, exc_info=exc)
+            self._errors.log(logging.ERROR, "probe request %s failed", request.path, exc_info=exc)
         known = HTTPStatus(status) if status in ERROR_TEXT else HTTPStatus.BAD_REQUEST
         self.answering()
         return text_response(known, ERROR_TEXT[known])
@@ -148,11 +153,12 @@ class _BoundedServer(web.Server):
         super().__init__(handler, access_log=None)
         self._max_head_bytes = max_head_bytes
         self._timeout_s = timeout_s
+        self._errors = RateLimitedLog(log, per_second=c.PROBE_ERROR_LOG_LINES_PER_S)
 
     def __call__(self) -> web.RequestHandler:
         return _ProbeConnection(
             self, loop=asyncio.get_running_loop(), access_log=None,
-            max_head_bytes=self._max_head_bytes, timeout_s=self._timeout_s,
+            max_head_bytes=self._max_head_bytes, timeout_s=self._timeout_s, errors=self._errors,
         )
 
 

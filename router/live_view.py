@@ -26,9 +26,18 @@ from discovery.targets import Target
 from router import constants as c
 from router.access_record import AccessRecord
 
+LIMIT_DEFAULT = 100
+"""Connections ``/debug/connections`` lists without ``?limit=``: a screenful, newest first."""
+LIMIT_MAX = 10_000
+"""Largest ``?limit=``: about 2 MB of JSON, still quick to build on the event loop."""
+LIMIT_MAX_DIGITS = len(str(LIMIT_MAX))
+"""A longer ``?limit=`` is refused before it is converted: ``int()`` of thousands of digits costs
+quadratic time (Python refuses over 4,300 with ``ValueError``), and no valid limit has more."""
+
 
 class LimitError(ValueError):
-    """A ``?limit=`` that is not a whole number from 1 to ``DEBUG_CONNECTIONS_MAX_LIMIT``."""
+    """A ``?limit=`` that is not a whole number from 1 to ``LIMIT_MAX``; its text is the one
+    line the client gets, naming the parameter."""
 
 
 class LiveConnections:
@@ -87,13 +96,17 @@ def connection_entry(record: AccessRecord, now: float) -> dict[str, Any]:
 
 
 def parse_limit(query: str) -> int:
-    """``limit`` from a query string: the default when absent; LimitError names the bounds."""
+    """``limit`` from a query string: the default when absent; LimitError names the bounds.
+
+    Only ASCII digits, at most ``LIMIT_MAX_DIGITS`` of them: ``str.isdigit`` alone also says yes
+    to "²" (which ``int()`` refuses) and to "१" (which it takes), and no sign or space is a digit.
+    """
     values = parse_qs(query, keep_blank_values=True).get("limit")
     if not values:
-        return c.DEBUG_CONNECTIONS_DEFAULT_LIMIT
-    text = values[-1].strip()
-    if not text.isdigit() or not 1 <= int(text) <= c.DEBUG_CONNECTIONS_MAX_LIMIT:
-        raise LimitError(f"limit: expected a whole number from 1 to {c.DEBUG_CONNECTIONS_MAX_LIMIT}")
+        return LIMIT_DEFAULT
+    text = values[-1]
+    if not (0 < len(text) <= LIMIT_MAX_DIGITS and text.isascii() and text.isdigit()) or not 1 <= int(text) <= LIMIT_MAX:
+        raise LimitError(f"limit: expected a whole number from 1 to {LIMIT_MAX}")
     return int(text)
 
 
@@ -116,6 +129,28 @@ def targets_view(
             for t in rows
         ],
     }
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def is_connections_view(answer: object) -> bool:
+    """Whether a worker's ``/debug/connections`` answer has the shape ``merge_connections`` reads;
+    one that has not is left out, so no answer can make the merge raise."""
+    if not isinstance(answer, dict) or not isinstance(answer.get("total"), int):
+        return False
+    entries = answer.get("connections")
+    return isinstance(entries, list) and all(isinstance(e, dict) and _is_number(e.get("age_s")) for e in entries)
+
+
+def is_targets_view(answer: object) -> bool:
+    """Whether a worker's ``/debug/targets`` answer has the shape ``merge_targets`` reads."""
+    if not isinstance(answer, dict):
+        return False
+    age, targets = answer.get("last_sync_age_s"), answer.get("targets")
+    return ((age is None or _is_number(age)) and isinstance(targets, list)
+            and all(isinstance(t, dict) and isinstance(t.get("pod"), str) for t in targets))
 
 
 def merge_connections(views: Sequence[Mapping[str, Any]], limit: int) -> dict[str, Any]:

@@ -33,11 +33,15 @@ class RateLimitedLog:
         self._stamp = clock()
         self.suppressed = 0
 
-    def log(self, level: int, msg: str, *args: Any, extra: dict[str, Any] | None = None) -> bool:
-        """Log unless over the rate; returns whether the line was written."""
+    def log(
+        self, level: int, msg: str, *args: Any, extra: dict[str, Any] | None = None,
+        exc_info: BaseException | bool | None = None,
+    ) -> bool:
+        """Log unless over the rate; returns whether the line was written. ``exc_info``: an exception, or
+        True for the one being handled, whose traceback the line carries (only if admitted)."""
         if not self._logger.isEnabledFor(level) or not self.admit():
             return False
-        self.write(level, msg, *args, extra=extra)
+        self.write(level, msg, *args, extra=extra, exc_info=exc_info)
         return True
 
     def admit(self) -> bool:
@@ -52,7 +56,10 @@ class RateLimitedLog:
         self._tokens -= 1.0
         return True
 
-    def write(self, level: int, msg: str, *args: Any, extra: dict[str, Any] | None = None) -> None:
+    def write(
+        self, level: int, msg: str, *args: Any, extra: dict[str, Any] | None = None,
+        exc_info: BaseException | bool | None = None,
+    ) -> None:
         """Write an admitted line; it carries the count of the lines suppressed since the last one."""
         if self.suppressed:
             event = (extra or {}).get(EVENT_FIELDS)
@@ -61,7 +68,7 @@ class RateLimitedLog:
             else:
                 extra = {**(extra or {}), "suppressed": self.suppressed}
             self.suppressed = 0
-        self._logger.log(level, msg, *args, extra=extra)
+        self._logger.log(level, msg, *args, extra=extra, exc_info=exc_info)
 
     def info(self, msg: str, *args: Any, extra: dict[str, Any] | None = None) -> bool:
         return self.log(logging.INFO, msg, *args, extra=extra)

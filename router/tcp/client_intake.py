@@ -31,7 +31,8 @@ Peer = tuple[str, int]
 
 
 class TrustedSources:
-    """The socket peers allowed to send a PROXY header; none listed means every source."""
+    """The socket peers allowed to send a PROXY header; none listed trusts no source (every
+    connection is closed unread), so trusting every source takes an explicit ``0.0.0.0/0,::/0``."""
 
     __slots__ = ("_networks",)
 
@@ -40,8 +41,6 @@ class TrustedSources:
 
     def allows(self, host: str) -> bool:
         """True for a host inside a trusted network (an IPv4-mapped IPv6 peer counts as IPv4)."""
-        if not self._networks:
-            return True
         try:
             address = ipaddress.ip_address(host.partition("%")[0])
         except ValueError:

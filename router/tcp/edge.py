@@ -51,8 +51,8 @@ class TcpRouterSettings:
     round_robin_paths: frozenset[str] = frozenset(c.DEFAULT_ROUND_ROBIN_PATHS)
     use_splice: bool | None = None
     accept_proxy_protocol: bool = c.DEFAULT_ACCEPT_PROXY_PROTOCOL
-    proxy_protocol_trusted_cidrs: tuple[IPNetwork, ...] = ()
-    """Empty: every source may send a PROXY header."""
+    proxy_protocol_trusted_cidrs: tuple[IPNetwork, ...] = c.DEFAULT_PROXY_PROTOCOL_TRUSTED_CIDRS
+    """The sources allowed to send a PROXY header; empty: none (every PROXY connection closed unread)."""
     max_connections_per_client: int = c.DEFAULT_MAX_CONNECTIONS_PER_CLIENT
     client_counts: ClientCounts | None = None
     """Where connections per client are counted: None, in this process; with ``--workers N``, the

@@ -10,8 +10,9 @@
  * What it must never do: block (every socket call is MSG_DONTWAIT, epoll_wait does not wait), keep
  * a borrowed reference past a call that may run Python code (a call that does is made while the
  * splice is busy, so nothing re-entered can free what it walks), send one client address's
- * datagrams to a pod its connection IDs do not name, or trust a caller's fds, sizes or addresses: every entry point
- * checks its own arguments (a pod fd must be an open UDP socket, a size must fit the arrays it sizes).
+ * datagrams to a pod its connection IDs do not name, trust a caller's fds, sizes or addresses (every entry point
+ * checks its own arguments: a pod fd must be an open UDP socket, a size must fit the arrays it sizes), or let a
+ * Python callback that raises for one item cost the call's other items (deliver).
  *
  * Optional: built at install when a C compiler is there; without it the router runs the same
  * flows through its pure-Python path (router/udp/pod_link.py, pod_to_client.py), which the test
@@ -1284,7 +1285,6 @@ Splicer_take_failures(Splicer *self, PyObject *unused)
     return failures;
 }
 
-/* fn(a, b) for each (a, b) item of list, in order; -1 as soon as one raises. */
 /* The unconfirmed flows' pod datagrams read since the last call, [(flow, datagram)], in order. */
 static PyObject *
 Splicer_take_handed(Splicer *self, PyObject *unused)
@@ -1302,37 +1302,100 @@ Splicer_take_handed(Splicer *self, PyObject *unused)
     return handed;
 }
 
+/* An exception a callback raised, taken off the thread state to be raised again once every item
+ * of the call was delivered (PyErr_Fetch is deprecated from Python 3.12 on). */
+typedef struct {
+    PyObject *type, *value, *traceback;
+    int set;
+} Raised;
+
+static void
+keep_raised(Raised *raised)
+{
+#if PY_VERSION_HEX >= 0x030C0000
+    raised->type = raised->traceback = NULL;
+    raised->value = PyErr_GetRaisedException();
+#else
+    PyErr_Fetch(&raised->type, &raised->value, &raised->traceback);
+#endif
+    raised->set = 1;
+}
+
+static void
+raise_kept(Raised *raised)
+{
+#if PY_VERSION_HEX >= 0x030C0000
+    PyErr_SetRaisedException(raised->value);
+#else
+    PyErr_Restore(raised->type, raised->value, raised->traceback);
+#endif
+    raised->type = raised->value = raised->traceback = NULL;
+    raised->set = 0;
+}
+
+static void
+forget_raised(Raised *raised)
+{
+    Py_CLEAR(raised->type);
+    Py_CLEAR(raised->value);
+    Py_CLEAR(raised->traceback);
+    raised->set = 0;
+}
+
+/* fn(a, b) for each (a, b) item of list, in order, whatever the others did: an item whose call
+ * raises an Exception costs that item only (one client's datagram never costs another client
+ * its own). The first such exception is kept in *raised, the later ones dropped: a flood of
+ * raising items makes one report per call, never one per item. -1 only for what is no Exception
+ * (KeyboardInterrupt, SystemExit), which stops the delivery at once, set, *raised forgotten. */
 static int
-call_each(PyObject *list, PyObject *fn)
+call_each(PyObject *list, PyObject *fn, Raised *raised)
 {
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(list); i++) {
         PyObject *item = PyList_GET_ITEM(list, i);
         PyObject *result = PyObject_CallFunctionObjArgs(fn, PyTuple_GET_ITEM(item, 0), PyTuple_GET_ITEM(item, 1), NULL);
-        if (!result)
+        if (result) {
+            Py_DECREF(result);
+            continue;
+        }
+        if (!PyErr_ExceptionMatches(PyExc_Exception)) {
+            forget_raised(raised);
             return -1;
-        Py_DECREF(result);
+        }
+        if (raised->set)
+            PyErr_Clear();
+        else
+            keep_raised(raised);
     }
     return 0;
 }
 
 /* Hand each (a, b) item of list (stolen) to handler(a, b), then each queued failure to
- * on_failure(flow, errno): after the splice's own work, so Python may attach and detach flows. */
+ * on_failure(flow, errno): after the splice's own work, so Python may attach and detach flows.
+ * Every item is delivered even if a call raises (call_each); the first exception is raised when
+ * all are, so a bug is never silent (the loop reports it once for the call). */
 static PyObject *
 deliver(Splicer *self, PyObject *list, PyObject *handler, PyObject *on_failure)
 {
     if (!list)
         return NULL;
-    int rc = call_each(list, handler);
+    Raised raised = { NULL, NULL, NULL, 0 };
+    int rc = call_each(list, handler, &raised);
     Py_DECREF(list);
     while (rc == 0 && self->failures && PyList_GET_SIZE(self->failures) > 0) {
         PyObject *failures = Splicer_take_failures(self, NULL);
-        if (!failures)
+        if (!failures) {
+            forget_raised(&raised);
             return NULL;
-        rc = call_each(failures, on_failure);
+        }
+        rc = call_each(failures, on_failure, &raised);
         Py_DECREF(failures);
     }
     if (rc < 0)
         return NULL;
+    if (raised.set) {
+        raise_kept(&raised);
+        return NULL;
+    }
     Py_RETURN_NONE;
 }
 
@@ -1356,7 +1419,8 @@ static PyObject *Splicer_from_pods(Splicer *self, PyObject *arg);
 
 /* The loop's reader callbacks (no Python frame of their own): clock() gives the time, the
  * datagrams the splice hands back go to on_datagram(data, address) in arrival order, new pod
- * SCIDs to on_learn(flow, scid), pod socket errors to on_failure(flow, errno). */
+ * SCIDs to on_learn(flow, scid), pod socket errors to on_failure(flow, errno); each of them even
+ * if a call before it raised (deliver). */
 static PyObject *
 Splicer_pump_clients(Splicer *self, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -1385,10 +1449,23 @@ Splicer_pump_pods(Splicer *self, PyObject *const *args, Py_ssize_t nargs)
     PyObject *list = Splicer_from_pods(self, now);
     Py_DECREF(now);
     PyObject *done = deliver(self, list, args[1], args[2]);
+    if (!done && !PyErr_ExceptionMatches(PyExc_Exception))
+        return NULL; /* KeyboardInterrupt, SystemExit: at once */
+    Raised raised = { NULL, NULL, NULL, 0 };
     if (!done)
+        keep_raised(&raised); /* the handed datagrams still go out, the exception after them */
+    Py_XDECREF(done);
+    PyObject *rest = deliver(self, Splicer_take_handed(self, NULL), args[3], args[2]);
+    if (!raised.set)
+        return rest;
+    if (!rest && !PyErr_ExceptionMatches(PyExc_Exception)) {
+        forget_raised(&raised);
         return NULL;
-    Py_DECREF(done);
-    return deliver(self, Splicer_take_handed(self, NULL), args[3], args[2]);
+    }
+    PyErr_Clear();
+    Py_XDECREF(rest);
+    raise_kept(&raised);
+    return NULL;
 }
 
 static PyObject *

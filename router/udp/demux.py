@@ -12,7 +12,10 @@ Initial from a live client's address costs a pending flow of its own and never t
 live connection. A datagram that names no flow at all (the miss: a short header, or a Handshake
 packet, from an address with no flow for it) may still name its pod, with QUIC-LB pods
 (``server_id_joins``), as may a short header of a shared address that names none of its flows;
-else, with ``--workers N``, its flow may be another worker's (``worker_follow``).
+else, with ``--workers N``, its flow may be another worker's (``worker_follow``). A bug a
+datagram meets costs that datagram only, on either path: it is logged (a traceback a second at
+most, ``QUIC_DATAGRAM_ERROR_LOG_LINES_PER_S``; the rest counted as suppressed), never raised into
+the listener or the C splice, whose batch holds other clients' datagrams.
 
 ``ClientDemux`` is a base class of ``edge.UdpRouter``, like ``flow_endings.FlowEndings``: it
 acts on the router's own table, slots and refusals; the router decides routes (``_route``).
@@ -27,6 +30,7 @@ from collections.abc import Callable
 
 from quic.initial_sniffer import InitialSniffer
 from quic.packet import LongHeader, QuicPacketError, long_header_cids
+from router.log_limiter import RateLimitedLog
 from router.outcomes import QuicDropReason, Termination
 from router.routing import Refusal
 from router.udp.flow_endings import Link
@@ -50,20 +54,27 @@ class ClientDemux(WorkerFollow):
     _accepting: bool
     _loop: asyncio.AbstractEventLoop | None
     _outboxes: Outboxes[Flow[Link]]
+    _datagram_errors: RateLimitedLog
+    """Where a bug a client datagram met is logged: a traceback a second at most, the rest counted."""
 
     def _route(self, pending: PendingFlow[InitialSniffer], info: ClientHelloInfo, now: float) -> None:
         raise NotImplementedError  # the router's: pick the pod, dial it or refuse
 
     # -- the per-datagram paths -----------------------------------------------------------
     def _from_client(self, data: bytes, addr: Address) -> None:
-        flow = self._table.flow(addr)
-        now = self._clock()
-        if flow is None:
-            self._from_new_address(data, addr, now)
-        elif data and not data[0] & 0x80 and not flow.shared:  # the common case: one lookup
-            self._to_pod(flow, data, now)
-        else:
-            self._from_flow_address(flow, data, now)
+        try:
+            flow = self._table.flow(addr)
+            now = self._clock()
+            if flow is None:
+                self._from_new_address(data, addr, now)
+            elif data and not data[0] & 0x80 and not flow.shared:  # the common case: one lookup
+                self._to_pod(flow, data, now)
+            else:
+                self._from_flow_address(flow, data, now)
+        except Exception:  # a bug costs this datagram, never the batch's others, nor a traceback each
+            self._datagram_errors.log(
+                logging.ERROR, "unexpected error handling a quic datagram from %s", peer(addr), exc_info=True
+            )
 
     def _handed_back(self, data: bytes, addr: Address) -> None:
         """A datagram the C splice did not send: ``_from_client`` looked up per call (the flood audit wraps it)."""

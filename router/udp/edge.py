@@ -33,9 +33,11 @@ from typing import TYPE_CHECKING
 
 from discovery.targets import Target, TargetSnapshot
 from quic.initial_sniffer import InitialSniffer
+from router import constants as c
 from router.access_log import AccessLog
 from router.client_limits import ClientSlots
 from router.hostname import HostnameTemplate
+from router.log_limiter import RateLimitedLog
 from router.metrics import ProtocolSeries, RouterMetrics
 from router.outcomes import ProtocolLabel, QuicOutcome, Termination
 from router.routing import Refusal, Refused, route
@@ -101,6 +103,7 @@ class UdpRouter(ClientDemux):
         self._empty = asyncio.Event()
         self._empty.set()
         self._replies = ClientReplies(self._learn_from_pod, self._flow_failed, self._now, self._pod_answered)
+        self._datagram_errors = RateLimitedLog(log, c.QUIC_DATAGRAM_ERROR_LOG_LINES_PER_S)
         self._outboxes: Outboxes[Flow[Link]] = Outboxes(self._call_soon)
 
     # -- lifecycle ------------------------------------------------------------------------

@@ -65,17 +65,21 @@ def server_id(cid: bytes, server_id_bytes: int) -> bytes | None:
 def routable_cid(datagram: bytes, cid_length: int | None) -> bytes | None:
     """The connection ID a client datagram can be routed by: a short header's DCID (``cid_length``
     octets, or as many as its first octet self-encodes when None), or the DCID of a v1/v2
-    Handshake packet (one the server issued). None for anything else: an Initial or 0-RTT packet
-    (a DCID the client chose), another version, a datagram too short to hold one."""
+    Handshake packet (one the server issued); 1 to ``MAX_CID_LENGTH`` octets. None for anything
+    else: an Initial or 0-RTT packet (a DCID the client chose), another version, a datagram too
+    short to hold one, and a connection ID over 20 octets (a first octet that self-encodes 21 to
+    32: no pod issues one, so it names no pod, as config rotation ``0b111`` names none)."""
     if len(datagram) < 2:
         return None
     if not datagram[0] & LONG_FORM:
-        end = 1 + (cid_length if cid_length is not None else self_encoded_length(datagram[1]))
-        return datagram[1:end] if 1 < end <= len(datagram) else None
+        length = cid_length if cid_length is not None else self_encoded_length(datagram[1])
+        end = 1 + length
+        return datagram[1:end] if 0 < length <= MAX_CID_LENGTH and end <= len(datagram) else None
     version = int.from_bytes(datagram[1:5])
     if _HANDSHAKE_BITS.get(version) != datagram[0] & 0x30:
         return None
-    return long_header_cids(datagram)[0] or None
+    dcid = long_header_cids(datagram)[0]
+    return dcid if 0 < len(dcid) <= MAX_CID_LENGTH else None
 
 
 def pod_server_id(address: str, server_id_bytes: int) -> bytes | None:

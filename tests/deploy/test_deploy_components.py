@@ -15,10 +15,20 @@ import ipaddress
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from router.config import config_from_args
-from tests.support.kustomize import COMPONENTS, DEPLOY, component_names, one, render_overlay, settings
+from router.flag_values import ConfigError
+from tests.support.kustomize import (
+    COMPONENTS,
+    DEPLOY,
+    component_names,
+    copy_with_settings,
+    one,
+    render_overlay,
+    settings,
+)
 
 PROXY_PROTOCOL = COMPONENTS / "proxy-protocol"
 PROMETHEUS_OPERATOR_GROUP = "monitoring.coreos.com"
@@ -87,6 +97,27 @@ def test_proxy_protocol_trusts_only_the_gateway_pod_cidrs_of_the_settings(tmp_pa
     # The default trusts no real source: documentation ranges (RFC 5737, RFC 3849) only.
     documentation = [ipaddress.ip_network("192.0.2.0/24"), ipaddress.ip_network("2001:db8::/32")]
     assert all(any(net.subnet_of(doc) for doc in documentation if doc.version == net.version) for net in knob)
+
+
+@pytest.mark.parametrize("components", [[PROXY_PROTOCOL.name], component_names()], ids=["alone", "all"])
+def test_every_rendering_that_turns_proxy_on_names_its_trusted_sources(tmp_path: Path, components: list[str]) -> None:
+    """The router refuses PROXY on without trusted CIDRs (it trusts no source by default): the
+    component adds both flags in one patch, so no rendering has one without the other."""
+    args = router_args(render_overlay(tmp_path, components))
+    assert len([a for a in args if a.startswith("--proxy-protocol-trusted-cidrs=")]) == 1
+    cfg = config_from_args(args, environ={"POD_NAMESPACE": "stargate"})
+    assert cfg.accept_proxy_protocol and cfg.proxy_protocol_trusted_cidrs
+
+
+@pytest.mark.parametrize("cidrs", ["", " ", ","], ids=["empty", "blank", "comma"])
+def test_a_blank_gateway_pod_cidrs_knob_is_refused_by_the_router_never_read_as_every_source(
+    tmp_path: Path, cidrs: str
+) -> None:
+    """kustomize renders a blank knob as it is; the router then exits 2 with one line naming the flag."""
+    deploy = copy_with_settings(tmp_path, {"gatewayPodCIDRs": cidrs})
+    args = router_args(render_overlay(tmp_path, [PROXY_PROTOCOL.name], deploy=deploy))
+    with pytest.raises(ConfigError, match=r"^--proxy-protocol-trusted-cidrs: expected at least one CIDR"):
+        config_from_args(args, environ={"POD_NAMESPACE": "stargate"})
 
 
 # ---------------------------------------------------------------------------

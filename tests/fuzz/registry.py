@@ -28,7 +28,10 @@ first_initial_native  the first Initial read in one C call leaves the sniffer as
                       the Python path does (answers, version, CIDs, packet number)
 sniffer_datagrams     ``InitialSniffer.feed`` on mutated protected datagrams            QuicPacketError
 udp_router            ``UdpRouter``'s datagram path (no sockets): answers never         (none)
-                      larger than their datagram, pending flows within their bound
+                      larger than their datagram, pending flows within their bound,
+                      no kept connection ID over 20 octets, no bug logged
+quic_lb_cid           ``routable_cid`` then ``server_id``: a connection ID of 1-20     (none)
+                      octets where the datagram holds it, or none
 endpoints             ``parse_endpoints_document`` then ``targets_from_slices``         EndpointSliceError
 proxy_protocol        ``ProxyHeaderReader.feed``, whole and chunked must agree;        ProxyHeaderError
                       a header within its bound, header + remainder = the input

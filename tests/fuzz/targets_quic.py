@@ -8,6 +8,7 @@ structured mutations (``mutators_native``) kept in ``tests/fuzz/corpus/``."""
 from __future__ import annotations
 
 import functools
+import logging
 import random
 import re
 from collections.abc import Sequence
@@ -18,10 +19,19 @@ from quic import native
 from quic.frames import QUIC_MAX_CRYPTO_BYTES, CryptoReassembler, walk_initial_frames
 from quic.initial_keys import client_initial_keys, encrypt_initial
 from quic.initial_sniffer import InitialSniffer
-from quic.packet import QUIC_V1, QUIC_V2, PacketType, QuicPacketError, encode_varint, read_long_header
+from quic.packet import (
+    MAX_CID_LENGTH,
+    QUIC_V1,
+    QUIC_V2,
+    PacketType,
+    QuicPacketError,
+    encode_varint,
+    read_long_header,
+)
 from router.metrics import RouterMetrics
 from router.udp.edge import UdpRouter
 from router.udp.flow_limits import FlowLimits
+from router.udp.quic_lb import MAX_SERVER_ID_BYTES, routable_cid, server_id
 from router.udp.settings import UdpRouterSettings
 from tests.fuzz.mutators_native import mutate_first_payloads, mutate_frames, mutate_long_headers
 from tests.fuzz.seed_flights import first_flight, quic_hellos
@@ -194,8 +204,9 @@ def _no_dial(pending: Any, target: Any, hostname: Any, idle_timeout_s: float, jo
 
 
 def run_udp_router(data: bytes) -> str:
-    """Datagrams from client addresses into a socket-less UdpRouter: nothing may raise,
-    no answer may exceed the datagram that provoked it, pending flows stay bounded."""
+    """Datagrams from client addresses into a socket-less UdpRouter: nothing may raise (nor be
+    logged as a bug), no answer may exceed the datagram that provoked it, pending flows stay
+    bounded, and no connection ID the router keeps is over 20 octets."""
     router, clock, sink = _router()
     port = 40000
     for datagram in data.split(SEPARATOR)[:MAX_DATAGRAMS]:
@@ -205,9 +216,83 @@ def run_udp_router(data: bytes) -> str:
         clock.now += 0.25
         sink.provoking = len(datagram)
         router._from_client(datagram, ("127.0.0.9", port))
+        check(router._datagram_errors.suppressed == 0 and not _logged_bugs(), "a datagram met a bug")
         router.sweep(clock.now)
         check(router.pending_flows <= router.settings.limits.max_pending_flows, "pending flows over the bound")
+        check(all(len(cid) <= MAX_CID_LENGTH for cid in _kept_cids(router)), "a connection ID over 20 octets kept")
     return f"pending-{router.pending_flows}"
+
+
+def _kept_cids(router: UdpRouter) -> list[bytes]:
+    """Every connection ID the router's table keeps: pending flows' keys, flows' learned and client IDs."""
+    table = router._table
+    kept = [cid for pending in table.pending_flows() for cid in (pending.dcid, pending.scid)]
+    for flow in table.flows():
+        kept += [*flow.cids, *flow.client_dcids, flow.client_scid]
+    return kept + list(table._by_cid)
+
+
+class _BugCatcher(logging.Handler):
+    """Records the edge's "unexpected error" lines: its guard keeps a bug from raising, not from being one."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.count = 0
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.count += 1
+
+
+@functools.cache
+def _bug_catcher() -> _BugCatcher:
+    catcher = _BugCatcher()
+    logging.getLogger("router.udp_router").addHandler(catcher)
+    return catcher
+
+
+def _logged_bugs() -> int:
+    catcher = _bug_catcher()
+    count, catcher.count = catcher.count, 0
+    return count
+
+
+def run_quic_lb_cid(data: bytes) -> str:
+    """``routable_cid`` then ``server_id`` on one datagram (``data[1:]``; ``data[0]``, if 1 to 20, is
+    ``--quic-cid-length``, else the length is self-encoded): None, or a connection ID of 1 to 20
+    octets where the datagram holds it (a short header's at 1, of the configured length; a
+    Handshake packet's at 6), whose server ID of any length is the octets after its first."""
+    if not data:
+        return "empty"
+    configured = data[0] if 1 <= data[0] <= MAX_CID_LENGTH else None
+    datagram = data[1:]
+    cid = routable_cid(datagram, configured)
+    if cid is None:
+        return "none"
+    check(0 < len(cid) <= MAX_CID_LENGTH, f"a connection ID of {len(cid)} octets")
+    long = bool(datagram[0] & 0x80)
+    at = 6 if long else 1
+    check(datagram[at : at + len(cid)] == cid, "a connection ID that is not where the datagram holds it")
+    check(long or configured is None or len(cid) == configured, "a short header's DCID not of the configured length")
+    for n in range(1, MAX_SERVER_ID_BYTES + 1):
+        sid = server_id(cid, n)
+        check(sid is None or sid == cid[1 : 1 + n], f"a server ID of {n} octets that is not the CID's")
+    return f"{'long' if long else 'short'}-{'configured' if configured else 'self-encoded'}-{len(cid)}"
+
+
+def quic_lb_cid_seeds() -> list[bytes]:
+    """Short headers whose first octet self-encodes 8, 12, 20, 21 and 32 octets, the same cut at a
+    configured length, and Handshake, Initial and unknown-version long headers with DCIDs of 8 to 255."""
+    sid = b"\x7f\x00\x00\x02"
+    seeds = []
+    for length in (8, 12, MAX_CID_LENGTH, MAX_CID_LENGTH + 1, 32):
+        short = b"\x40" + bytes([(length - 1) & 0x1F]) + sid + bytes(range(length - 5)) + bytes(30)
+        seeds += [b"\x00" + short, bytes([min(length, MAX_CID_LENGTH)]) + short]
+    for length in (8, MAX_CID_LENGTH, MAX_CID_LENGTH + 1, 32, 255):
+        dcid = bytes([0x0B]) + sid + bytes(length - 5)
+        for first, version in ((0xE0, QUIC_V1), (0xC0, QUIC_V1), (0xD0, QUIC_V2), (0xE0, 0x1A2A3A4A)):
+            head = bytes([first]) + version.to_bytes(4, "big") + bytes([length]) + dcid + b"\x08" + bytes(8)
+            seeds.append(b"\x00" + head + b"\x40\x20" + bytes(32))
+    return seeds
 
 
 def join(datagrams: Sequence[bytes]) -> bytes:
@@ -266,7 +351,10 @@ def udp_router_seeds() -> list[bytes]:
     unknown = first_flight("nobody.example.com")
     next_client = SEPARATOR + SEPARATOR
     quic_lb_short = b"\x40\x08\x7f\x00\x00\x01" + bytes(4) + bytes(30)  # QUIC-LB: server ID 127.0.0.1
+    over_long = b"\x40\x1f\x7f\x00\x00\x01" + bytes(27) + bytes(40)  # self-encodes 32 octets: names no pod
+    handshake_over_long = b"\xe0\x00\x00\x00\x01\x20\x08\x7f\x00\x00\x01" + bytes(27) + b"\x00\x40\x40" + bytes(64)
     return [
+        join([over_long, quic_lb_short, over_long, handshake_over_long]),
         join(unknown + unknown + unknown),
         join(first_flight(None)) + next_client + join(first_flight("stargate-0.stargate.external", QUIC_V2)),
         join([probe.ljust(1200, b"\x00"), b"\x40" + bytes(40), unknown[0][:1100], b"\xff\x00"]),
@@ -362,4 +450,5 @@ QUIC_TARGETS = (
                40_000, QUIC_DICTIONARY, reaches_c=True),
     FuzzTarget("udp_router", run_udp_router, (), udp_router_seeds, 40_000, QUIC_DICTIONARY, mutate_router_input,
                reaches_c=True),
+    FuzzTarget("quic_lb_cid", run_quic_lb_cid, (), quic_lb_cid_seeds, 400, QUIC_DICTIONARY),
 )

@@ -182,13 +182,22 @@ def test_a_missing_file_is_one_error_line_naming_the_flag_and_file(tmp_path: Pat
         (("--target-namespace", "s", "--kubeconfig", "/nonexistent/kubeconfig"), "--kubeconfig"),
         (("--target-namespace", "s", "--bogus"), "--bogus"),
         (("--target-namespace",), "--target-namespace"),
+        (("--target-namespace", "s", "--accept-proxy-protocol"), "--proxy-protocol-trusted-cidrs"),
     ],
     ids=["no-namespace", "workers", "timeout", "listen-addr", "template-field", "template-ascii", "kubeconfig",
-         "unknown-flag", "missing-value"],
+         "unknown-flag", "missing-value", "proxy-without-trusted-cidrs"],
 )
 def test_a_bad_flag_is_one_error_line_naming_it(args: tuple[str, ...], flag: str) -> None:
     run = check(*args, "--endpoints-file", str(EXAMPLE))
     assert_one_error_line(run, flag)
+
+
+def test_trusting_every_proxy_source_is_said_on_one_warning_line() -> None:
+    run = check("--target-namespace", "s", "--endpoints-file", str(EXAMPLE), "--accept-proxy-protocol",
+                "--proxy-protocol-trusted-cidrs=0.0.0.0/0,::/0")
+    assert (run.returncode, run.stdout.splitlines()[:2]) == (0, EXAMPLE_TABLE), run
+    [warning] = run.error_lines
+    assert warning.startswith("stargate-router check: warning: --proxy-protocol-trusted-cidrs trusts every source: ")
 
 
 def test_check_help_describes_the_table_and_lists_the_routers_flags() -> None:

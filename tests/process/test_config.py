@@ -35,16 +35,57 @@ def test_defaults_match_the_rust_router() -> None:
 def test_trust_at_the_edge_is_off_and_unlimited_by_default() -> None:
     cfg = config_from_args([], environ={"POD_NAMESPACE": "x"})
     assert cfg.accept_proxy_protocol is c.DEFAULT_ACCEPT_PROXY_PROTOCOL is False
-    assert cfg.proxy_protocol_trusted_cidrs == ()  # () = every source, from the default 0.0.0.0/0,::/0
+    assert cfg.proxy_protocol_trusted_cidrs == c.DEFAULT_PROXY_PROTOCOL_TRUSTED_CIDRS == ()  # no source trusted
+    assert cfg.proxy_trust_warning() is None
     assert cfg.max_connections_per_client == c.DEFAULT_MAX_CONNECTIONS_PER_CLIENT == 0
     assert cfg.max_quic_flows_per_client == c.DEFAULT_MAX_QUIC_FLOWS_PER_CLIENT == 0
 
 
-@pytest.mark.parametrize(("args", "on"), [(["--accept-proxy-protocol"], True),
-                                          (["--accept-proxy-protocol=true"], True),
+LOOPBACK_BALANCER = "--proxy-protocol-trusted-cidrs=127.0.0.9/32"
+
+
+@pytest.mark.parametrize(("args", "on"), [(["--accept-proxy-protocol", LOOPBACK_BALANCER], True),
+                                          (["--accept-proxy-protocol=true", LOOPBACK_BALANCER], True),
+                                          (["--accept-proxy-protocol", "true", LOOPBACK_BALANCER], True),
                                           (["--accept-proxy-protocol", "false"], False)])
 def test_accept_proxy_protocol_is_a_flag_or_a_boolean(args: list[str], on: bool) -> None:
     assert config_from_args(args, environ={"POD_NAMESPACE": "x"}).accept_proxy_protocol is on
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["--accept-proxy-protocol"], ["--accept-proxy-protocol=true"], ["--accept-proxy-protocol", "true"]],
+    ids=["bare", "equals", "separate"],
+)
+def test_proxy_on_without_trusted_cidrs_is_one_line_naming_the_flag(args: list[str]) -> None:
+    """nginx's ``set_real_ip_from``: no source is believed until named (issue 41, finding 8)."""
+    with pytest.raises(ConfigError) as err:
+        config_from_args(args, environ={"POD_NAMESPACE": "x"})
+    assert str(err.value) == (
+        "--proxy-protocol-trusted-cidrs: required with --accept-proxy-protocol "
+        "(the balancer's addresses; no source is trusted by default)"
+    )
+
+
+def test_trusted_cidrs_without_proxy_are_parsed_and_unused() -> None:
+    cfg = config_from_args([LOOPBACK_BALANCER], environ={"POD_NAMESPACE": "x"})
+    assert not cfg.accept_proxy_protocol and [str(n) for n in cfg.proxy_protocol_trusted_cidrs] == ["127.0.0.9/32"]
+
+
+@pytest.mark.parametrize(
+    ("cidrs", "warning"),
+    [("0.0.0.0/0,::/0", "trusts every source"), ("0.0.0.0/0", "trusts every IPv4 source"),
+     ("10.0.0.0/8,::/0", "trusts every IPv6 source"), ("10.0.0.0/8,fd00::/8", None)],
+)
+def test_an_explicit_every_source_is_kept_and_warned_about(cidrs: str, warning: str | None) -> None:
+    cfg = config_from_args(["--accept-proxy-protocol", f"--proxy-protocol-trusted-cidrs={cidrs}"],
+                           environ={"POD_NAMESPACE": "x"})
+    assert ",".join(str(n) for n in cfg.proxy_protocol_trusted_cidrs) == cidrs
+    said = cfg.proxy_trust_warning()
+    if warning is None:
+        assert said is None
+    else:
+        assert said is not None and said.startswith(f"--proxy-protocol-trusted-cidrs {warning}: ")
 
 
 def test_trusted_cidrs_and_limits_are_parsed() -> None:

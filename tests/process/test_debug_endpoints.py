@@ -152,3 +152,61 @@ async def test_targets_from_the_kubernetes_api(tmp_path: Path, api: FakeKubeApi)
         assert view["source"] == "kubernetes" and view["ready"] is True
         assert view["targets"] == [{"pod": "sg-0", "address": "127.0.0.2", "grpc_port": 5001, "quic_port": 5002}]
         assert await asyncio.to_thread(router.stop) == 0
+
+
+BAD_LIMITS = {
+    "superscript-two": "%C2%B2",  # "²": str.isdigit() says yes, int() says no
+    "devanagari-one": "%E0%A5%A7",  # "१": a Unicode decimal digit int() takes
+    "4301-digits": "1" * 4301,  # past int()'s 4,300-digit guard
+    "six-digits": "000001",  # more digits than the largest limit has
+    "zero": "0",
+    "over-the-max": "10001",
+    "negative": "-1",
+    "plus-sign": "%2B5",
+    "space-padded": "+5+",  # "+" is a space in a query
+    "empty": "",
+    "nul": "%00",
+    "not-utf8": "%FF",
+}
+
+
+def test_a_bad_limit_gets_400_and_one_line_naming_it(tmp_path: Path, pods: list[RunningPod]) -> None:
+    """Issue 41, finding 6: ``limit=%C2%B2`` and a 4,301-digit limit passed ``isdigit()`` and failed
+    ``int()``: a 500 and a traceback in the log per request. Under ``STARGATE_TEST_ROUTER_WORKERS=2``
+    the supervisor answers (it parses the limit before it asks the workers)."""
+    with start(tmp_path, pods, "--debug-endpoints") as router:
+        answers = {name: router.http_get(f"/debug/connections?limit={value}") for name, value in BAD_LIMITS.items()}
+        wrong = {name: answer for name, answer in answers.items()
+                 if answer != (400, "limit: expected a whole number from 1 to 10000\n")}
+        assert wrong == {}
+        assert router.http_get("/debug/connections?limit=10000")[0] == 200
+        assert router.stop() == 0
+        assert not [line for line in router.lines if " error " in line or "Traceback" in line]
+
+
+ODD_REQUESTS = [
+    "/debug/connections?limit=1&limit=%ZZ",
+    "/debug/connections?%",
+    "/debug/connections?" + "&" * 4000,
+    "/debug/connections?limit=5&" + "x=1&" * 1500,
+    "/debug/connections;limit=5",
+    "/debug/connections/",
+    "//debug/connections",
+    "/debug/targets?limit=%C2%B2",
+    "/readyz?%FF%FE",
+    "/metrics?name[]=%00",
+    "/%",
+    "/%FF",
+    "/../../etc/passwd",
+    "/" + "a" * 7000,
+]
+
+
+def test_no_path_or_query_answers_500_or_logs_a_traceback(tmp_path: Path, pods: list[RunningPod]) -> None:
+    """Whatever path and query a client sends, the probe listener answers 2xx or 4xx, and the log
+    holds no error line for it."""
+    with start(tmp_path, pods, "--debug-endpoints") as router:
+        answers = {path[:40]: router.http_get(path)[0] for path in ODD_REQUESTS}
+        assert all(200 <= status < 500 for status in answers.values()), answers
+        assert router.stop() == 0
+        assert not [line for line in router.lines if " error " in line or "Traceback" in line]

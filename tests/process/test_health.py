@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import logging
+import time
 from collections.abc import AsyncIterator
 
 import pytest
@@ -131,3 +133,29 @@ def test_adding_a_route_is_one_entry() -> None:
     server.routes["/debug/targets"] = targets
     assert server.respond("GET", "/debug/targets").endswith(b"\r\n\r\n[]\n")
     assert server.respond("GET", "/healthz").startswith(b"HTTP/1.1 200 OK\r\n")
+
+
+async def test_a_failing_route_answers_500_and_its_log_lines_are_rate_limited(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A route that raises (a bug: untrusted input gets a 4xx before it reaches code that can raise)
+    answers a terse 500; its traceback is logged, but a client repeating the request cannot turn
+    it into a log flood: ``PROBE_ERROR_LOG_LINES_PER_S``, the rest counted in the next line."""
+
+    async def broken() -> web.Response:
+        raise RuntimeError("a bug")
+
+    server = ProbeHttpServer({"/broken": broken})
+    _host, port = await server.start("127.0.0.1", 0)
+    started = time.monotonic()
+    try:
+        with caplog.at_level(logging.ERROR, logger="router.health"):
+            for _ in range(30):
+                raw = await exchange(port, b"GET /broken HTTP/1.1\r\nHost: probe\r\n\r\n")
+                assert split(raw)[::2] == (b"HTTP/1.1 500 Internal Server Error", b"internal server error\n")
+    finally:
+        await server.close()
+    elapsed = time.monotonic() - started
+    errors = [r for r in caplog.records if r.name == "router.health"]
+    assert 1 <= len(errors) <= 1 + elapsed * c.PROBE_ERROR_LOG_LINES_PER_S < 30
+    assert errors[0].exc_info is not None and "/broken" in errors[0].getMessage()

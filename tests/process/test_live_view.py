@@ -6,11 +6,15 @@ from __future__ import annotations
 import pytest
 
 from discovery.targets import Target
-from router import constants as c
 from router.access_record import AccessRecord
 from router.live_view import (
+    LIMIT_DEFAULT,
+    LIMIT_MAX,
+    LIMIT_MAX_DIGITS,
     LimitError,
     LiveConnections,
+    is_connections_view,
+    is_targets_view,
     merge_connections,
     merge_targets,
     parse_limit,
@@ -56,10 +60,14 @@ def test_past_its_bound_the_view_counts_without_listing() -> None:
 @pytest.mark.parametrize(("query", "limit"), [("", 100), ("limit=5", 5), ("x=1&limit=10000", 10_000)])
 def test_limit_defaults_to_100_and_accepts_up_to_10000(query: str, limit: int) -> None:
     assert parse_limit(query) == limit
-    assert c.DEBUG_CONNECTIONS_DEFAULT_LIMIT == 100 and c.DEBUG_CONNECTIONS_MAX_LIMIT == 10_000
+    assert (LIMIT_DEFAULT, LIMIT_MAX, LIMIT_MAX_DIGITS) == (100, 10_000, 5)
 
 
-@pytest.mark.parametrize("query", ["limit=0", "limit=10001", "limit=-1", "limit=abc", "limit=", "limit=1e3"])
+@pytest.mark.parametrize(
+    "query",
+    ["limit=0", "limit=10001", "limit=-1", "limit=abc", "limit=", "limit=1e3", "limit=%2B5", "limit=+5",
+     "limit=5%20", "limit=%C2%B2", "limit=%E0%A5%A7", "limit=000001", "limit=" + "1" * 4301, "limit=%FF"],
+)
 def test_a_bad_limit_is_refused(query: str) -> None:
     with pytest.raises(LimitError, match=r"^limit: "):
         parse_limit(query)
@@ -93,3 +101,21 @@ def test_workers_answers_merge_into_one() -> None:
     assert merged_targets["last_sync_age_s"] == 0.7
     assert [t["pod"] for t in merged_targets["targets"]] == ["sg-0", "sg-1"]
     assert merge_targets([t0, targets_view([], "file", False, None)])["last_sync_age_s"] is None
+
+
+MALFORMED_CONNECTIONS = [
+    [], {"total": "3", "connections": []}, {"total": 1, "connections": 5},
+    {"total": 1, "connections": [{"age_s": "x"}]}, {"total": 1, "connections": [["age_s", 1]]},
+    {"total": 1, "connections": [{"age_s": True}]}, {"connections": []},
+]
+MALFORMED_TARGETS = [
+    [], {"targets": [{"address": "x"}]}, {"targets": [{"pod": 1}]}, {"targets": {}},
+    {"targets": [], "last_sync_age_s": "1"}, {"targets": ["sg-0"]},
+]
+
+
+def test_a_worker_answer_the_merge_cannot_read_is_left_out_not_raised_on() -> None:
+    good = {"total": 1, "connections": [{"client": "a", "age_s": 1.0}]}
+    assert is_connections_view(good) and is_targets_view(targets_view([], "file", True, 0.1))
+    assert not any(is_connections_view(bad) for bad in MALFORMED_CONNECTIONS)
+    assert not any(is_targets_view(bad) for bad in MALFORMED_TARGETS)

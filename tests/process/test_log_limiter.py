@@ -39,3 +39,20 @@ def test_nothing_is_counted_when_the_level_is_disabled() -> None:
     limiter = RateLimitedLog(logger, per_second=1, clock=Clock())
     assert not limiter.info("x")
     assert limiter.suppressed == 0
+
+
+def test_an_admitted_line_carries_the_traceback_being_handled_and_a_suppressed_one_costs_none(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    clock = Clock()
+    limiter = RateLimitedLog(logging.getLogger("bugs"), per_second=1, clock=clock)
+    with caplog.at_level(logging.ERROR, logger="bugs"):
+        for n in range(3):
+            try:
+                raise ValueError(f"bug {n}")
+            except ValueError:
+                limiter.log(logging.ERROR, "unexpected error %d", n, exc_info=True)
+    assert [(r.getMessage(), str(r.exc_info[1]) if r.exc_info else None) for r in caplog.records] == [
+        ("unexpected error 0", "bug 0")
+    ]
+    assert limiter.suppressed == 2

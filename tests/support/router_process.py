@@ -115,6 +115,16 @@ class RouterProcess:
         except urllib.error.HTTPError as err:
             return err.code, err.read().decode()
 
+    def wait_exit(self, timeout: float = 20.0) -> int | None:
+        """The exit status once the process ended and its stderr is read to the end; None if it is
+        still running after ``timeout`` (a router that should have refused to start)."""
+        try:
+            status = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
+        self._reader.join(timeout)
+        return status
+
     def wait_ready(self, timeout: float = 20.0) -> None:
         self.wait_listening(timeout)
         deadline = time.monotonic() + timeout

@@ -15,8 +15,14 @@ from wire.proxy_protocol import ProxyHeaderError
 SOCKET_PEER = ("127.0.0.9", 40000)
 
 
-def test_no_trusted_networks_means_every_source() -> None:
-    assert TrustedSources().allows("203.0.113.1") and TrustedSources().allows("::1")
+def test_no_trusted_networks_trusts_no_source() -> None:
+    assert not TrustedSources().allows("203.0.113.1") and not TrustedSources().allows("::1")
+    assert not TrustedSources().allows("127.0.0.1")
+
+
+def test_every_source_is_trusted_only_when_named() -> None:
+    every = TrustedSources([ipaddress.ip_network("0.0.0.0/0"), ipaddress.ip_network("::/0")])
+    assert every.allows("203.0.113.1") and every.allows("::1") and every.allows("::ffff:10.1.2.3")
 
 
 @pytest.mark.parametrize(

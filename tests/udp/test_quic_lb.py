@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from discovery.targets import Target, TargetSnapshot
-from quic.packet import QUIC_V1, QUIC_V2, PacketType, packet_type_bits
+from quic.packet import MAX_CID_LENGTH, QUIC_V1, QUIC_V2, PacketType, long_header_cids, packet_type_bits
 from router.udp.quic_lb import (
     MAX_SERVER_ID_BYTES,
     ServerIds,
@@ -73,10 +73,30 @@ def test_a_connection_id_too_short_for_its_server_id_names_none() -> None:
 @given(st.binary(max_size=80), st.one_of(st.none(), st.integers(0, 20)), SERVER_ID_BYTES)
 def test_no_datagram_makes_the_decoding_raise(datagram: bytes, cid_length: int | None, n: int) -> None:
     cid = routable_cid(datagram, cid_length)
-    assert cid is None or (0 < len(cid) <= 32 and cid in datagram)
+    assert cid is None or (0 < len(cid) <= MAX_CID_LENGTH and cid in datagram)
     if cid is not None:
         sid = server_id(cid, n)
         assert sid is None or len(sid) == n
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(MAX_CID_LENGTH, 31), st.integers(0, 0b110), st.binary(min_size=32, max_size=80))
+def test_a_first_octet_that_self_encodes_over_20_octets_names_no_connection_id(
+    low_bits: int, rotation: int, rest: bytes
+) -> None:
+    """21 to 32 octets (low five bits 20 to 31): longer than any v1/v2 connection ID, so no pod
+    wrote it; the datagram carries no server ID, however well its next octets name a pod."""
+    datagram = b"\x40" + bytes([rotation << 5 | low_bits]) + rest
+    assert routable_cid(datagram, None) is None
+    assert routable_cid(datagram, MAX_CID_LENGTH) == datagram[1 : 1 + MAX_CID_LENGTH]  # a configured length cuts
+
+
+@pytest.mark.parametrize("length", [MAX_CID_LENGTH + 1, 32, 255])
+def test_a_handshake_packets_dcid_over_20_octets_names_no_pod(length: int) -> None:
+    cid = quic_lb_cid(b"\x7f\x00\x00\x02", bytes(length - 5), 1)
+    handshake = long_header_packet(PacketType.HANDSHAKE, 300, dcid=cid)
+    assert long_header_cids(handshake)[0] == cid and routable_cid(handshake, None) is None
+    assert routable_cid(long_header_packet(PacketType.HANDSHAKE, 300, dcid=cid[:MAX_CID_LENGTH]), None) == cid[:20]
 
 
 @pytest.mark.parametrize("version", [QUIC_V1, QUIC_V2], ids=["v1", "v2"])

@@ -96,6 +96,29 @@ def test_short_headers_from_an_attached_client_reach_its_pod_in_order_and_are_co
         assert x.splicer.take_counts() == (100 * 1200 + 300, 0)
 
 
+def test_an_unconfirmed_flow_is_watched_through_python_both_ways_until_confirmed() -> None:
+    with spliced() as x:
+        x.splicer.detach(x.link.fileno())
+        x.splicer.attach(x.link.fileno(), x.client.getsockname(), x.flow, False)
+        to = x.public.getsockname()
+        x.client.sendto(short(1), to)  # a 1-RTT packet: Python judges whether it confirms the flow
+        assert x.splicer.from_clients(1.0) == [(short(1), x.client.getsockname())]
+        answer = pod_header(b"P" * 8)
+        x.pod.sendto(answer, x.link.getsockname())
+        x.pod.sendto(short(2, 300), x.link.getsockname())
+        assert x.splicer.from_pods(2.0) == [(x.flow, b"P" * 8)]  # its SCID is learned as ever
+        assert x.splicer.take_handed() == [(x.flow, answer), (x.flow, short(2, 300))]  # not sent: Python sends
+        assert x.flow.pod_bytes == 0
+        x.splicer.confirm(x.link.fileno())
+        x.client.sendto(short(3), to)
+        assert x.splicer.from_clients(3.0) == [] and x.pod.recv(65536) == short(3)
+        x.pod.sendto(short(4, 300), x.link.getsockname())
+        assert x.splicer.from_pods(4.0) == [] and x.splicer.take_handed() == []
+        assert x.client.recv(65536) == short(4, 300)  # the first the client got: the handed ones were not sent
+        with pytest.raises(KeyError):
+            x.splicer.confirm(x.link.fileno() + 1000)
+
+
 SO_NO_CHECK = 11
 """``<asm-generic/socket.h>``: no UDP checksum on send, which makes the kernel refuse GSO (EINVAL)."""
 

@@ -240,6 +240,68 @@ def test_a_pump_without_callables_is_refused_before_it_takes_a_datagram() -> Non
         assert x.reaches_pod(0, short(5))
 
 
+def test_a_callback_that_raises_for_one_datagram_costs_the_calls_other_datagrams_nothing() -> None:
+    """Strangers' datagrams handed back in one call, two of whose handling raises (a bug): every
+    other one still reaches the handler, in arrival order, a flow's datagram is still spliced, and
+    the first exception is raised once, after the last datagram (the loop reports it once)."""
+    with spliced(1) as x, ExitStack() as stack:
+        strangers = [udp(ROUTER_HOST, stack) for _ in range(6)]
+        for n, stranger in enumerate(strangers):
+            stranger.sendto(short(n), x.public.getsockname())
+            if n == 2:
+                x.send(0, short(100))  # the attached flow's, among them
+        got: list[bytes] = []
+
+        def on_datagram(data: bytes, address: tuple[str, int]) -> None:
+            got.append(data)
+            if data in (short(1), short(3)):
+                raise ValueError(f"a bug on datagram {data[4]}")
+
+        with pytest.raises(ValueError, match="a bug on datagram 1"):
+            x.splicer.pump_clients(lambda: 1.0, on_datagram, lambda *a: None)
+        assert got == [short(n) for n in range(6)]
+        assert x.reaches_pod(0, short(100))
+        x.send(0, short(101))  # and the next call is an ordinary one
+        assert x.splicer.pump_clients(lambda: 2.0, on_datagram, lambda *a: None) is None
+        assert x.reaches_pod(0, short(101))
+
+
+def test_what_is_no_exception_stops_the_delivery_at_once() -> None:
+    """KeyboardInterrupt, SystemExit: the process is going, the call's later datagrams with it."""
+    with spliced(0) as x, ExitStack() as stack:
+        for n in range(3):
+            udp(ROUTER_HOST, stack).sendto(short(n), x.public.getsockname())
+        got: list[bytes] = []
+
+        def on_datagram(data: bytes, address: tuple[str, int]) -> None:
+            got.append(data)
+            if data == short(0):
+                raise ValueError("kept, then dropped for what stops the loop")
+            if data == short(1):
+                raise KeyboardInterrupt
+
+        with pytest.raises(KeyboardInterrupt):
+            x.splicer.pump_clients(lambda: 1.0, on_datagram, lambda *a: None)
+        assert got == [short(0), short(1)]
+
+
+def test_a_learn_callback_that_raises_for_one_flow_costs_the_other_flows_nothing() -> None:
+    with spliced(3) as x:
+        for n in range(3):  # each pod's Handshake-like long header, a new SCID of its own
+            header = b"\xe0\x00\x00\x00\x01\x08" + bytes(8) + b"\x08" + bytes([n]) * 8
+            x.pods[n].sendto(header + bytes(60), x.links[n].getsockname())
+        learned: list[tuple[object, bytes]] = []
+
+        def on_learn(flow: object, scid: bytes) -> None:
+            learned.append((flow, scid))
+            if len(learned) == 1:
+                raise ValueError("a bug on the first flow's CID")
+
+        with pytest.raises(ValueError, match="first flow"):  # the three were sent: one call reads them all
+            x.splicer.pump_pods(lambda: 1.0, on_learn, lambda *a: None, lambda *a: None)
+        assert sorted(scid for _flow, scid in learned) == [bytes([n]) * 8 for n in range(3)]
+
+
 class DetachingFlow:
     """A flow whose ``last_active`` setter detaches it: a careless flow class, not the router's."""
 
