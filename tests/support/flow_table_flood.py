@@ -43,6 +43,8 @@ SERVER_ID_BYTES = 4
 """With ``--quic-lb-server-id-bytes 4`` a pod's whole IPv4 address is its server ID."""
 FLOOD_HOSTS = tuple(f"127.0.0.{i}" for i in range(10, 60))
 """The flood's source IPs: apart from the legitimate clients' 127.0.0.1, so the access log tells them apart."""
+FLOOD_TICK_S = 0.01
+"""The flood sends its datagrams in bursts this far apart: steady at any rate, a few event-loop turns."""
 CLAIMED_IDLE_TIMEOUT_S = 3600.0
 """The ``max_idle_timeout`` a forged ClientHello claims: before issue 42 its flow lived the router's
 relay idle bound (300 s) whatever the handshake did."""
@@ -135,7 +137,7 @@ class FloodSender:
                 sock.close()
 
     async def run(self, make: Callable[[], bytes], target: tuple[str, int], rate_per_s: float, seconds: float,
-                  tick_s: float = 0.01) -> float:
+                  tick_s: float = FLOOD_TICK_S) -> float:
         """``make()`` datagrams to ``target`` at ``rate_per_s`` for ``seconds``, ``tick_s`` worth at a
         time; returns the seconds it took (more when the machine could not keep up)."""
         loop = asyncio.get_running_loop()
