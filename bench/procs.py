@@ -267,14 +267,14 @@ class Router:
     kind = "router"
 
     def __init__(self, workdir: Path, rows: Sequence[tuple[str, str, int, int]], workers: int = 1,
-                 extra: Sequence[str] = ()) -> None:
+                 extra: Sequence[str] = (), env: dict[str, str] | None = None) -> None:
         self.endpoints = workdir / f"endpoints-{os.getpid()}-{id(self)}.json"
         write_endpoints(self.endpoints, rows)
         args = router_args(self.endpoints, "--connect-timeout-ms", "2000", *extra)
         if workers > 1:
             args += ["--workers", str(workers)]
         self.workers = workers
-        self.process = RouterProcess(args)
+        self.process = RouterProcess(args, env=env)
         try:
             self.process.wait_ready(START_TIMEOUT_S)
         except RuntimeError as exc:
@@ -296,16 +296,17 @@ class Router:
 
 @contextlib.contextmanager
 def router_from(
-    tree: Path | None, workdir: Path, rows: Sequence[tuple[str, str, int, int]], extra: Sequence[str] = ()
+    tree: Path | None, workdir: Path, rows: Sequence[tuple[str, str, int, int]], extra: Sequence[str] = (),
+    env: dict[str, str] | None = None,
 ) -> Iterator[Router]:
     """A router from source ``tree`` (None: this one; ``python -m router`` imports from its cwd),
-    closed on exit: the profiles compare two trees round by round."""
+    with ``env`` added to its environment, closed on exit: the profiles compare two trees round by round."""
     saved_cwd, saved_path = os.getcwd(), os.environ.get("PYTHONPATH")
     if tree is not None:
         os.chdir(tree)
         os.environ["PYTHONPATH"] = str(tree)
     try:
-        router = Router(workdir, rows, extra=extra)
+        router = Router(workdir, rows, extra=extra, env=env)
     finally:
         os.chdir(saved_cwd)
         if saved_path is None:
