@@ -20,7 +20,7 @@ at its sockets (a router that cannot keep up loses Initials there), its CPU. ``-
 the router of another source tree at every rate too (a worktree of main: the tree before the fix); a
 tree denied below 50 % at two rates in a row is not stepped higher.
 
-    python -m bench.flow_table_flood --baseline /work/wt/flood-before
+    python -m bench.flow_table_flood --baseline <worktree of the tree before>
     python -m bench.flow_table_flood --kind joins --rates 0,100,500 --workers 2
 """
 

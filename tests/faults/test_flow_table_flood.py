@@ -45,6 +45,7 @@ from cryptography.hazmat.primitives.serialization import Encoding
 from router import constants as c
 from router.demo.pki import DemoPki
 from router.demo.quic_pods import bound_port
+from router.extensions import Extensions
 from router.memory_bounds import PENDING_FLOW_WORST_BYTES, MemoryBounds, bounds_for
 from router.outcomes import QuicDropReason
 from tests.support import quinn_client
@@ -64,9 +65,9 @@ from tests.support.flow_table_flood import (
 from tests.support.quic_flood_harness import kernel_drops
 from tests.support.quic_lb_pods import PodCids, start_quic_lb_pod
 from tests.support.router_probes import CHART_PEAK_RSS_KIB, peak_rss_kib, rss_kib
-from tests.support.router_process import RouterProcess, router_args, write_endpoints
+from tests.support.router_process import RouterProcess, extensions_env, router_args, write_endpoints
 
-pytestmark = [pytest.mark.timeout(150), pytest.mark.usefixtures("both_udp_paths")]
+pytestmark = pytest.mark.timeout(150)
 """Every test here runs on the pure-Python path and on the C splice."""
 
 MEMORY_LIMIT_BYTES = 64 * 1024 * 1024
@@ -195,7 +196,8 @@ class Flooded:
 
 
 async def flood_router(
-    pki: DemoPki, tmp_path: Path, quinn_peer: Path, kind: str, rate_per_s: int, seconds: float
+    pki: DemoPki, tmp_path: Path, quinn_peer: Path, extensions: Extensions, kind: str, rate_per_s: int,
+    seconds: float,
 ) -> Flooded:
     """The router process with the small table and the real pods; real clients before, during and
     ``AFTER_FLOOD_S`` after ``seconds`` of a ``kind`` flood at ``rate_per_s``."""
@@ -210,7 +212,7 @@ async def flood_router(
     forge = FloodForge(random.Random(rate_per_s))
     try:
         with RouterProcess(router_args(endpoints, "--log-format", "json", *flags),
-                           env={c.CGROUP_MEMORY_MAX_PATH_ENV: str(memory_max)}) as router:
+                           env={c.CGROUP_MEMORY_MAX_PATH_ENV: str(memory_max), **extensions_env(extensions)}) as router:
             await asyncio.to_thread(router.wait_ready)
             bounds = bounds_for(MEMORY_LIMIT_BYTES, router.workers)
             sized = f"QUIC pending flows <= {bounds.max_pending_flows}, QUIC flows <= {bounds.max_flows}"
@@ -304,15 +306,17 @@ def check(run: Flooded, rate_per_s: int) -> None:
 
 @pytest.mark.parametrize("kind", ["initials", "joins"])
 async def test_a_flood_of_unconfirmed_flows_never_keeps_legitimate_clients_out(
-    pki: DemoPki, tmp_path: Path, quinn_peer: Path, kind: str
+    pki: DemoPki, tmp_path: Path, quinn_peer: Path, extensions: Extensions, kind: str
 ) -> None:
-    check(await flood_router(pki, tmp_path, quinn_peer, kind, FLOOD_RATE_PER_S, FLOOD_S), FLOOD_RATE_PER_S)
+    check(await flood_router(pki, tmp_path, quinn_peer, extensions, kind, FLOOD_RATE_PER_S, FLOOD_S),
+          FLOOD_RATE_PER_S)
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("kind", ["initials", "joins"])
 async def test_a_long_flood_turns_the_table_over_fifty_times_in_the_same_memory(
-    pki: DemoPki, tmp_path: Path, quinn_peer: Path, kind: str
+    pki: DemoPki, tmp_path: Path, quinn_peer: Path, extensions: Extensions, kind: str
 ) -> None:
-    check(await flood_router(pki, tmp_path, quinn_peer, kind, FLOOD_RATE_PER_S, LONG_FLOOD_S), FLOOD_RATE_PER_S)
+    check(await flood_router(pki, tmp_path, quinn_peer, extensions, kind, FLOOD_RATE_PER_S, LONG_FLOOD_S),
+          FLOOD_RATE_PER_S)
