@@ -419,8 +419,7 @@ main(int argc, char **argv)
             return 2;
         }
         if (mode[0] == 'e')
-            return echo(atof(argv[2]), (size_t)atol(argv[3]), atoi(argv[4]), atof(argv[5]) / 1000.0, fds, cids,
-                        flows);
+            return echo(atof(argv[2]), (size_t)atol(argv[3]), atoi(argv[4]), atof(argv[5]) / 1000.0, fds, cids, flows);
         if (mode[0] == 'c')
             return count(atof(argv[2]), fds, flows);
         return blast(atof(argv[2]), (size_t)atol(argv[3]), atoi(argv[4]), fds, cids, flows);
