@@ -38,13 +38,13 @@ echo "image-smoke: install wheels only into a fresh venv (stage 2)"
 if command -v cc >/dev/null 2>&1 && [[ "$(uname -s)" == Linux ]]; then
   echo "image-smoke: the wheel carries the C splice and the C TCP pump (a compiler was there)"
   (cd "$work" && env PYTHONDONTWRITEBYTECODE=1 "$work/venv/bin/python" -c \
-    "from router.udp import native; raise SystemExit(0 if native.is_built() else 'router.udp._splice missing')")
+    "from router.extensions import SPLICE_MODULE as m, is_built; raise SystemExit(0 if is_built(m) else m + ' missing')")
   (cd "$work" && env PYTHONDONTWRITEBYTECODE=1 "$work/venv/bin/python" -c \
-    "from router.tcp import native_relay as n; raise SystemExit(0 if n.is_built() else 'router.tcp._relay missing')")
+    "from router.extensions import TCP_PUMP_MODULE as m, is_built; raise SystemExit(0 if is_built(m) else m + ' missing')")
   if [[ -f /usr/include/openssl/evp.h ]]; then
     echo "image-smoke: the wheel carries the C Initial protection (OpenSSL headers were there)"
     (cd "$work" && env PYTHONDONTWRITEBYTECODE=1 "$work/venv/bin/python" -c \
-      "from quic import native; raise SystemExit(0 if native.built() else 'quic._initial_protection missing')")
+      "from router.extensions import INITIALS_MODULE as m, is_built; raise SystemExit(0 if is_built(m) else m + ' missing')")
   fi
 fi
 
