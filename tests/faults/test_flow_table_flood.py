@@ -62,6 +62,7 @@ from tests.support.flow_table_flood import (
     quinn_run,
     quinn_runs,
 )
+from tests.support.polling import deliberate_pause
 from tests.support.quic_flood_harness import kernel_drops
 from tests.support.quic_lb_pods import PodCids, start_quic_lb_pod
 from tests.support.router_probes import CHART_PEAK_RSS_KIB, peak_rss_kib, rss_kib
@@ -236,7 +237,7 @@ async def flood_router(
             sender = FloodSender()
             make = forge.join if kind == "joins" else forge.initial
             flood_s = await sender.run(make, (ROUTER_HOST, port), rate_per_s, seconds)
-            await asyncio.sleep(AFTER_FLOOD_S)
+            await deliberate_pause(AFTER_FLOOD_S, "clients keep connecting after the flood, as it ends")
             stop.set()
             await asyncio.wait_for(asyncio.gather(*clients), 120)
             after = await asyncio.to_thread(scrape, router)

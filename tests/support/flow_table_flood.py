@@ -33,6 +33,7 @@ from router.demo.quic_pods import ALPN, WHOAMI, client_configuration, request
 from router.udp.quic_lb import pod_server_id
 from tests.support.initial_packets import protected_initial
 from tests.support.names import host as sni
+from tests.support.polling import deliberate_pause
 from tests.support.quic_frames import crypto_frame
 from tests.support.quic_initial_rewriter import open_flight
 from tests.support.quic_lb_pods import fetch, payload, quic_lb_cid
@@ -148,7 +149,7 @@ class FloodSender:
             while due < target_count:
                 self._send_one(make(), target)
                 due += 1
-            await asyncio.sleep(tick_s)
+            await deliberate_pause(tick_s, "the flood's pace: this tick's datagrams are out")
         return loop.time() - started
 
 
@@ -221,7 +222,7 @@ async def aioquic_lanes(port: int, cafile: Path, legit: Legit, stop: asyncio.Eve
         while not stop.is_set():
             await aioquic_connection(port, pods[i % len(pods)], cafile, legit, transfer_bytes)
             i += 1
-            await asyncio.sleep(pause_s)
+            await deliberate_pause(pause_s, "a client lane's gap between connections")
 
     await asyncio.gather(*(lane(i) for i in range(lanes)))
 
@@ -251,4 +252,4 @@ async def quinn_run(binary: Path, port: int, ca_der: Path, legit: Legit) -> None
 async def quinn_runs(binary: Path, port: int, ca_der: Path, legit: Legit, stop: asyncio.Event) -> None:
     while not stop.is_set():
         await quinn_run(binary, port, ca_der, legit)
-        await asyncio.sleep(QUINN_PAUSE_S)
+        await deliberate_pause(QUINN_PAUSE_S, "the quinn endpoint's gap between runs")
