@@ -46,7 +46,7 @@ ACCEPTED_OUTCOMES: Final = frozenset({GrpcOutcome.COMPLETED, GrpcOutcome.RELAY_E
 """Outcomes of a connection that reached its pod: their lines have the access log's own budget."""
 
 def render_text_line(head: str, ts: str, values: LineValues) -> str:
-    """An accepted connection's text line, byte for byte ``TextFormatter``'s, in one f-string (the
+    """An accepted connection's text line, byte for byte ``render_text``'s, in one f-string (the
     generic formatter's dict, dispatch per field and join cost more than the rest of ``end``).
 
     ``head`` is ``text_head(logger name)``. ``protocol``, ``outcome`` and ``termination`` are written
@@ -66,7 +66,7 @@ def render_text_line(head: str, ts: str, values: LineValues) -> str:
 
 
 def render_json_line(head: str, ts: str, values: LineValues) -> str:
-    """An accepted connection's JSON line, byte for byte ``JsonFormatter``'s (same string escaping,
+    """An accepted connection's JSON line, byte for byte ``render_json``'s (same string escaping,
     ``repr`` of numbers), in one f-string; ``head`` is ``json_head(logger name)``, and the enum
     values are plain words as in ``render_text_line``."""
     protocol, client, hostname, pod, pod_address, outcome, termination, up, down, duration, decision = values

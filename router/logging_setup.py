@@ -197,7 +197,7 @@ def _one_line(text: str) -> str:
 def text_value(value: object) -> str:
     """A value as the text format writes it after ``key=``: ``str()``, quoted as a JSON string when
     empty or holding a space, quote, ``=``, backslash, newline or other unsafe character
-    (``TextFormatter.render``'s rule, which inlines it; tests hold the two together)."""
+    (``render_text``'s rule, which inlines it; tests hold the two together)."""
     text = str(value)
     if not text or needs_quotes(text):
         return json_quoted(text)
@@ -215,12 +215,19 @@ def json_string(value: str | None) -> str:
     return _UNSAFE.sub(_escape, quoted)
 
 
-class _EventFormatter(logging.Formatter):
-    """Shared part of both formats: the fields of one event, in a fixed order."""
+class EventFormatter(logging.Formatter):
+    """Both formats: the fields of one event, in a fixed order, rendered as one line by ``render``
+    (``render_json`` or ``render_text``: the only difference between the two formats)."""
 
-    def render(self, fields: dict[str, object]) -> str:
+    def __init__(self, render: Callable[[dict[str, object]], str], json_lines: bool) -> None:
+        super().__init__()
+        self.render = render
         """The line for an event's fields (ts, level, logger and msg first)."""
-        raise NotImplementedError
+        self.json = json_lines
+        """Whether lines are JSON (else text): a line rendered outside the formatter needs to know."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return self.render(self.fields(record))
 
     def fields(self, record: logging.LogRecord) -> dict[str, object]:
         out: dict[str, object] = {
@@ -250,34 +257,32 @@ _JSON: Final = json.JSONEncoder(ensure_ascii=False, default=str, separators=(","
 """One encoder for every line (``json.dumps`` with options builds a new one per call)."""
 
 
-class JsonFormatter(_EventFormatter):
-    """One JSON object per line; values that JSON cannot hold are written with ``str()``."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        return self.render(self.fields(record))
-
-    def render(self, fields: dict[str, object]) -> str:
-        line = _JSON.encode(fields)
-        if line.isascii() and "\x7f" not in line:  # the encoder escaped C0 already
-            return line
-        return _UNSAFE.sub(_escape, line)  # every raw character left is inside a string: escaped there
+def render_json(fields: dict[str, object]) -> str:
+    """One JSON object; values that JSON cannot hold are written with ``str()``."""
+    line = _JSON.encode(fields)
+    if line.isascii() and "\x7f" not in line:  # the encoder escaped C0 already
+        return line
+    return _UNSAFE.sub(_escape, line)  # every raw character left is inside a string: escaped there
 
 
-class TextFormatter(_EventFormatter):
+def render_text(fields: dict[str, object]) -> str:
     """``ts level logger msg key=value ...``; values with spaces, quotes or newlines are quoted."""
+    head = f"{fields.pop('ts')} {fields.pop('level')} {fields.pop('logger')} "
+    parts = [head + _one_line(str(fields.pop("msg")))]
+    for key, value in fields.items():  # text_value inlined: a call per field costs the generic path
+        text = str(value)
+        if not text or needs_quotes(text):
+            text = json_quoted(text)
+        parts.append(f"{escape_unsafe(key)}={text}")  # a key is the code's, but never written raw
+    return " ".join(parts)
 
-    def format(self, record: logging.LogRecord) -> str:
-        return self.render(self.fields(record))
 
-    def render(self, fields: dict[str, object]) -> str:
-        head = f"{fields.pop('ts')} {fields.pop('level')} {fields.pop('logger')} "
-        parts = [head + _one_line(str(fields.pop("msg")))]
-        for key, value in fields.items():  # text_value inlined: a call per field costs the generic path
-            text = str(value)
-            if not text or needs_quotes(text):
-                text = json_quoted(text)
-            parts.append(f"{escape_unsafe(key)}={text}")  # a key is the code's, but never written raw
-        return " ".join(parts)
+def json_formatter() -> EventFormatter:
+    return EventFormatter(render_json, json_lines=True)
+
+
+def text_formatter() -> EventFormatter:
+    return EventFormatter(render_text, json_lines=False)
 
 
 class _RouterLogHandler(logging.StreamHandler[TextIO]):
@@ -289,11 +294,11 @@ class _RouterLogHandler(logging.StreamHandler[TextIO]):
     loop runs, other threads, at exit) a line is flushed at once, or with the batch already due.
     """
 
-    def __init__(self, stream: TextIO, formatter: _EventFormatter) -> None:
+    def __init__(self, stream: TextIO, formatter: EventFormatter) -> None:
         super().__init__(stream)
         self.setFormatter(formatter)
         self._events = formatter
-        self.json = isinstance(formatter, JsonFormatter)
+        self.json = formatter.json
         """Whether lines are JSON (else text): a line rendered outside the formatter needs to know."""
         self._batch_loop: asyncio.AbstractEventLoop | None = None
         """The loop whose batch flush is due, if one is."""
@@ -386,9 +391,9 @@ def configure_logging(
     """
     number = parse_log_level(level)
     if fmt == "json":
-        formatter: _EventFormatter = JsonFormatter()
+        formatter = json_formatter()
     elif fmt == "text":
-        formatter = TextFormatter()
+        formatter = text_formatter()
     else:
         raise ValueError(f"--log-format: expected text or json, got {fmt!r}")
     # Neither format shows the caller, thread or process: do not make every record look them up

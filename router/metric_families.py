@@ -87,18 +87,22 @@ S = TypeVar("S", CounterSeries, GaugeSeries, HistogramSeries)
 
 
 class _Family(Generic[S]):
-    """A named family of series, one per tuple of label values, registered as a collector."""
+    """A named family of series, one per tuple of label values, registered as a collector: what it
+    is made of (``new_series``) and how it is exposed (``expose``) are given by the kind of family."""
 
-    def __init__(self, name: str, documentation: str, labelnames: Sequence[str] = (), *,
-                 registry: CollectorRegistry) -> None:
+    def __init__(self, name: str, documentation: str, labelnames: Sequence[str], *, registry: CollectorRegistry,
+                 new_series: Callable[[], S], expose: Callable[[_Family[S]], Metric]) -> None:
         self.name, self.documentation, self.labelnames = name, documentation, tuple(labelnames)
+        self._new_series: Callable[[], S] = new_series
+        self._expose: Callable[[_Family[S]], Metric] = expose
         self._series: dict[tuple[str, ...], S] = {}
         if not self.labelnames:
-            self._series[()] = self._new_series()
+            self._series[()] = new_series()
         registry.register(self)
 
-    def _new_series(self) -> S:
-        raise NotImplementedError
+    def items(self) -> Iterator[tuple[tuple[str, ...], S]]:
+        """``(label values, series)`` of every series so far, in creation order."""
+        return iter(self._series.items())
 
     def labels(self, *values: str, **by_name: str) -> S:
         """The series of these label values (created at 0 on first use), by position or name."""
@@ -119,11 +123,18 @@ class _Family(Generic[S]):
         return tuple(self._series)
 
     def collect(self) -> Iterator[Metric]:
-        raise NotImplementedError
+        yield self._expose(self)
 
     def describe(self) -> Iterator[Metric]:
         """What the registry checks names against, with or without its ``auto_describe``."""
         return self.collect()
+
+
+def _counters(family: _Family[CounterSeries]) -> Metric:
+    exposed = CounterMetricFamily(family.name, family.documentation, labels=family.labelnames)
+    for values, series in family.items():
+        exposed.add_metric(values, series.value, created=series.created)
+    return exposed
 
 
 class CounterFamily(_Family[CounterSeries]):
@@ -131,39 +142,34 @@ class CounterFamily(_Family[CounterSeries]):
 
     def __init__(self, name: str, documentation: str, labelnames: Sequence[str] = (), *,
                  registry: CollectorRegistry) -> None:
-        super().__init__(name.removesuffix(_TOTAL), documentation, labelnames, registry=registry)
-
-    def _new_series(self) -> CounterSeries:
-        return CounterSeries()
+        super().__init__(name.removesuffix(_TOTAL), documentation, labelnames, registry=registry,
+                         new_series=CounterSeries, expose=_counters)
 
     def inc(self, amount: float = 1) -> None:
         """The unlabelled family's one series."""
         self._series[()].inc(amount)
 
-    def collect(self) -> Iterator[Metric]:
-        family = CounterMetricFamily(self.name, self.documentation, labels=self.labelnames)
-        for values, series in self._series.items():
-            family.add_metric(values, series.value, created=series.created)
-        yield family
+
+def _gauges(family: _Family[GaugeSeries]) -> Metric:
+    exposed = GaugeMetricFamily(family.name, family.documentation, labels=family.labelnames)
+    for values, series in family.items():
+        exposed.add_metric(values, series.get())
+    return exposed
 
 
 class GaugeFamily(_Family[GaugeSeries]):
     """A gauge family; unlabelled, it is its own series (``set``, ``set_function``)."""
 
-    def _new_series(self) -> GaugeSeries:
-        return GaugeSeries()
+    def __init__(self, name: str, documentation: str, labelnames: Sequence[str] = (), *,
+                 registry: CollectorRegistry) -> None:
+        super().__init__(name, documentation, labelnames, registry=registry, new_series=GaugeSeries,
+                         expose=_gauges)
 
     def set(self, value: float) -> None:
         self._series[()].set(value)
 
     def set_function(self, read: Callable[[], float]) -> None:
         self._series[()].set_function(read)
-
-    def collect(self) -> Iterator[Metric]:
-        family = GaugeMetricFamily(self.name, self.documentation, labels=self.labelnames)
-        for values, series in self._series.items():
-            family.add_metric(values, series.get())
-        yield family
 
 
 class HistogramFamily(_Family[HistogramSeries]):
@@ -174,21 +180,20 @@ class HistogramFamily(_Family[HistogramSeries]):
         bounds = tuple(float(b) for b in buckets)
         if list(bounds) != sorted(bounds):
             raise ValueError(f"{name}: buckets not in increasing order")
-        self.bounds = bounds if bounds and bounds[-1] == math.inf else (*bounds, math.inf)
-        self._les = tuple(_go_float(b) for b in self.bounds)
-        super().__init__(name, documentation, labelnames, registry=registry)
+        self.bounds = full = bounds if bounds and bounds[-1] == math.inf else (*bounds, math.inf)
+        les = tuple(_go_float(b) for b in full)
 
-    def _new_series(self) -> HistogramSeries:
-        return HistogramSeries(self.bounds)
+        def expose(family: _Family[HistogramSeries]) -> Metric:
+            exposed = HistogramMetricFamily(family.name, family.documentation, labels=family.labelnames)
+            for values, series in family.items():
+                cumulative, buckets = 0, []
+                for le, count in zip(les, series.counts, strict=True):
+                    cumulative += count
+                    buckets.append((le, float(cumulative)))
+                exposed.add_metric(values, buckets, series.sum)
+                exposed.add_sample(f"{family.name}_created", dict(zip(family.labelnames, values, strict=True)),
+                                   series.created)
+            return exposed
 
-    def collect(self) -> Iterator[Metric]:
-        family = HistogramMetricFamily(self.name, self.documentation, labels=self.labelnames)
-        for values, series in self._series.items():
-            cumulative, buckets = 0, []
-            for le, count in zip(self._les, series.counts, strict=True):
-                cumulative += count
-                buckets.append((le, float(cumulative)))
-            family.add_metric(values, buckets, series.sum)
-            family.add_sample(f"{self.name}_created", dict(zip(self.labelnames, values, strict=True)),
-                              series.created)
-        yield family
+        super().__init__(name, documentation, labelnames, registry=registry,
+                         new_series=lambda: HistogramSeries(full), expose=expose)

@@ -27,12 +27,14 @@ from router.access_record import ACCESS_MESSAGE, AccessRecord, LineValues
 from router.live_view import LiveConnections
 from router.logging_setup import (
     EVENT_FIELDS,
-    JsonFormatter,
-    TextFormatter,
     clip,
     clip_optional,
     configure_logging,
     direct_handler,
+    json_formatter,
+    render_json,
+    render_text,
+    text_formatter,
 )
 from router.metrics import RouterMetrics
 from router.outcomes import GrpcOutcome, ProtocolLabel, QuicOutcome, Termination
@@ -47,7 +49,7 @@ _names = itertools.count()
 def captured(formatter: logging.Formatter | None = None) -> tuple[logging.Logger, io.StringIO]:
     stream = io.StringIO()
     handler = logging.StreamHandler(stream)
-    handler.setFormatter(formatter or JsonFormatter())
+    handler.setFormatter(formatter or json_formatter())
     logger = logging.getLogger(f"test.access.{next(_names)}")
     logger.handlers = [handler]
     logger.propagate = False
@@ -72,7 +74,7 @@ def router_access_stream() -> Iterator[io.StringIO]:
     saved = (logger.handlers, logger.propagate, logger.level)
     stream = io.StringIO()
     handler = logging.StreamHandler(stream)
-    handler.setFormatter(JsonFormatter())
+    handler.setFormatter(json_formatter())
     logger.handlers, logger.propagate = [handler], False
     logger.setLevel(logging.INFO)
     yield stream
@@ -111,7 +113,7 @@ def test_an_accepted_connection_writes_one_line_with_every_documented_key(
 
 
 def test_unknown_fields_are_json_null_and_text_lines_carry_the_same_keys() -> None:
-    logger, stream = captured(TextFormatter())
+    logger, stream = captured(text_formatter())
     access = AccessLog(RouterMetrics(), logger=logger)
     record = access.open("tls", "[::1]:5000", now=1.0)
     access.end(record, "peek_timeout", Termination.PEEK_TIMEOUT, now=6.0)
@@ -245,7 +247,7 @@ _LOGGER_NAMES = [c.ACCESS_LOGGER_NAME, 'odd "name" \\ é']
 
 def _generic_lines(logger_name: str, fields: dict[str, object]) -> tuple[str, str]:
     line = {"ts": _TS, "level": "info", "logger": logger_name, "msg": ACCESS_MESSAGE, **fields}
-    return TextFormatter().render(dict(line)), JsonFormatter().render(dict(line))
+    return render_text(dict(line)), render_json(dict(line))
 
 
 def _records() -> Iterator[tuple[AccessRecord, GrpcOutcome | QuicOutcome | str, Termination, float]]:

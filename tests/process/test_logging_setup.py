@@ -19,12 +19,12 @@ from router.logging_setup import (
     EVENT_FIELDS,
     LOG_LEVELS,
     UNSAFE_CHARACTERS,
-    TextFormatter,
     _timestamp_of,
     configure_logging,
     direct_writer,
     json_string,
     parse_log_level,
+    text_formatter,
     text_value,
 )
 from tests.support.polling import eventually
@@ -326,7 +326,7 @@ def test_text_values_are_quoted_for_exactly_the_documented_characters() -> None:
     values: list[object] = [None, 0, -1, 51.2, float("nan"), "", "plain", "a b", "é ü", "\U000e0041", "\ud800x"]
     values += [f"a{chr(code)}b" for code in range(0x3000)] + [chr(code) for code in range(0x80)]
     values += [f"a{chr(code)}" for code in (0xFEFF, 0x110BD, 0x1D173, 0xE0001, 0xE007F)]
-    formatter = TextFormatter()
+    formatter = text_formatter()
     for value in values:
         assert text_value(value) == quoted(value), repr(value)
         line = formatter.render({"ts": "T", "level": "info", "logger": "l", "msg": "m", "k": value})
