@@ -38,7 +38,8 @@ from router import constants as c
 from router.access_record import ACCESS_MESSAGE, AccessRecord, LineValues, Outcome
 from router.live_view import LiveConnections
 from router.log_limiter import RateLimitedLog
-from router.logging_setup import EVENT_FIELDS, direct_handler, json_string, needs_quotes, text_value, timestamp_now
+from router.log_text import json_string, needs_quotes, text_value
+from router.logging_setup import EVENT_FIELDS, direct_handler, timestamp_now
 from router.metrics import RouterMetrics
 from router.outcomes import DroppedLog, GrpcOutcome, ProtocolLabel, Termination
 

@@ -20,18 +20,17 @@ import asyncio
 import io
 import json
 import logging
-import re
 import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from functools import partial
-from json.encoder import encode_basestring
 from types import MappingProxyType
 from typing import Final, Literal, TextIO
 
 from router import constants as c
+from router.log_text import clip, escape_unsafe, json_quoted, needs_quotes
 
 LOG_LEVELS: Final[Mapping[str, int]] = MappingProxyType(
     {
@@ -74,80 +73,6 @@ _RECORD_ATTRIBUTES: Final = frozenset(
 ) | {"message", "asctime", "taskName"}
 """Attributes every LogRecord has; anything else on a record came from ``extra=``."""
 
-UNSAFE_CHARACTERS: Final = (
-    r"\x00-\x1f\x7f-\x9f"  # Cc: C0 (ESC, BEL, BS, VT, FF, FS-RS...), DEL, C1 (CSI U+009B, NEL U+0085...)
-    r"\u2028\u2029"  # Zl, Zp: line and paragraph separators (JavaScript, ``str.splitlines``, some viewers)
-    r"\u00ad\u0600-\u0605\u061c\u06dd\u070f\u0890\u0891\u08e2\u180e\u200b-\u200f\u202a-\u202e"
-    r"\u2060-\u2064\u2066-\u206f\ufeff\ufff9-\ufffb\U000110bd\U000110cd\U00013430-\U0001343f"
-    r"\U0001bca0-\U0001bca3\U0001d173-\U0001d17a\U000e0001\U000e0020-\U000e007f"  # Cf: bidi, invisible
-    r"\ud800-\udfff"  # Cs: lone surrogates (no UTF-8 for them)
-)
-"""Characters no log line carries raw, as a regex class body: Unicode's Cc, Zl, Zp, Cf and Cs
-(``tests/process/test_logging_setup.py`` holds it to this Python's Unicode database). Each is
-written as its JSON escape."""
-
-_TEXT_QUOTE_CHARS: Final = frozenset(' "=\\\t\r\n')
-"""A text value containing one of these (or an unsafe character) is written as a JSON string literal."""
-
-_QUOTE_CLASS: Final = re.escape("".join(sorted(_TEXT_QUOTE_CHARS)))
-_NEEDS_QUOTES: Final = re.compile(f"[{_QUOTE_CLASS}{UNSAFE_CHARACTERS}]").search
-_NEEDS_QUOTES_ASCII: Final = re.compile(f"[{_QUOTE_CLASS}\\x00-\\x1f\\x7f]").search
-"""The same class for an ASCII text, whose only unsafe characters are C0 and DEL (a fifth of the cost)."""
-
-
-def needs_quotes(text: str) -> re.Match[str] | None:
-    """Finds one of ``_TEXT_QUOTE_CHARS`` or an unsafe character in a text: a non-empty value's ``str()``
-    where it finds none is written bare (a compiled character class: faster than a set test per
-    character, and one call can scan several values joined; ``isascii`` is O(1))."""
-    return (_NEEDS_QUOTES_ASCII if text.isascii() else _NEEDS_QUOTES)(text)
-
-
-_UNSAFE: Final = re.compile(f"[{UNSAFE_CHARACTERS}]")
-
-_SHORT_ESCAPES: Final = {"\b": "\\b", "\t": "\\t", "\n": "\\n", "\f": "\\f", "\r": "\\r"}
-"""The control characters JSON has a short escape for (as ``json`` writes them)."""
-
-
-def _escape(match: re.Match[str]) -> str:
-    """One unsafe character as JSON writes it escaped: ``\\n``, ``\\u001b``, a surrogate pair beyond the BMP."""
-    char = match.group()
-    short = _SHORT_ESCAPES.get(char)
-    if short is not None:
-        return short
-    code = ord(char)
-    if code > 0xFFFF:
-        code -= 0x10000
-        return f"\\u{0xD800 | code >> 10:04x}\\u{0xDC00 | code & 0x3FF:04x}"
-    return f"\\u{code:04x}"
-
-
-def escape_unsafe(text: str) -> str:
-    """``text`` with every unsafe character written as its JSON escape (the rest untouched)."""
-    return _UNSAFE.sub(_escape, text) if _UNSAFE.search(text) else text
-
-
-def json_quoted(text: str) -> str:
-    """``text`` as a JSON string literal with no unsafe character raw: the encoder's own escaping
-    (``"``, ``\\``, C0), then the rest of ``UNSAFE_CHARACTERS`` (DEL, C1, separators, format characters)."""
-    quoted = encode_basestring(text)
-    if quoted.isascii() and "\x7f" not in quoted:  # O(1), then one memchr: the usual case
-        return quoted
-    return _UNSAFE.sub(_escape, quoted)
-
-
-def clip(text: str, limit: int = c.LOG_FIELD_MAX_CHARS) -> str:
-    """``text`` cut to ``limit`` characters, marked with how many more there were
-    (``stargate-0.example:0000[...+15982 chars]``); a shorter one as it is."""
-    if len(text) <= limit:
-        return text
-    return f"{text[:limit]}[...+{len(text) - limit} chars]"
-
-
-def clip_optional(text: str | None) -> str | None:
-    """``clip`` for a value that may be missing (a connection that named no host)."""
-    return text if text is None or len(text) <= c.LOG_FIELD_MAX_CHARS else clip(text)
-
-
 def parse_log_level(level: str) -> int:
     """The ``logging`` level for a ``--log-level`` name (case-insensitive); ValueError names the flag."""
     number = LOG_LEVELS.get(level.strip().lower())
@@ -187,32 +112,6 @@ _MILLIS: Final = tuple(f".{ms:03d}Z" for ms in range(1000))
 
 def _level_name(record: logging.LogRecord) -> str:
     return _LEVEL_NAMES.get(record.levelno, record.levelname.lower())
-
-
-def _one_line(text: str) -> str:
-    """A text message, unquoted: its unsafe characters (newlines first of all) escaped."""
-    return escape_unsafe(text)
-
-
-def text_value(value: object) -> str:
-    """A value as the text format writes it after ``key=``: ``str()``, quoted as a JSON string when
-    empty or holding a space, quote, ``=``, backslash, newline or other unsafe character
-    (``render_text``'s rule, which inlines it; tests hold the two together)."""
-    text = str(value)
-    if not text or needs_quotes(text):
-        return json_quoted(text)
-    return text
-
-
-def json_string(value: str | None) -> str:
-    """A ``str`` or None as the JSON format writes it, without the encoder's per-call set-up (the same
-    C escaping function ``_JSON`` uses for strings, then ``json_quoted``'s escapes)."""
-    if value is None:
-        return "null"
-    quoted = encode_basestring(value)  # json_quoted, inlined: four calls per access line
-    if quoted.isascii() and "\x7f" not in quoted:
-        return quoted
-    return _UNSAFE.sub(_escape, quoted)
 
 
 class EventFormatter(logging.Formatter):
@@ -262,13 +161,13 @@ def render_json(fields: dict[str, object]) -> str:
     line = _JSON.encode(fields)
     if line.isascii() and "\x7f" not in line:  # the encoder escaped C0 already
         return line
-    return _UNSAFE.sub(_escape, line)  # every raw character left is inside a string: escaped there
+    return escape_unsafe(line)  # every raw character left is inside a string: escaped there
 
 
 def render_text(fields: dict[str, object]) -> str:
     """``ts level logger msg key=value ...``; values with spaces, quotes or newlines are quoted."""
     head = f"{fields.pop('ts')} {fields.pop('level')} {fields.pop('logger')} "
-    parts = [head + _one_line(str(fields.pop("msg")))]
+    parts = [head + escape_unsafe(str(fields.pop("msg")))]
     for key, value in fields.items():  # text_value inlined: a call per field costs the generic path
         text = str(value)
         if not text or needs_quotes(text):

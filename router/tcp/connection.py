@@ -25,7 +25,7 @@ from router.access_log import AccessLog
 from router.access_record import Outcome
 from router.hostname import HostnameTemplate
 from router.log_limiter import RateLimitedLog
-from router.logging_setup import clip_optional
+from router.log_text import clip_optional
 from router.metrics import RouterMetrics, TcpSeries
 from router.outcomes import TCP_PROTOCOLS, DroppedLog, GrpcOutcome, ProtocolLabel, Termination
 from router.routing import Refusal, Refused, RoundRobin, route

@@ -11,7 +11,7 @@ import asyncio
 import socket
 
 from router import constants as c
-from router.logging_setup import clip_optional
+from router.log_text import clip_optional
 from router.outcomes import ProtocolLabel
 from router.routing import REFUSAL_ANSWERS, Refusal, Refused
 from router.tcp.poller import poller_for, recv, sendall

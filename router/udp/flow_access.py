@@ -15,7 +15,7 @@ from typing import Any
 from discovery.targets import Target
 from router.access_log import AccessLog
 from router.access_record import AccessRecord, Outcome
-from router.logging_setup import clip_optional
+from router.log_text import clip_optional
 from router.outcomes import ProtocolLabel, Termination
 from router.routing import Refusal, Refused
 from router.udp.flow_table import Address, Flow, PendingFlow

@@ -20,7 +20,7 @@ from quic.initial_sniffer import InitialSniffer
 from quic.packet import LongHeader, QuicPacketError
 from router.client_limits import ClientSlots
 from router.hostname import HostnameTemplate
-from router.logging_setup import clip_optional
+from router.log_text import clip_optional
 from router.metric_families import CounterSeries
 from router.metrics import ProtocolSeries
 from router.outcomes import QuicDropReason, Termination

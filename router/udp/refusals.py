@@ -20,7 +20,7 @@ from quic.native import InitialProtection
 from quic.packet import QuicErrorCode, QuicPacketError
 from quic.server_packets import build_initial_close, build_version_negotiation
 from router.log_limiter import RateLimitedLog
-from router.logging_setup import clip_optional
+from router.log_text import clip_optional
 from router.metrics import RouterMetrics
 from router.outcomes import DroppedLog, QuicDropReason, QuicFlowOutcome, WebTransportOutcome
 from router.routing import REFUSAL_ANSWERS, Refusal

@@ -25,10 +25,9 @@ from router.access_log import (
 )
 from router.access_record import ACCESS_MESSAGE, AccessRecord, LineValues
 from router.live_view import LiveConnections
+from router.log_text import clip, clip_optional
 from router.logging_setup import (
     EVENT_FIELDS,
-    clip,
-    clip_optional,
     configure_logging,
     direct_handler,
     json_formatter,

@@ -15,17 +15,15 @@ from datetime import UTC, datetime
 import pytest
 
 from router import constants as c
+from router.log_text import UNSAFE_CHARACTERS, json_string, text_value
 from router.logging_setup import (
     EVENT_FIELDS,
     LOG_LEVELS,
-    UNSAFE_CHARACTERS,
     _timestamp_of,
     configure_logging,
     direct_writer,
-    json_string,
     parse_log_level,
     text_formatter,
-    text_value,
 )
 from tests.support.polling import eventually
 
