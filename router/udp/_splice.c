@@ -4,7 +4,7 @@
  * send ring (_send_ring.h), and a strong reference to each attached flow object with its client
  * address, until detach or close. The pod sockets and the public socket stay Python's: never
  * closed here. The attributes written on the flow objects are named once, in attribute_table
- * (exported as ATTRIBUTES, checked against router/udp/flow_table.py's Flow by
+ * (exported as ATTRIBUTES, checked against router/udp/flows.py's Flow by
  * tests/process/test_c_attributes.py). Flows point back at the splice through their links, so the splice
  * has GC support: a splice dropped without close() is collected with its flows.
  * What it must never do: block (every socket call is MSG_DONTWAIT, epoll_wait does not wait), keep
@@ -149,9 +149,9 @@ typedef struct {
  * them, exported as ATTRIBUTES, interned at import into `attribute`. */
 enum { LAST_ACTIVE, CLIENT_BYTES, POD_BYTES, ATTRIBUTE_COUNT };
 static const char *const attribute_table[ATTRIBUTE_COUNT][2] = {
-    [LAST_ACTIVE] = { "router.udp.flow_table.Flow", "last_active" },
-    [CLIENT_BYTES] = { "router.udp.flow_table.Flow", "client_bytes" },
-    [POD_BYTES] = { "router.udp.flow_table.Flow", "pod_bytes" },
+    [LAST_ACTIVE] = { "router.udp.flows.Flow", "last_active" },
+    [CLIENT_BYTES] = { "router.udp.flows.Flow", "client_bytes" },
+    [POD_BYTES] = { "router.udp.flows.Flow", "pod_bytes" },
 };
 static PyObject *attribute[ATTRIBUTE_COUNT];
 

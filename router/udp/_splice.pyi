@@ -6,7 +6,7 @@ from typing import Any
 BATCH: int
 ATTRIBUTES: tuple[tuple[str, str], ...]
 """(owner, name) of every Python attribute the C reads or writes by name: the counts and times it
-writes on the flow objects given to ``attach`` (``router.udp.flow_table.Flow``; tests/test_c_attributes.py)."""
+writes on the flow objects given to ``attach`` (``router.udp.flows.Flow``; tests/process/test_c_attributes.py)."""
 
 class Splicer:
     def __init__(self, listener_fd: int, batches: int, per_pod: int, *, io_uring: bool = True) -> None: ...

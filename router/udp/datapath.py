@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from router.udp.flow_table import Address, Flow
+from router.udp.flows import Address, Flow
 from router.udp.pod_link import PodLink
 
 Link = PodLink["Flow[Link]"]

@@ -29,7 +29,7 @@ from router.outcomes import QuicDropReason
 from router.udp.datapath import Datapath, Link
 from router.udp.flow_endings import FlowEndings, Table
 from router.udp.flow_opening import FlowOpener
-from router.udp.flow_table import Address, Flow
+from router.udp.flows import Address, Flow
 from router.udp.joins import Joins
 from router.udp.pod_link import Outboxes
 from router.udp.refusals import QuicRefusals, peer

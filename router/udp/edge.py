@@ -42,7 +42,8 @@ from router.udp.demux import ClientDemux
 from router.udp.flow_access import FlowAccess
 from router.udp.flow_endings import FlowEndings
 from router.udp.flow_opening import FlowOpener
-from router.udp.flow_table import Flow, UdpFlowTable
+from router.udp.flow_table import UdpFlowTable
+from router.udp.flows import Flow
 from router.udp.joins import IndexNamer, Joins, PodNamer, ServerIdNamer
 from router.udp.native import SpliceDatapath
 from router.udp.pod_link import Outboxes

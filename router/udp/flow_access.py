@@ -18,7 +18,7 @@ from router.access_record import AccessRecord, Outcome
 from router.log_text import clip_optional
 from router.outcomes import ProtocolLabel, Termination
 from router.routing import Refusal, Refused
-from router.udp.flow_table import Address, Flow, PendingFlow
+from router.udp.flows import Address, Flow, PendingFlow
 from router.udp.refusals import peer, quic_answer
 
 PROTOCOL = ProtocolLabel.QUIC

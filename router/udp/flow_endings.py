@@ -20,7 +20,8 @@ from router.metrics import ProtocolSeries, RouterMetrics
 from router.outcomes import QuicDropReason, QuicFlowOutcome, QuicOutcome, Termination
 from router.udp.datapath import Datapath, Link
 from router.udp.flow_access import FlowAccess
-from router.udp.flow_table import Flow, PendingFlow, UdpFlowTable
+from router.udp.flow_table import UdpFlowTable
+from router.udp.flows import Flow, PendingFlow
 from router.udp.pod_link import Outboxes
 from router.udp.refusals import peer
 

@@ -28,7 +28,7 @@ from router.routing import Refusal, Refused, route
 from router.udp.datapath import Datapath, Link
 from router.udp.flow_access import FlowAccess
 from router.udp.flow_endings import FlowEndings, Table
-from router.udp.flow_table import Address, Flow, PendingFlow
+from router.udp.flows import Address, Flow, PendingFlow
 from router.udp.pod_link import Outboxes, PodLink, connect_udp
 from router.udp.refusals import QuicRefusals, peer
 from router.udp.settings import UdpRouterSettings

@@ -25,91 +25,20 @@ itself.
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from itertools import chain
-from typing import Any, Generic, TypeVar
+from typing import Generic, TypeVar
 
 from quic.packet import QuicPacketError, long_header_scid, short_header_dcid
-from router import constants as c
 from router.outcomes import QuicDropReason
 from router.udp.flow_limits import FlowLimits, FlowTableError
+from router.udp.flows import Address, Flow, PendingFlow, PendingKey
 from router.udp.handshake_watch import HandshakeWatch
-
-Address = tuple[Any, ...]
-"""A socket address as asyncio reports it: ``(host, port)`` or ``(host, port, flow, scope)``."""
-
-PendingKey = tuple[Address, bytes]
-"""A pending flow's key: its client address and the DCID of its first Initial."""
+from router.udp.rejections import RememberedRejections
 
 S = TypeVar("S")
 H = TypeVar("H")
-
-
-@dataclass(slots=True, eq=False)
-class PendingFlow(Generic[S]):
-    """A client connection whose ClientHello is incomplete; its datagrams wait here, in order."""
-
-    address: Address
-    created_at: float
-    sniffer: S
-    datagrams: list[bytes] = field(default_factory=list)
-    buffered_bytes: int = 0
-    decided: bool = False
-    """The pod is chosen and its socket is being opened; datagrams still queue here."""
-    dcid: bytes = b""
-    """DCID of the Initial that opened it: the client's original DCID, half its key."""
-    scid: bytes = b""
-    """The client's SCID: its own connection ID, in every long header it sends."""
-    access: Any = None
-    """The edge's access record of this attempt (opaque here)."""
-
-    @property
-    def key(self) -> PendingKey:
-        return self.address, self.dcid
-
-
-@dataclass(slots=True, eq=False)
-class Flow(Generic[H]):
-    """A client connection spliced to one pod through ``handle`` (the pod-side socket)."""
-
-    address: Address
-    pod_name: str
-    handle: H
-    last_active: float
-    idle_timeout_s: float = c.DEFAULT_RELAY_IDLE_TIMEOUT_MS / 1000
-    """Silence after which the connection has ended at both ends (``FlowLimits.flow_idle_timeout_s``)."""
-    cids: deque[bytes] = field(default_factory=deque)
-    """Learned pod connection IDs, oldest first (bounded)."""
-    client_dcids: deque[bytes] = field(default_factory=deque)
-    """The client's original DCID (its Initials and 0-RTT packets carry it)."""
-    client_scid: bytes = b""
-    """The client's own connection ID (its long headers carry it); b"" when it chose none."""
-    shared: bool = False
-    """It met another flow at an address, or QUIC-LB joined it: its datagrams are told apart by CID."""
-    access: Any = None
-    """The edge's access record of this flow (opaque here)."""
-    client_bytes: int = 0
-    """Bytes of the datagrams the client sent on this flow (its access line's count)."""
-    pod_bytes: int = 0
-    """Bytes of the datagrams the pod sent the client on this flow."""
-    handshake: HandshakeWatch | None = None
-    """What the flow has shown while unconfirmed; None once confirmed (``handshake_watch``)."""
-
-    @property
-    def confirmed(self) -> bool:
-        return self.handshake is None
-
-
-@dataclass(slots=True, eq=False)
-class Rejection:
-    """A refused connection attempt, remembered so its retransmits cost a dict lookup."""
-
-    dcid: bytes
-    expires_at: float
-    answer: bytes
-    answers_left: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,7 +68,8 @@ class UdpFlowTable(Generic[S, H]):
         """Flows not confirmed yet, oldest first: the first to expire and to be evicted."""
         self._by_cid: dict[bytes, Flow[H]] = {}
         self._cid_lengths: dict[int, int] = {}
-        self._rejections: OrderedDict[PendingKey, Rejection] = OrderedDict()
+        self.rejections: RememberedRejections[PendingKey] = RememberedRejections(self.limits, self._occupied)
+        """Refused attempts by address and first DCID: their retransmits are answered, not sniffed."""
         self.on_occupied: Callable[[], None] | None = None
         """Called when a pending flow or a rejection is added: something may need expiring
         (the sweeper sleeps while the table is ``idle``)."""
@@ -213,7 +143,7 @@ class UdpFlowTable(Generic[S, H]):
     @property
     def idle(self) -> bool:
         """Nothing that time could expire: no flow, no pending flow, no remembered rejection."""
-        return not (self._flows or self._pending or self._rejections)
+        return not (self._flows or self._pending or self.rejections)
 
     def flows(self) -> tuple[Flow[H], ...]:
         return tuple(chain(self._flows.values(), chain.from_iterable(self._more.values())))
@@ -235,9 +165,12 @@ class UdpFlowTable(Generic[S, H]):
         pending = PendingFlow(address, now, sniffer, dcid=dcid, scid=scid)
         self._pending[address, dcid] = pending
         self._pending_at[address] = self._pending_at.get(address, 0) + 1
+        self._occupied()
+        return pending
+
+    def _occupied(self) -> None:
         if self.on_occupied is not None:
             self.on_occupied()
-        return pending
 
     def _pending_room(self, address: Address) -> bool:
         return self._pending_at.get(address, 0) < self.limits.max_pending_flows_per_address
@@ -405,32 +338,6 @@ class UdpFlowTable(Generic[S, H]):
         else:
             del self._cid_lengths[len(cid)]
 
-    # -- rejections ---------------------------------------------------------------------
-    def remember_rejection(self, address: Address, dcid: bytes, answer: bytes, now: float) -> None:
-        """Remember a refused attempt (its first answer already sent); oldest evicted first."""
-        self._rejections.pop((address, dcid), None)
-        while len(self._rejections) >= self.limits.max_remembered_rejections:
-            self._rejections.popitem(last=False)
-        expires_at = now + self.limits.rejection_memory_s
-        left = self.limits.answers_per_rejection - 1
-        self._rejections[address, dcid] = Rejection(dcid, expires_at, answer, left)
-        if self.on_occupied is not None:
-            self.on_occupied()
-
-    def rejection(self, address: Address, dcid: bytes, now: float) -> Rejection | None:
-        """The remembered refusal of this attempt (address and DCID), if any and not expired."""
-        rejection = self._rejections.get((address, dcid))
-        if rejection is None:
-            return None
-        if rejection.expires_at <= now:
-            del self._rejections[address, dcid]
-            return None
-        return rejection
-
-    @property
-    def rejection_count(self) -> int:
-        return len(self._rejections)
-
     # -- time ---------------------------------------------------------------------------
     def expire(self, now: float) -> Expired[S, H]:
         """Remove pending flows past their deadline, silent flows, and stale rejections."""
@@ -452,9 +359,5 @@ class UdpFlowTable(Generic[S, H]):
         silent = [f for f in every if now - f.last_active >= f.idle_timeout_s]
         for flow in silent:
             self.remove(flow)
-        while self._rejections:
-            key, rejection = next(iter(self._rejections.items()))
-            if rejection.expires_at > now:
-                break
-            del self._rejections[key]
+        self.rejections.expire(now)
         return Expired(tuple(stale), tuple(silent), tuple(late))

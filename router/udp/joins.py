@@ -39,7 +39,7 @@ from router.udp.cid_index import CidIndex
 from router.udp.datapath import Link
 from router.udp.flow_endings import FlowEndings, Table
 from router.udp.flow_opening import FlowOpener
-from router.udp.flow_table import Address, Flow
+from router.udp.flows import Address, Flow
 from router.udp.quic_lb import ServerIds, routable_cid, server_id
 from router.udp.refusals import ByteBudget
 

@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 from router import constants as c
 from router.udp.batching import enable_gro
-from router.udp.flow_table import Address
+from router.udp.flows import Address
 
 log = logging.getLogger("router.udp_router")
 """The router's logger: socket errors keep the name operators filter on."""

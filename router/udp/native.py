@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 from router import constants as c
 from router.extensions import Extensions
 from router.udp.datapath import Link, PathEvents
-from router.udp.flow_table import Address, Flow
+from router.udp.flows import Address, Flow
 from router.udp.listener import SocketOut, open_socket
 
 if TYPE_CHECKING:

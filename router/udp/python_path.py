@@ -13,7 +13,7 @@ import contextlib
 from collections.abc import Callable
 
 from router.udp.datapath import Link, PathEvents
-from router.udp.flow_table import Address, Flow
+from router.udp.flows import Address, Flow
 from router.udp.listener import open_listener
 from router.udp.pod_to_client import ClientReplies
 

@@ -25,7 +25,9 @@ from router.metrics import RouterMetrics
 from router.outcomes import DroppedLog, QuicDropReason, QuicFlowOutcome, WebTransportOutcome
 from router.routing import REFUSAL_ANSWERS, Refusal
 from router.udp.flow_limits import FlowTableError
-from router.udp.flow_table import Address, PendingFlow, Rejection, UdpFlowTable
+from router.udp.flow_table import UdpFlowTable
+from router.udp.flows import Address, PendingFlow
+from router.udp.rejections import Rejection
 
 log = logging.getLogger("router.udp_router")
 """The router's logger: refusal lines keep the name operators filter on."""
@@ -110,7 +112,7 @@ class QuicRefusals:
         except QuicPacketError:  # CIDs no close can be built for: nothing to answer
             self._metrics.quic_drop(QuicDropReason.MALFORMED)
             return 0
-        self._table.remember_rejection(addr, dcid, answer, now)
+        self._table.rejections.remember((addr, dcid), answer, now)
         if not self.answer(answer, received, addr, now):
             self._metrics.quic_drop(QuicDropReason.RATE_LIMITED)
             return 0

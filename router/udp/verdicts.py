@@ -29,7 +29,9 @@ from quic.packet import (
     parse_long_header,
 )
 from router.outcomes import QuicDropReason
-from router.udp.flow_table import Address, Flow, PendingFlow, Rejection, UdpFlowTable
+from router.udp.flow_table import UdpFlowTable
+from router.udp.flows import Address, Flow, PendingFlow
+from router.udp.rejections import Rejection
 
 S = TypeVar("S")
 H = TypeVar("H")
@@ -110,7 +112,7 @@ def classify_unrouted(
         return Unrouted(Verdict.NEGOTIATE, header=header)
     if header.packet_type is not PacketType.INITIAL:
         return _MISS
-    rejection = table.rejection(address, header.dcid, now)
+    rejection = table.rejections.get((address, header.dcid), now)
     if rejection is not None:
         return Unrouted(Verdict.REANSWER, header=header, rejection=rejection)
     if not big_enough:
@@ -151,7 +153,7 @@ def classify_on_flow(
         except QuicPacketError:
             header = None
         if header is not None and header.packet_type is PacketType.INITIAL and header.version in SUPPORTED_VERSIONS:
-            rejection = table.rejection(address, header.dcid, now)
+            rejection = table.rejections.get((address, header.dcid), now)
             if rejection is not None:
                 return Unrouted(Verdict.REANSWER, header=header, rejection=rejection)
             return Unrouted(Verdict.OPEN, header=header)

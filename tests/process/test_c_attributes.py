@@ -73,7 +73,7 @@ def test_every_attribute_the_c_uses_by_name_exists_on_its_owner(module: str) -> 
 def test_the_splice_writes_the_router_flows_counts_and_times() -> None:
     """The splice's table names the fields the edge reads back (access lines, idle sweep)."""
     splice = extension("router.udp._splice")
-    assert set(splice.ATTRIBUTES) == {("router.udp.flow_table.Flow", name)
+    assert set(splice.ATTRIBUTES) == {("router.udp.flows.Flow", name)
                                       for name in ("last_active", "client_bytes", "pod_bytes")}
 
 
@@ -97,4 +97,4 @@ def test_a_renamed_field_is_reported(monkeypatch: pytest.MonkeyPatch) -> None:
         "renamed_flow_module.Flow.pod_bytes"
     ]
     assert missing((("quic.packet", "QuicPacketErrorRenamed"),)) == ["quic.packet.QuicPacketErrorRenamed"]
-    assert missing((("router.udp.flow_table.Flow", "pod_bytes"),)) == []
+    assert missing((("router.udp.flows.Flow", "pod_bytes"),)) == []

@@ -25,7 +25,7 @@ from router import constants as c
 from router.demo.pki import DemoPki
 from router.demo.quic_pods import WHOAMI, client_configuration, request
 from router.extensions import Extensions
-from router.udp.flow_table import Address
+from router.udp.flows import Address
 from tests.support.names import host as sni
 from tests.support.polling import eventually
 from tests.support.quic_pods_harness import ROUTER_HOST, T, running

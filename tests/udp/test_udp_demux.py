@@ -9,7 +9,8 @@ from hypothesis import strategies as st
 
 from router.outcomes import QuicDropReason
 from router.udp.flow_limits import FlowLimits
-from router.udp.flow_table import Flow, PendingFlow, UdpFlowTable
+from router.udp.flow_table import UdpFlowTable
+from router.udp.flows import Flow, PendingFlow
 from router.udp.verdicts import Unrouted, Verdict, classify_on_flow
 from tests.support.initial_packets import long_header_packet as long_header
 
@@ -144,7 +145,7 @@ def test_a_spoofed_initial_from_a_live_address_gets_its_own_flow_and_the_live_on
 def test_a_refused_new_connection_is_reanswered_not_sniffed_again() -> None:
     table = Table()
     _connection(table, A, OLD_DCID, SCID_0, "stargate-0", POD_0)
-    table.remember_rejection(A, NEW_DCID, b"close", 0.0)
+    table.rejections.remember((A, NEW_DCID), b"close", now=0.0)
     got = classify_on_flow(table, table.flow(A), long_header(INITIAL, 1200, dcid=NEW_DCID), 1.0, None)  # type: ignore[arg-type]
     assert got.verdict is Verdict.REANSWER and got.rejection is not None
 

@@ -8,7 +8,8 @@ from hypothesis import strategies as st
 
 from router.outcomes import QuicDropReason
 from router.udp.flow_limits import FlowLimits, FlowTableError
-from router.udp.flow_table import Flow, PendingFlow, UdpFlowTable
+from router.udp.flow_table import UdpFlowTable
+from router.udp.flows import Flow, PendingFlow
 from router.udp.refusals import ByteBudget
 from router.udp.verdicts import Verdict, classify_unrouted
 from tests.support.initial_packets import long_header_packet as _long
@@ -233,24 +234,24 @@ def test_migration_rekeys_the_flow_to_the_new_address() -> None:
 
 def test_a_rejection_is_remembered_per_attempt_then_forgotten() -> None:
     table = _table(rejection_memory_s=10.0, answers_per_rejection=3)
-    table.remember_rejection(A, b"dcid-1", b"close", now=0.0)
-    rejection = table.rejection(A, b"dcid-1", now=1.0)
+    table.rejections.remember((A, b"dcid-1"), b"close", now=0.0)
+    rejection = table.rejections.get((A, b"dcid-1"), now=1.0)
     assert rejection is not None and (rejection.answer, rejection.answers_left) == (b"close", 2)
-    assert table.rejection(B, b"dcid-1", now=1.0) is None
-    assert table.rejection(A, b"dcid-2", now=1.0) is None  # a new attempt is judged afresh
-    assert table.rejection(A, b"dcid-1", now=1.0) is rejection  # each attempt of an address on its own
-    table.remember_rejection(A, b"dcid-3", b"close", now=0.0)
-    assert table.rejection(A, b"dcid-3", now=10.0) is None
+    assert table.rejections.get((B, b"dcid-1"), now=1.0) is None
+    assert table.rejections.get((A, b"dcid-2"), now=1.0) is None  # a new attempt is judged afresh
+    assert table.rejections.get((A, b"dcid-1"), now=1.0) is rejection  # each attempt of an address on its own
+    table.rejections.remember((A, b"dcid-3"), b"close", now=0.0)
+    assert table.rejections.get((A, b"dcid-3"), now=10.0) is None
 
 
 def test_remembered_rejections_are_bounded_and_swept() -> None:
     table = _table(max_remembered_rejections=2, rejection_memory_s=5.0)
-    table.remember_rejection(A, b"a", b"x", now=0.0)
-    table.remember_rejection(B, b"b", b"x", now=1.0)
-    table.remember_rejection(C, b"c", b"x", now=2.0)
-    assert table.rejection_count == 2 and table.rejection(A, b"a", now=2.0) is None
+    table.rejections.remember((A, b"a"), b"x", now=0.0)
+    table.rejections.remember((B, b"b"), b"x", now=1.0)
+    table.rejections.remember((C, b"c"), b"x", now=2.0)
+    assert len(table.rejections) == 2 and table.rejections.get((A, b"a"), now=2.0) is None
     table.expire(6.0)
-    assert table.rejection_count == 1 and table.rejection(C, b"c", now=6.0) is not None
+    assert len(table.rejections) == 1 and table.rejections.get((C, b"c"), now=6.0) is not None
 
 
 def test_the_table_says_when_time_has_something_to_expire() -> None:
@@ -260,7 +261,7 @@ def test_the_table_says_when_time_has_something_to_expire() -> None:
     assert table.idle
     flow = _flow(table, A)
     assert not table.idle and woken == ["occupied"]
-    table.remember_rejection(B, b"b", b"x", now=0.0)
+    table.rejections.remember((B, b"b"), b"x", now=0.0)
     assert woken == ["occupied"] * 2
     table.remove(flow)
     assert not table.idle  # the rejection still expires in time
@@ -443,7 +444,7 @@ def test_initials_open_unknown_versions_negotiate_refused_ones_reanswer() -> Non
     assert got.verdict is Verdict.OPEN and got.header is not None and got.header.dcid == b"D" * 8
     unknown_version = _long(0, 1200, version=0x1A2A3A4A)
     assert classify_unrouted(table, unknown_version, A, 0.0, None).verdict is Verdict.NEGOTIATE
-    table.remember_rejection(A, b"D" * 8, b"close", 0.0)
+    table.rejections.remember((A, b"D" * 8), b"close", now=0.0)
     got = classify_unrouted(table, initial, A, 1.0, None)
     assert got.verdict is Verdict.REANSWER and got.rejection is not None
     assert classify_unrouted(table, _long(0, 1200, dcid=b"N" * 8), A, 1.0, None).verdict is Verdict.OPEN

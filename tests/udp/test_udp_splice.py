@@ -26,7 +26,7 @@ from router.demo.pki import DemoPki
 from router.extensions import PYTHON, SPLICE_MODULE, Extensions, choose, is_built
 from router.udp import batching, native
 from router.udp.flow_limits import FlowLimits
-from router.udp.flow_table import Flow
+from router.udp.flows import Flow
 from router.udp.settings import UdpRouterSettings
 from tests.support.quic_exchange import quic_exchange
 from tests.support.udp_router import has_datagram, running_udp_router, udp_socket

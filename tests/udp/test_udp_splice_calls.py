@@ -23,7 +23,7 @@ import pytest
 
 from router.extensions import SPLICE_MODULE, Extensions, is_built
 from router.udp import native
-from router.udp.flow_table import Flow
+from router.udp.flows import Flow
 
 pytestmark = [
     pytest.mark.timeout(60),
@@ -185,7 +185,7 @@ def test_every_flow_a_call_touches_is_counted_with_more_flows_than_one_batch() -
 HUGE_FD_ATTACH = """
 import socket, sys
 from router.udp._splice import Splicer
-from router.udp.flow_table import Flow
+from router.udp.flows import Flow
 public = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
 public.bind(("127.0.0.1", 0))
 splicer = Splicer(public.fileno(), 4, 64)

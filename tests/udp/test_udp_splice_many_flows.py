@@ -31,7 +31,7 @@ from router.demo.pki import DemoPki
 from router.demo.quic_pods import client_configuration
 from router.extensions import SPLICE_MODULE, Extensions, choose, is_built
 from router.udp import native
-from router.udp.flow_table import Flow
+from router.udp.flows import Flow
 from router.udp.settings import UdpRouterSettings
 from tests.support.quic_exchange import answering_pod
 from tests.support.udp_router import has_datagram, running_udp_router, udp_socket

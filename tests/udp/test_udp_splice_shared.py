@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from router.extensions import SPLICE_MODULE, Extensions, is_built
 from router.udp import native
-from router.udp.flow_table import Flow
+from router.udp.flows import Flow
 from tests.support.udp_router import has_datagram, udp_socket
 
 pytestmark = pytest.mark.skipif(not is_built(SPLICE_MODULE), reason="the C splice is not built (no C compiler)")
