@@ -1,5 +1,5 @@
-"""Fixtures the whole suite shares: the demo PKI, the loopback fake Kubernetes API, and the two
-paths (pure Python, C extensions) a test runs on.
+"""Fixtures the whole suite shares: the demo PKI, the quinn test peer, the loopback fake Kubernetes
+API, and the two paths (pure Python, C extensions) a test runs on.
 
 Byte builders and harnesses that are not fixtures live in ``tests/support/``
 (``eventually`` in ``tests.support.polling``, an in-process QUIC edge in
@@ -9,11 +9,13 @@ Byte builders and harnesses that are not fixtures live in ``tests/support/``
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 
 from router.demo.pki import DemoPki, make_pki
 from router.extensions import PYTHON, Extensions, choose
+from tests.support import quinn_client
 from tests.support.fake_kube_api import FakeKubeApi
 
 
@@ -21,6 +23,16 @@ from tests.support.fake_kube_api import FakeKubeApi
 def pki(tmp_path_factory: pytest.TempPathFactory) -> DemoPki:
     """A CA and a server certificate for the demo names, made once per run (key generation is slow)."""
     return make_pki(tmp_path_factory.mktemp("pki"))
+
+
+@pytest.fixture(scope="session")
+def quinn_peer() -> Path:
+    """The quinn test peer's binary (a second QUIC stack beside aioquic), built once per run
+    (skipped where it cannot be built)."""
+    binary, why_not = quinn_client.build()
+    if binary is None:
+        pytest.skip(f"the quinn peer cannot be built here: {why_not}")
+    return binary
 
 
 @pytest.fixture

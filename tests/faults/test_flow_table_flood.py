@@ -48,7 +48,6 @@ from router.demo.quic_pods import bound_port
 from router.extensions import Extensions
 from router.memory_bounds import PENDING_FLOW_WORST_BYTES, MemoryBounds, bounds_for
 from router.outcomes import QuicDropReason
-from tests.support import quinn_client
 from tests.support.flow_table_flood import (
     FLOOD_HOSTS,
     PODS,
@@ -101,15 +100,6 @@ RSS_SLACK_KIB = 4 * 1024
 caches on paths first taken under the flood (+0.6-2.8 MiB measured in all, tables included)."""
 SAMPLE_S = 0.1
 """How often the router processes' RSS is read: a table's turnover takes ~1 s at the flood's rate."""
-
-
-@pytest.fixture(scope="module")
-def quinn_peer() -> Path:
-    """The quinn test peer's binary, built once per module (skipped where it cannot be built)."""
-    binary, why_not = quinn_client.build()
-    if binary is None:
-        pytest.skip(f"the quinn peer cannot be built here: {why_not}")
-    return binary
 
 
 class RssSampler(threading.Thread):
