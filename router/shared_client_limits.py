@@ -42,6 +42,7 @@ from router.client_count_table import (
     pack_key,
 )
 from router.client_limits import ClientCounts, ClientLimitTable
+from router.memory_file import new_memory_file
 
 log = logging.getLogger("router.client_limits")  # pinned: operators filter logs by this name
 
@@ -58,14 +59,7 @@ def create_table_file(
 ) -> int:
     """A new shared table for ``workers`` columns; its fd (close-on-exec: pass it with ``pass_fds``)."""
     layout = TableLayout(capacity, workers, min(window, capacity), os.urandom(SALT_BYTES), len(CountedRegion))
-    fd = os.memfd_create("stargate-router-client-limits", os.MFD_CLOEXEC)
-    try:
-        os.ftruncate(fd, layout.file_bytes)  # zero-filled; pages exist once a worker writes them
-        os.pwrite(fd, layout.header(), 0)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
+    return new_memory_file("stargate-router-client-limits", layout.header(), layout.file_bytes)
 
 
 class SharedTableFile:

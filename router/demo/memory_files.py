@@ -14,6 +14,8 @@ import os
 from pathlib import Path
 from types import TracebackType
 
+from router.memory_file import new_memory_file
+
 PROC_FD = Path("/proc/self/fd")
 """Where the kernel shows this process's open files as paths anyone in the process can open."""
 
@@ -26,7 +28,7 @@ class MemoryFiles:
 
     def write(self, name: str, data: bytes) -> Path:
         """A new file holding ``data``; the path to open it by (``name`` shows in ``/proc``)."""
-        fd = self._new(name, data)
+        fd = new_memory_file(name, data)
         self._fds.append(fd)
         return PROC_FD / str(fd)
 
@@ -37,23 +39,11 @@ class MemoryFiles:
         fd = int(path.name)
         if path.parent != PROC_FD or fd not in self._fds:
             raise ValueError(f"{path} is not one of these memory files")
-        new = self._new(f"{fd}", data)
+        new = new_memory_file(f"{fd}", data)
         try:
             os.dup2(new, fd, inheritable=False)
         finally:
             os.close(new)
-
-    @staticmethod
-    def _new(name: str, data: bytes) -> int:
-        fd = os.memfd_create(name, os.MFD_CLOEXEC)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-        except BaseException:
-            os.close(fd)
-            raise
-        return fd
 
     def close(self) -> None:
         fds, self._fds = self._fds, []

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 
 from quic.packet import MAX_CID_LENGTH
 from router.constants import MAX_PORT
+from router.memory_file import new_memory_file
 
 SALT_BYTES = 16
 """The hash key: random per supervisor run, so a client cannot aim at another's entries."""
@@ -212,14 +213,7 @@ class CidIndex:
 def create_index_file(workers: int, capacity: int, window: int) -> int:
     """The supervisor's shared index: a memfd (no file anywhere), sized and headed; its fd."""
     layout = IndexLayout(capacity, workers, window, secrets.token_bytes(SALT_BYTES))
-    fd = os.memfd_create("stargate-router-cid-index", os.MFD_CLOEXEC)
-    try:
-        os.ftruncate(fd, layout.file_bytes)  # zero-filled; pages exist once a worker writes them
-        os.pwrite(fd, layout.header(), 0)
-    except OSError:
-        os.close(fd)
-        raise
-    return fd
+    return new_memory_file("stargate-router-cid-index", layout.header(), layout.file_bytes)
 
 
 def map_index(fd: int, me: int) -> CidIndex:
