@@ -1,30 +1,13 @@
 """``--workers N``: N router processes share the listeners; one supervisor keeps them running.
 
-Python routes on one core; the kernel can spread the load instead. Every worker is a
-whole router (``python -m router --workers 1``, its own discovery) binding the same TCP
-and UDP ports with SO_REUSEPORT: the kernel hashes each connection's and each UDP
-flow's 4-tuple to one socket, so a QUIC flow stays on the worker that routed it.
+Python routes on one core, so N whole routers bind the same ports with SO_REUSEPORT; the kernel
+hashes each 4-tuple to one, so a QUIC flow stays on the worker that routed it. The supervisor routes
+nothing: it restarts dead workers (not one exiting 2: its flags cannot work) and serves the public
+health port; its ``listening`` line is the only one naming public addresses (tools and tests parse it).
 
-The supervisor routes nothing. It picks the concrete ports (so a restarted worker binds
-the same ones), starts the workers, passes their stderr on line by line, restarts a dead
-one with capped backoff, and owns the public health port: ``/healthz`` and ``/livez`` are its own
-liveness, ``/readyz`` asks every worker, ``/metrics`` merges every worker's exposition
-(``router.metrics_merge``); ``router.worker_scrape`` asks the workers. Each worker serves
-its own health port on loopback, a socket the supervisor bound and passed it; the worker says it
-has bound its listeners on a control pipe (``router.worker_seat``), so the supervisor's own
-``listening`` line is the only one naming public addresses (tools and tests parse that line).
-
-The supervisor reads its workers' stderr as bytes to pass on, never for meaning: a worker logs a
-rejected hostname word for word, so a client can write anything there. Everything the supervisor
-acts on comes over descriptors it made itself: the health sockets, the control pipes, and the
-shared memory the workers find each other's connections in.
-
-SIGTERM/SIGINT: ``/readyz`` fails at once, every worker gets SIGTERM and runs its own
-shutdown delay and drain; stragglers are killed after that budget plus a grace period.
-
-A listener that cannot bind ends the supervisor before any worker starts (it binds each address
-once, ``concrete_address``). A worker exiting 2 (a bad flag, a failed bind) is not restarted: the
-line it sent on its control pipe is said once, not once per worker, and the supervisor exits 2.
+It reads its workers' stderr as bytes to pass on, never for meaning: a worker logs a rejected
+hostname word for word, so a client can write anything there. It acts only on descriptors it made
+itself (health sockets, control pipes, shared memfds; docs/architecture.md#workers).
 """
 
 from __future__ import annotations
@@ -79,10 +62,8 @@ log = logging.getLogger("router.workers")  # pinned: operators filter logs by th
 # IO
 # ---------------------------------------------------------------------------
 def held_address(addr: SocketAddress, kind: socket.SocketKind) -> tuple[SocketAddress, socket.socket]:
-    """Binds ``addr`` as a worker will (SO_REUSEPORT; SO_REUSEADDR for TCP) and keeps the socket:
-    an address no worker could bind raises its ``OSError`` here, before any worker starts. Port 0
-    becomes a concrete port, which no other process can take while the socket is held, so every
-    worker binds the same one; the supervisor lets go once they all have (``_announce``)."""
+    """Binds ``addr`` as a worker will and keeps the socket: a bad address fails here, before any worker
+    starts, and port 0 becomes a port no other process can take until every worker has bound it."""
     family = socket.AF_INET6 if ":" in addr.host else socket.AF_INET
     probe = socket.socket(family, kind)
     try:
@@ -94,13 +75,6 @@ def held_address(addr: SocketAddress, kind: socket.SocketKind) -> tuple[SocketAd
         probe.close()
         raise
     return (addr if addr.port != 0 else SocketAddress(addr.host, int(probe.getsockname()[1]))), probe
-
-
-def concrete_address(addr: SocketAddress, kind: socket.SocketKind) -> SocketAddress:
-    """``held_address``'s address, the socket let go at once."""
-    concrete, probe = held_address(addr, kind)
-    probe.close()
-    return concrete
 
 
 class Supervisor:
@@ -231,8 +205,8 @@ class Supervisor:
             self.restarts.inc()
 
     async def _run_once(self, slot: WorkerSlot, argv: list[str]) -> int | None:
-        """Start one worker process, pass its stderr on and act on its control pipe until it exits;
-        its exit status."""
+        """Run one worker until it exits, relaying its stderr and acting on its control pipe; its exit
+        status (None: not started)."""
         try:
             health = private_health_socket()
         except OSError as exc:

@@ -1,26 +1,11 @@
 """The QUIC router's flow table: who is pending, who is spliced to which pod, and for how long.
 
-Sans-IO: no sockets, no clock; time is ``now`` (seconds, any monotonic origin). The edge owns
-the sockets and keeps an opaque ``handle`` per flow and ``sniffer`` per pending flow.
-
-A flow is one client connection spliced to one pod, found as QUIC finds a connection: one client
-socket (a quinn ``Endpoint``) may hold several, each to its own pod. An address's first flow takes
-its every datagram while alone there (one dict lookup); once two flows have met at an address they
-are *shared*, told apart by connection ID wherever they go (``demux``). The pod's connection IDs,
-learned from the SCID of its long headers, are indexed apart from addresses (``flow_for_cid``): a
-datagram from another address carrying one belongs to that flow (NAT rebinding, migration), also
-where other flows are; with ``--workers N`` the workers' shared index answers this same question on
-a miss (``cid_index``, ``joins``). CIDs the pod issues later in encrypted NEW_CONNECTION_ID frames
-stay unseen: a client that migrates *and* switches to one at once is not followed. A pending flow
-is keyed by address and its first Initial's DCID: a new connection beside an address's flows, never
-a threat to them. A silent flow ends at its connection's own idle timeout
-(``FlowLimits.flow_idle_timeout_s``).
-
-A flow starts *unconfirmed* (``handshake_watch``): until its client and pod are seen talking it
-lives at most ``FlowLimits.handshake_timeout_s`` from its opening, and when the table is full a new
-flow takes the place of the oldest unconfirmed one (``evict_unconfirmed``). A confirmed flow is
-never evicted for a newcomer: a flood of forged Initials or junk joins only ever competes with
-itself.
+Sans-IO: ``now`` is seconds on any monotonic clock; the edge's ``handle`` and ``sniffer`` are opaque.
+Flows are found as QUIC finds connections (docs/quic.md): an unshared address's first flow takes
+every datagram in one dict lookup, flows that met at an address are told apart by connection ID,
+and a learned pod CID finds its flow from any address. A pending flow is keyed by address and first
+DCID, so it never threatens that address's flows. A confirmed flow is never evicted for a newcomer:
+a flood of forged Initials or junk joins only competes with itself.
 """
 
 from __future__ import annotations
@@ -30,7 +15,7 @@ from dataclasses import dataclass
 from itertools import chain
 from typing import Generic, TypeVar
 
-from quic.packet import QuicPacketError, long_header_scid, short_header_dcid
+from quic.packet import QuicPacketError, short_header_dcid
 from router.outcomes import QuicDropReason
 from router.udp.flow_limits import FlowLimits, FlowTableError
 from router.udp.flows import Address, Flow, PendingFlow, PendingKey
@@ -43,8 +28,7 @@ H = TypeVar("H")
 
 @dataclass(frozen=True, slots=True)
 class Expired(Generic[S, H]):
-    """What one sweep removed: pending flows that never completed, flows never confirmed within the
-    handshake timeout, and silent flows."""
+    """What one sweep removed: timed-out pending flows, silent flows, flows not confirmed in time."""
 
     pending: tuple[PendingFlow[S], ...]
     flows: tuple[Flow[H], ...]
@@ -71,8 +55,7 @@ class UdpFlowTable(Generic[S, H]):
         self.rejections: RememberedRejections[PendingKey] = RememberedRejections(self.limits, self._occupied)
         """Refused attempts by address and first DCID: their retransmits are answered, not sniffed."""
         self.on_occupied: Callable[[], None] | None = None
-        """Called when a pending flow or a rejection is added: something may need expiring
-        (the sweeper sleeps while the table is ``idle``)."""
+        """Called when a pending flow or rejection is added: wakes the sweeper, asleep while ``idle``."""
         self.on_learned: Callable[[Flow[H], bytes], None] | None = None
         """Called with each pod CID a flow learns: what ``--workers N`` share (``cid_index``)."""
         self.on_forgotten: Callable[[bytes], None] | None = None
@@ -183,9 +166,8 @@ class UdpFlowTable(Generic[S, H]):
             del self._pending_at[pending.address]
 
     def make_room(self, address: Address) -> PendingFlow[S] | None:
-        """With the pending table full, evict its oldest undecided flow (the one a spoofed
-        flood has held longest; a legitimate one leaves within a round trip) and return it;
-        nobody for an address at its own bound (its new flow is refused instead)."""
+        """With the pending table full, evict and return its oldest undecided flow (a legitimate one leaves
+        within a round trip, a spoofed one lingers); None for an address at its own bound (refused instead)."""
         if len(self._pending) < self.limits.max_pending_flows or not self._pending_room(address):
             return None
         for pending in self._pending.values():  # insertion order is creation order
@@ -234,8 +216,7 @@ class UdpFlowTable(Generic[S, H]):
         return flow
 
     def confirm(self, flow: Flow[H]) -> None:
-        """The flow's client and pod are talking: it lives its connection's idle timeout and is
-        never evicted for a newcomer."""
+        """Client and pod are talking: the flow lives its idle timeout and is never evicted for a newcomer."""
         flow.handshake = None
         self._unconfirmed.pop(flow, None)
 
@@ -295,12 +276,6 @@ class UdpFlowTable(Generic[S, H]):
             self.on_learned(flow, cid)
         if len(flow.cids) > self.limits.max_learned_cids_per_flow:
             self._forget_cid(flow, flow.cids.popleft())
-
-    def learn_from_pod(self, flow: Flow[H], datagram: bytes, cid_length: int | None) -> None:
-        """Learn the SCID of a pod's v1/v2 long header: a migrated client's DCID will be it."""
-        scid = long_header_scid(datagram)
-        if scid is not None:
-            self.learn_pod_cid(flow, scid, cid_length)
 
     def learn_pod_cid(self, flow: Flow[H], scid: bytes, cid_length: int | None) -> None:
         """Learn a pod's SCID unless its length is not the pods' (``cid_length``, when configured)."""

@@ -19,7 +19,7 @@ from router.demo.grpc_pods import RunningPod, call_whoami, start_pod
 from router.demo.pki import DemoPki
 from router.demo.quic_pods import bound_port, quic_whoami, start_quic_pod
 from router.flag_values import SocketAddress
-from router.supervisor import concrete_address
+from router.supervisor import held_address
 from router.worker_process import LineSplitter, describe_exit, stop_budget_s, worker_argv
 from router.worker_scrape import ProbeError, WorkerClient
 from router.worker_seat import (
@@ -35,6 +35,13 @@ from tests.support.router_process import Supervised, router_args, write_endpoint
 # ---------------------------------------------------------------------------
 # Pure pieces
 # ---------------------------------------------------------------------------
+
+
+def concrete_address(addr: SocketAddress, kind: socket.SocketKind) -> SocketAddress:
+    """``held_address``'s address, the socket let go at once."""
+    concrete, probe = held_address(addr, kind)
+    probe.close()
+    return concrete
 
 
 def test_worker_argv_overrides_win_because_argparse_keeps_the_last_value() -> None:

@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from quic.packet import long_header_scid
 from router.outcomes import QuicDropReason
 from router.udp.flow_limits import FlowLimits, FlowTableError
 from router.udp.flow_table import UdpFlowTable
@@ -383,13 +384,20 @@ def _check_invariants(table: Table, limits: FlowLimits) -> None:
         assert owner is None or owner in flows
 
 
-# -- classify_unrouted / learn_from_pod: the policy for datagrams without a flow ------------
+# -- classify_unrouted / learning pod CIDs: the policy for datagrams without a flow ------------
 POD_CID = bytes(range(1, 9))
+
+
+def learn_from_pod(table: Table, flow: Flow[str], datagram: bytes, cid_length: int | None) -> None:
+    """What the edge does with a pod's datagram: learn the SCID of its v1/v2 long header, if any."""
+    scid = long_header_scid(datagram)
+    if scid is not None:
+        table.learn_pod_cid(flow, scid, cid_length)
 
 
 def _with_pod_cid(table: Table) -> Flow[str]:
     flow = _flow(table, A)
-    table.learn_from_pod(flow, _long(2, 200, dcid=b"c" * 8, scid=POD_CID), cid_length=None)
+    learn_from_pod(table, flow, _long(2, 200, dcid=b"c" * 8, scid=POD_CID), cid_length=None)
     return flow
 
 
@@ -397,9 +405,9 @@ def test_pod_long_headers_teach_their_scid_but_version_negotiation_does_not() ->
     table = _table()
     flow = _with_pod_cid(table)
     assert table.flow_for_cid(POD_CID) is flow
-    table.learn_from_pod(flow, _long(2, 200, version=0, scid=b"v" * 8), cid_length=None)
-    table.learn_from_pod(flow, _long(2, 200, scid=b"x" * 4), cid_length=8)  # not the configured length
-    table.learn_from_pod(flow, b"\xc0\x00", cid_length=None)  # garbage teaches nothing
+    learn_from_pod(table, flow, _long(2, 200, version=0, scid=b"v" * 8), cid_length=None)
+    learn_from_pod(table, flow, _long(2, 200, scid=b"x" * 4), cid_length=8)  # not the configured length
+    learn_from_pod(table, flow, b"\xc0\x00", cid_length=None)  # garbage teaches nothing
     assert list(flow.cids) == [POD_CID]
 
 
@@ -457,4 +465,4 @@ def test_any_bytes_get_a_verdict_never_an_exception(datagram: bytes, cid_length:
     _with_pod_cid(table)
     got = classify_unrouted(table, datagram, B, 0.0, cid_length)
     assert got.verdict is not Verdict.DROP or got.drop_reason in tuple(QuicDropReason)
-    table.learn_from_pod(table.flow(A), datagram, cid_length)  # type: ignore[arg-type]
+    learn_from_pod(table, table.flow(A), datagram, cid_length)  # type: ignore[arg-type]
