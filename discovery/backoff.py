@@ -13,10 +13,7 @@ from discovery.constants import BACKOFF_INITIAL_S, BACKOFF_MAX_S, RETRY_AFTER_JI
 
 class Backoff:
     """Delays in [initial_s, max_s]: the n-th is drawn from [d/2, d] with d = initial_s * 2**n (capped).
-
-    The lower half of the range is cut off so that a retry is never immediate; the jitter
-    keeps many routers that lost the same API server from retrying in lockstep.
-    """
+    The floor d/2 keeps a retry from being immediate; the jitter keeps routers out of lockstep."""
 
     def __init__(
         self,

@@ -1,8 +1,7 @@
 """Discovery's own tunables and limits, each with the reason it has that value.
 
-Defined here, beside the code that uses them, so ``discovery/`` imports nothing from
-``router/``. CLI defaults (service and port names, the watch idle timeout flag) stay in
-``router/constants.py``: the router passes them down explicitly.
+Here so ``discovery/`` imports nothing from ``router/``; CLI defaults (service and port names, the
+watch idle timeout) stay in ``router/constants.py`` and are passed down.
 """
 
 from __future__ import annotations
@@ -28,9 +27,8 @@ BACKOFF_MAX_S: Final = 30.0
 """Retry delay cap: an API outage is retried at least twice a minute."""
 
 RECONNECT_BACKOFF_MAX_S: Final = 0.8
-"""Retry cap after a connection failure (refused dial, dropped stream): a refused dial costs the
-server nothing, and re-dialling this often finds it within a second of its return. Error answers
-(403, 5xx, garbage) still back off up to BACKOFF_MAX_S."""
+"""Retry cap after a connection failure (refused dial, dropped stream): a refused dial costs the server
+nothing, and re-dialling this often finds it within a second of its return. Error answers back off to BACKOFF_MAX_S."""
 
 RETRY_AFTER_JITTER: Final = 0.1
 """A Retry-After wait is stretched by up to this fraction, so many routers do not return in lockstep."""

@@ -1,24 +1,10 @@
 """EndpointSlices -> TargetSnapshot: the routing table, derived purely from observed slices.
 
-Both sources (a file, the Kubernetes API) hand raw EndpointSlice dicts to the same
-function, so a pod routes from a file exactly as it would from the cluster. The rules
-are the Rust router's, which users rely on:
-
-* a slice counts only if labelled ``kubernetes.io/service-name=<service>`` and it has a
-  port named ``grpc_port_name`` with protocol TCP (absent = TCP) and one named
-  ``quic_port_name`` with protocol UDP;
-* an endpoint counts only if ``ready`` is not false, ``serving`` is not false and
-  ``terminating`` is not true (absent = the Kubernetes defaults), and it has a
-  ``targetRef`` (kind Pod or absent) with a name: the pod name is ``targetRef.name``,
-  never ``hostname``; its address is ``addresses[0]`` (an IPv4 or IPv6 literal);
-* slices are taken in observation order (oldest first): when two slices carry the same
-  pod, the later one wins. Endpoints that do not count are skipped before that merge, so
-  a not-ready copy of a pod does not hide a ready copy in another slice.
-
-Decision: a malformed slice or endpoint is skipped, never fatal. One slice with a bad
-port or a garbage endpoint must not take every other pod out of the routing table; the
-whole-document error (``EndpointSliceError``) is reserved for input that is not a set
-of slices at all (bad YAML, a scalar where a slice should be).
+Both sources hand raw slices here, so a file routes exactly as the cluster does. The rules are the
+Rust router's, which users rely on (docs/coming-from-rust.md). Endpoints that do not count are dropped
+before the merge by pod (the most recently observed slice wins), so a not-ready copy never hides a
+ready one. A malformed slice or endpoint is skipped, never fatal: one bad slice must not empty the
+table; ``EndpointSliceError`` is for input that is not slices at all (bad YAML, a scalar where a slice goes).
 """
 
 from __future__ import annotations
@@ -62,12 +48,8 @@ def slice_key(obj: Mapping[str, Any]) -> str:
 
 
 def parse_endpoints_document(text: str) -> list[dict[str, Any]]:
-    """The EndpointSlices of a YAML (or JSON) text, in document order.
-
-    Accepts one slice, a ``List``/``EndpointSliceList`` with ``items``, or a multi-document
-    stream of either. Documents of another ``kind`` (a Service kept in the same file) are
-    skipped; empty documents are ignored.
-    """
+    """The EndpointSlices of a YAML (or JSON) text, in document order: one slice, a ``List`` or
+    ``EndpointSliceList``, or a stream of either; documents of another ``kind`` and empty ones are skipped."""
     if not isinstance(text, str):
         raise EndpointSliceError(f"endpoints document must be text, got {type(text).__name__}")
     documents = _load_documents(text)
@@ -86,9 +68,8 @@ def parse_endpoints_document(text: str) -> list[dict[str, Any]]:
 
 
 def _load_documents(text: str) -> list[Any]:
-    """JSON through ``json`` (what ``kubectl get -o json`` writes: 100x faster than a YAML
-    loader on a 1 MiB list), anything else through PyYAML's pure-Python safe loader: libyaml's
-    C loader segfaults on deeply nested input (found by tests/fuzz), the Python one raises."""
+    """JSON through ``json`` (``kubectl get -o json``: 100x faster than YAML on a 1 MiB list), else PyYAML's
+    pure-Python SafeLoader: libyaml's C loader segfaults on deeply nested input (tests/fuzz)."""
     if text.lstrip()[:1] in ("{", "["):
         try:
             return [json.loads(text)]

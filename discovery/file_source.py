@@ -1,9 +1,8 @@
 """Discovery from a file of EndpointSlices (YAML or JSON), re-read whenever it changes.
 
-For clusters without API access and for tests: the file is polled (a ConfigMap mount
-swaps a symlink, which inotify-style watching misses) and reloaded when its identity
-(inode, size, mtime, ctime) changes. A file that cannot be used keeps the last good
-snapshot serving: a bad edit must not empty the routing table.
+For clusters without API access, and tests. Polled (a ConfigMap mount swaps a symlink, which
+inotify-style watching misses), reloaded when its identity (inode, size, mtime, ctime) changes. An
+unusable file keeps the last good snapshot serving: a bad edit must not empty the routing table.
 """
 
 from __future__ import annotations
@@ -80,11 +79,8 @@ def load_endpoints_file(path: Path, settings: DiscoverySettings) -> FileLoad:
 class EndpointsFileSource:
     """Publishes the file's snapshot at start and after every change that alters the targets.
 
-    ``last_sync_monotonic`` is the last time the published snapshot was confirmed to match
-    the file (a good load, or a poll that found the file unchanged since one), so the
-    ``discovery_last_sync_age_seconds`` gauge (a ``set_function`` on it) grows only while
-    the file is missing or broken.
-    """
+    ``last_sync_monotonic``: when the snapshot was last confirmed to match the file (a good load, or an
+    unchanged poll since one), so the sync-age gauge grows only while the file is missing or broken."""
 
     def __init__(
         self,

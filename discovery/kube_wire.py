@@ -1,7 +1,6 @@
 """The Kubernetes API's wire format for EndpointSlice list and watch, as pure functions over bytes.
 
-Sans-IO: ``kubernetes_source`` does the requests and hands the raw bodies and watch lines
-here. Untrusted input raises only ``KubeApiResponseError``.
+Untrusted input raises only ``KubeApiResponseError``.
 """
 
 from __future__ import annotations
@@ -97,10 +96,8 @@ def status_detail(body: bytes) -> str:
 
 
 def parse_retry_after(value: str | None, now: float | None = None) -> float | None:
-    """Seconds a ``Retry-After`` header asks for (delay-seconds or an HTTP-date), None if unusable.
-
-    ``now`` is the wall clock (``time.time()``) for the HTTP-date form; a date in the past is 0.
-    """
+    """Seconds a ``Retry-After`` asks for (delay-seconds, or an HTTP-date against ``now``, the wall clock;
+    a past date is 0), None if unusable."""
     if value is None:
         return None
     text = value.strip()

@@ -1,28 +1,12 @@
-"""Discovery from the Kubernetes API: list, then watch, the EndpointSlices of one Service.
+"""Discovery from the Kubernetes API: list, then watch, the EndpointSlices of one Service (a reflector).
 
-The raw JSON of every list and watch event is kept (``_preload_content=False``), so the
-slices reach the same pure ``targets_from_slices`` as the file source's, and BOOKMARK
-and ERROR events are seen as they are. The loop is the usual reflector:
-
-* list (label selector ``kubernetes.io/service-name=<service>``), replace the store whole;
-* watch from the list's resourceVersion with bookmarks; every event (BOOKMARK included)
-  advances the resourceVersion; a stream that ends or drops is re-watched from it;
-* a watch on which nothing (event or bookmark) arrives for the idle timeout is closed and
-  re-watched from its resourceVersion: a half-open connection must not freeze routing.
-  TCP keepalive on the API connections finds a dead peer even sooner;
-* 410 Gone (an ERROR event or the HTTP status) means that resourceVersion was compacted:
-  re-list at once (the 410 proves the API is back), and the store is replaced atomically
-  only once the list is complete;
-* 429/503 with ``Retry-After`` wait what the server asked (capped, jittered); any other
-  error answer (403, 5xx, garbage) is retried with capped exponential backoff; after a
-  connection failure (refused, reset, dropped stream) the API is re-dialled at least every
-  RECONNECT_BACKOFF_MAX_S, so it is found within a second of its return.
-  Any answer from the API (a list, an accepted watch, a 410) resets the backoff. The last
-  good snapshot keeps serving meanwhile.
-
-Never a hot loop: a retry is immediate only after a *healthy* watch (one that delivered
-an event or stayed open WATCH_HEALTHY_AFTER_S), an idle replacement (bounded by the idle
-timeout) or a first 410; everything else waits.
+Raw JSON is kept (``_preload_content=False``) so slices reach the same ``targets_from_slices`` as the
+file's, and BOOKMARK and ERROR events are seen as sent. Every event (BOOKMARK too) advances the
+resourceVersion; an ended, dropped or idle watch resumes from it (a half-open connection must not
+freeze routing). 410 Gone (ERROR event or status) means it was compacted: re-list at once, replacing
+the store only once the list is complete. Never a hot loop: a retry is immediate only after a healthy
+watch (an event, or open WATCH_HEALTHY_AFTER_S), an idle replacement or a first 410; all else backs
+off while the last good snapshot serves (retry policy: docs/operating.md).
 """
 
 from __future__ import annotations

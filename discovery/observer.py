@@ -1,7 +1,6 @@
 """What a discovery source reports, as a small protocol: the router adapts it to its metrics.
 
-The sources know nothing of Prometheus or of ``router/``; ``router/app.py`` passes an
-adapter. Every hook is cheap and must not raise.
+Sources know nothing of Prometheus or ``router/``. Every hook is cheap and must not raise.
 """
 
 from __future__ import annotations

@@ -11,10 +11,7 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True, slots=True)
 class DiscoverySettings:
-    """Namespace and Service to watch; port names as in the Stargate pod spec.
-
-    No defaults here: the CLI's (``router/constants.py``) are passed by ``router/app.py``.
-    """
+    """Namespace and Service to watch; port names as in the Stargate pod spec. No defaults: the CLI's are passed in."""
 
     namespace: str
     service_name: str

@@ -1,9 +1,8 @@
 """The set of EndpointSlices a watch has observed, in observation order.
 
-Kubernetes events mutate it one slice at a time; a re-list replaces it whole. The
-snapshot is always derived from the full set by ``targets_from_slices``, so the
-store holds no routing logic of its own: what it adds is the Rust router's ordering
-(an applied slice becomes the most recently observed, so its copy of a pod wins).
+Events change it one slice at a time; a re-list replaces it whole. It holds no routing logic (the
+snapshot is ``targets_from_slices`` of the whole set); it adds the Rust router's order: an applied
+slice becomes the most recently observed, so its copy of a pod wins.
 """
 
 from __future__ import annotations
@@ -18,9 +17,7 @@ from discovery.targets import TargetSnapshot
 
 class SliceStore:
     """Slices by ``metadata.name``, oldest observation first; the snapshot is cached until a change.
-
-    The store keeps references to the mappings it is given; callers hand over fresh objects.
-    """
+    It keeps references to the mappings given: callers hand over fresh objects."""
 
     def __init__(self, settings: DiscoverySettings) -> None:
         self._settings = settings

@@ -22,8 +22,7 @@ class Target:
     quic_port: int
 
     grpc_endpoint: str = field(init=False, repr=False, compare=False)
-    """``ip:port`` (IPv6 as ``[ip]:port``), as the Rust router renders it; formatted once per
-    snapshot, not per connection (the access record, the live view and the logs all show it)."""
+    """``ip:port`` (IPv6 ``[ip]:port``) as the Rust router renders it; formatted per snapshot, not per connection."""
     quic_endpoint: str = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:

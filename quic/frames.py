@@ -1,10 +1,8 @@
 """Initial-packet frames (RFC 9000 sections 12.4 and 19) and CRYPTO stream reassembly.
 
-An Initial may only carry PADDING, PING, ACK, CRYPTO and CONNECTION_CLOSE; the router
-wants only the CRYPTO data, but walks every frame so a malformed payload is refused
-rather than half-read. Clients split, reorder and interleave CRYPTO data (Chrome's
-"chaos protection"), so the reassembler accepts any order, overlap and duplication,
-within a byte bound.
+Every frame is walked, not only CRYPTO, so a malformed payload is refused rather than half-read.
+Clients split, reorder and interleave CRYPTO data (Chrome's "chaos protection"), so the reassembler
+accepts any order, overlap and duplication, within a byte bound.
 """
 
 from __future__ import annotations
@@ -32,11 +30,8 @@ class FrameType(IntEnum):
 
 
 def walk_initial_frames(payload: bytes) -> Iterator[tuple[int, bytes]]:
-    """(offset, data) of every CRYPTO frame of a decrypted Initial payload, in order.
-
-    Skips PADDING, PING, ACK and transport CONNECTION_CLOSE; any other frame type is not
-    allowed in an Initial (RFC 9000 section 12.4) and raises QuicPacketError.
-    """
+    """(offset, data) of every CRYPTO frame of a decrypted Initial payload, in order; a frame type not
+    allowed in an Initial (RFC 9000 section 12.4) raises QuicPacketError."""
     n = len(payload)
     pos = 0
     while pos < n:
@@ -88,10 +83,8 @@ def _skip_ack(payload: bytes, pos: int, ecn: bool) -> int:
 class CryptoReassembler:
     """The Initial CRYPTO stream, rebuilt from pieces in any order, up to ``max_bytes``.
 
-    Bytes received twice must be equal (RFC 9000 section 2.2 lets a receiver refuse
-    otherwise): a conflict raises, so the router never routes on a ClientHello that the
-    pod, keeping the other copy, would read differently.
-    """
+    Bytes received twice must be equal (RFC 9000 section 2.2): a conflict raises, so the router never
+    routes on a ClientHello that the pod, keeping the other copy, would read differently."""
 
     __slots__ = ("_buf", "_max", "_ranges")
 

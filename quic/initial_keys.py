@@ -1,12 +1,9 @@
 """Initial packet protection for QUIC v1 (RFC 9001 section 5) and v2 (RFC 9369 section 3.3).
 
-Initial keys derive from public values (a per-version salt and the client's first DCID),
-so anyone on the path can open Initials: that is what lets the router read the SNI
-without terminating QUIC, and answer a refused client the way its server would.
-Keys are derived per flow and never cached: a cache keyed by spoofable DCIDs would
-only churn. Crypto is ``cryptography`` (AES-128-GCM, AES-ECB) and stdlib HMAC; a client Initial's
-keys and opening go through the optional C extension ``quic/_initial_protection.c`` (the same
-steps over libcrypto, with the ciphers fetched once) when the caller passes it as ``native``.
+Initial keys derive from public values (a per-version salt and the client's first DCID), so the
+router can read the SNI without terminating QUIC, and answer a refused client as its server would.
+Keys are derived per flow, never cached: a cache keyed by spoofable DCIDs would only churn. With
+``native`` the client side runs in C (``quic/_initial_protection.c``); the Python here is the reference.
 """
 
 from __future__ import annotations
@@ -68,9 +65,8 @@ class InitialKeys:
 
 @functools.cache
 def _expand_input(label: bytes, length: int) -> bytes:
-    """HKDF-Expand's only HMAC input for ``label``: the HkdfLabel (RFC 8446 section 7.1, empty
-    context) and the block counter 1. One block, since no Initial secret, key, IV or header
-    protection key is longer than SHA-256's output (RFC 5869 section 2.3: T(1) is the output)."""
+    """HKDF-Expand's only HMAC input: the HkdfLabel (RFC 8446 section 7.1, empty context) and counter 1.
+    One block: no Initial secret or key is longer than SHA-256's output (RFC 5869 section 2.3)."""
     if not 0 < length <= _SHA256_BYTES:
         raise ValueError(f"an Initial key is 1..{_SHA256_BYTES} bytes, not {length}")
     full = b"tls13 " + label
@@ -78,10 +74,9 @@ def _expand_input(label: bytes, length: int) -> bytes:
 
 
 def _sha256(data: bytes = b"") -> hashlib._Hash:
-    """SHA-256 as a Python-level constructor: given one, ``hmac.HMAC`` keys its own inner and outer
-    hashlib objects instead of calling OpenSSL's HMAC, which fetches the HMAC implementation from
-    the provider on every call (OpenSSL 3: most of an Initial key schedule's cost in the router,
-    where it runs with cold caches; and a keyed object can be copied per label)."""
+    """A Python-level SHA-256 constructor: with it ``hmac.HMAC`` keys its own (copyable) hashlib objects
+    instead of OpenSSL's HMAC, which on OpenSSL 3 fetches the implementation on every call: most of a
+    cold Initial key schedule's cost."""
     return hashlib.sha256(data)
 
 
@@ -104,8 +99,7 @@ _NATIVE_INPUTS = {
     for version, (key_label, iv_label, hp_label) in _LABELS.items()
     for direction in (b"client in", b"server in")
 }
-"""The C key schedule's constant inputs per version and direction (salt, then the HKDF-Expand
-inputs of the direction's secret, key, IV and header protection key), built once."""
+"""The C key schedule's constant inputs per (version, direction): salt, then the HKDF-Expand inputs."""
 
 CLIENT_KEY_INPUTS = {version: inputs for (version, direction), inputs in _NATIVE_INPUTS.items()
                      if direction == b"client in"}
@@ -123,8 +117,7 @@ def _initial_keys(
 
 
 def derive_initial_keys(version: int, original_dcid: bytes, direction: bytes) -> InitialKeys:
-    """The Initial key schedule in Python (``direction`` is ``b"client in"`` or ``b"server in"``):
-    the reference the C key schedule must agree with."""
+    """The Initial key schedule in Python (``direction``: ``b"client in"`` or ``b"server in"``), C's reference."""
     extractor = _EXTRACTORS.get(version)
     if extractor is None:
         raise QuicPacketError(f"no Initial keys for QUIC version 0x{version:08x}")
@@ -176,11 +169,8 @@ def decrypt_initial(
     datagram: bytes, header: LongHeader, keys: InitialKeys, largest_pn: int = -1,
     native: InitialProtection | None = None,
 ) -> tuple[int, bytes]:
-    """(packet number, plaintext payload) of the Initial ``header`` locates in ``datagram``.
-
-    ``largest_pn`` is the largest packet number already received in this space (-1 for
-    none). Header-protection and AEAD failures raise QuicPacketError. Opened in C with ``native``.
-    """
+    """(packet number, payload) of the Initial ``header`` locates; ``largest_pn``: the largest received
+    so far (-1: none). Header-protection and AEAD failures raise QuicPacketError. In C with ``native``."""
     if native is None or not -1 <= largest_pn < _PN_LIMIT:
         return open_initial(datagram, header, keys, largest_pn)
     pn_offset, end = _sample_room(datagram, header)
@@ -221,10 +211,7 @@ def open_initial(datagram: bytes, header: LongHeader, keys: InitialKeys, largest
 
 
 def packet_number_length(packet_number: int) -> int:
-    """Bytes needed to send ``packet_number`` when nothing was acknowledged yet.
-
-    RFC 9000 section 17.1: twice the distance to the largest acknowledged (none: -1).
-    """
+    """Bytes to send ``packet_number`` with nothing acknowledged yet (RFC 9000 section 17.1)."""
     for size in (1, 2, 3, 4):
         if packet_number < 1 << (8 * size - 1):
             return size
@@ -241,12 +228,8 @@ def encrypt_initial(
     token: bytes = b"",
     pn_length: int | None = None,
 ) -> bytes:
-    """A protected Initial packet carrying ``payload`` (frames).
-
-    The payload is extended with PADDING only as far as header protection needs a
-    sample; padding the datagram to 1200 bytes is the caller's business.
-    ``pn_length`` overrides the shortest packet number encoding (1-4 bytes).
-    """
+    """A protected Initial carrying ``payload`` (frames), padded only as far as header protection needs a
+    sample (padding the datagram to 1200 bytes is the caller's); ``pn_length`` overrides the shortest."""
     if version not in _SALTS:
         raise QuicPacketError(f"no Initial packets for QUIC version 0x{version:08x}")
     if len(dcid) > MAX_CID_LENGTH or len(scid) > MAX_CID_LENGTH:

@@ -1,22 +1,11 @@
-"""Reads the ClientHello (SNI, ALPN) out of a client's Initial datagrams, sans-IO.
+"""Reads the ClientHello (SNI, ALPN) out of a client's Initial datagrams, sans-IO; one per pending flow.
 
-One sniffer per pending UDP flow. The router feeds it the client's datagrams in
-arrival order and forwards them untouched once the SNI is known; the sniffer only
-decrypts copies. Clients split large ClientHellos over several Initial datagrams,
-which may arrive reordered or duplicated, coalesced with 0-RTT packets, or followed
-by junk; CRYPTO data may come in small shuffled pieces. All of that is handled here.
-
-Error policy, so that an off-path injector cannot kill a flow it does not own:
-
-* While the sniffer knows nothing (no Initial decrypted yet), a useless datagram raises:
-  :class:`NotInitial`, :class:`ShortInitial`, :class:`UnsupportedVersion` or a plain
-  :class:`QuicPacketError` (malformed, failed authentication).
-* Once the first Initial fixed the version and original DCID, useless datagrams (other
-  DCID or version, failed authentication, garbage) are ignored: ``feed`` returns None.
-* Errors inside authenticated data are fatal for the flow and always raise: a frame not
-  allowed in an Initial, CRYPTO beyond ``max_crypto_bytes`` (capped at the largest ClientHello
-  accepted, ``MAX_TLS_CLIENT_HELLO_BYTES``) or conflicting, and a bad ClientHello
-  (:class:`InvalidClientHello`, which wraps the ``ClientHelloError``).
+It opens copies (the caller forwards the datagrams untouched). Error policy, so an off-path injector
+cannot kill a flow it does not own: until an Initial has opened, a useless datagram raises
+(``NotInitial``, ``ShortInitial``, ``UnsupportedVersion``, ``QuicPacketError``); after that, datagrams of
+another DCID or version, failing authentication, or garbage are ignored (``feed`` returns None); errors
+inside authenticated data (a frame not allowed, CRYPTO over the bound or conflicting,
+``InvalidClientHello``) always raise: the flow is dead.
 """
 
 from __future__ import annotations
@@ -55,10 +44,9 @@ from wire.client_hello import (
 def sniff_first_payload(
     payload: bytes, max_crypto: int, native: InitialProtection | None
 ) -> tuple[str | None, tuple[str, ...], int] | None:
-    """The ClientHello facts (server name, ALPN, max_idle_timeout) of a flow's first opened Initial payload, in C
-    (``native``), when its CRYPTO frames hold a whole well-formed hello in order from offset 0 (the
-    usual case); None otherwise, or without ``native``: then ``InitialSniffer`` walks it the
-    reference way (``quic.frames``, ``wire.client_hello``), which also names whatever is wrong."""
+    """The ClientHello facts (server name, ALPN, max_idle_timeout) of a first opened Initial payload, read
+    in C when its CRYPTO frames hold a whole hello in order from offset 0; None otherwise or without
+    ``native`` (then ``InitialSniffer`` walks it the reference way, which names whatever is wrong)."""
     if native is None:
         return None
     return native.sniff_initial(payload, max_crypto, MAX_TLS_CLIENT_HELLO_BYTES)
@@ -82,10 +70,8 @@ class InvalidClientHello(QuicPacketError):
 
 
 class InitialSniffer:
-    """One per pending UDP flow: feed the client's datagrams in arrival order; returns the
-    ClientHelloInfo once the CRYPTO stream holds a complete ClientHello. With ``native``
-    (``quic.native.EXTENSION``) the keys, the opening and a usual hello are read in C; without it,
-    in Python (the reference)."""
+    """Fed a pending flow's client datagrams in arrival order, returns the ClientHelloInfo once complete.
+    With ``native`` (``quic.native.EXTENSION``) the keys, the opening and a usual hello are read in C."""
 
     def __init__(
         self,
@@ -202,8 +188,7 @@ class InitialSniffer:
         return payloads
 
     def _walk(self, payloads: list[bytes]) -> ClientHelloInfo | None:
-        """The reference reading: the payloads' CRYPTO frames into the reassembler, then the
-        ClientHello once the stream holds all of it."""
+        """The reference reading: CRYPTO frames into the reassembler, then the ClientHello once whole."""
         crypto = self._crypto
         if crypto is None:
             crypto = self._crypto = CryptoReassembler(self._max_crypto)

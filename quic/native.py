@@ -1,15 +1,9 @@
-"""The optional C extension of ``quic/`` (``quic/_initial_protection.c``): whether it is built, and
-the reading it offers.
+"""The optional C extension of ``quic/`` (``quic/_initial_protection.c``, over libcrypto): whether it is built.
 
-It parses v1/v2 long headers, derives client Initial keys, opens client Initials, and reads the
-ClientHello facts of a whole handshake message or of a usual first Initial payload, over OpenSSL's
-libcrypto. ``setup.py`` builds it when a C compiler and OpenSSL's headers are there. Nothing here
-decides whether it is used: each reading takes ``native`` (this module's ``EXTENSION``, or None
-for the Python reading, the reference) from its caller, and the router chooses once at start
-(``router.extensions``). The C path only ever answers what the Python reading would answer, or
-declines, and then the Python reading answers and names whatever is wrong
-(tests/quic/test_quic_initial_native.py, the fuzzer's ``initial_native`` and ``long_header_native``
-targets compare the two).
+Nothing here decides whether it is used: each reading takes ``native`` (``EXTENSION``, or None for the
+Python reading, the reference) from its caller; the router chooses once at start (``router.extensions``).
+The C only ever answers what the Python would, or declines, and then Python answers and names whatever
+is wrong (tests/quic/test_quic_initial_native.py and the fuzzer compare the two).
 """
 
 from __future__ import annotations
@@ -46,17 +40,15 @@ try:
     from quic import _initial_protection as _built
 
     EXTENSION: InitialProtection | None = _built
-    """The built extension, or None (no compiler or OpenSSL headers at install): a fact of the
-    install, not a switch; ``router.extensions`` decides whether the router uses it."""
+    """The built extension, or None: a fact of the install, not a switch (``router.extensions`` decides)."""
 except ImportError:
     EXTENSION = None
 
 
 @functools.cache
 def client_hello_parser(native: InitialProtection | None) -> Callable[[bytes], ClientHelloInfo]:
-    """``wire.client_hello.parse_client_hello``, read in C first when ``native`` is given: a
-    well-formed hello's facts come from C, anything C declines is walked (and named) in Python.
-    One function per reading, made once."""
+    """``wire.client_hello.parse_client_hello``, C first with ``native``: what C declines is walked (and
+    named) in Python. Made once per ``native``."""
     if native is None:
         return parse_client_hello
     facts = native.client_hello_facts

@@ -1,9 +1,8 @@
 """QUIC long/short header parsing (RFC 8999 invariants, RFC 9000 section 17, RFC 9369).
 
-Sans-IO and read-only: bytes in, a small immutable fact out. The router never terminates
-QUIC, so it only needs what the invariants and the v1/v2 Initial layout expose in the
-clear: version, connection IDs, token, and where each coalesced packet ends. Every read
-is bounds-checked; untrusted input can only raise :class:`QuicPacketError`.
+The router never terminates QUIC, so it reads only what is in the clear: version, connection IDs,
+token, and where each coalesced packet ends. Every read is bounds-checked; untrusted input can only
+raise :class:`QuicPacketError`.
 """
 
 from __future__ import annotations
@@ -41,10 +40,7 @@ class QuicPacketError(ValueError):
 
 
 class UnsupportedVersion(QuicPacketError):
-    """A long header of a version other than v1/v2: answer with Version Negotiation.
-
-    Carries the client's connection IDs so the caller can build the VN packet directly.
-    """
+    """A long header of a version other than v1/v2: answer Version Negotiation (it carries the CIDs)."""
 
     def __init__(self, version: int, dcid: bytes = b"", scid: bytes = b"") -> None:
         super().__init__(f"unsupported QUIC version 0x{version:08x}")
@@ -85,9 +81,8 @@ def packet_type_bits(version: int, packet_type: PacketType) -> int:
 
 
 class LongHeader(NamedTuple):
-    """The cleartext part of one long-header packet, positioned inside its datagram. A named
-    tuple, not a frozen dataclass: it is built once per new flow's datagram, and a tuple is built
-    in one C call where a frozen dataclass sets each field through ``object.__setattr__``."""
+    """The cleartext part of one long-header packet, positioned inside its datagram. A NamedTuple, not a
+    frozen dataclass: built per new flow's datagram in one C call, not one ``__setattr__`` per field."""
 
     version: int
     packet_type: PacketType | None
@@ -97,11 +92,9 @@ class LongHeader(NamedTuple):
     token: bytes
     """Initial only, else b""."""
     header_length: int
-    """Offset in the datagram of the (protected) packet number; for VN/Retry/unknown
-    versions, of the first byte after the SCID."""
+    """Offset of the (protected) packet number; for VN/Retry/unknown versions, of the byte after the SCID."""
     packet_length: int
-    """Bytes of this packet (header + the Length field's payload); for Retry, VN and
-    unknown versions the rest of the datagram."""
+    """Bytes of this packet (header + Length's payload); for Retry, VN, unknown versions the datagram's rest."""
     offset: int = 0
     """Offset in the datagram of this packet's first byte (non-zero when coalesced)."""
 
@@ -144,9 +137,8 @@ def is_long_header(datagram: bytes) -> bool:
 
 
 def parse_long_header(datagram: bytes, offset: int = 0, native: InitialProtection | None = None) -> LongHeader:
-    """Parse the long header starting at ``offset``; QuicPacketError if malformed. With ``native``
-    (``quic.native.EXTENSION``) a usual v1/v2 header is read in C (one call, no varint or slice
-    objects: this runs once per new flow, cold); anything it declines is read here, which names the fault."""
+    """The long header at ``offset``; QuicPacketError if malformed. With ``native`` a usual v1/v2 header is
+    read in C (one call per new flow); what C declines, ``read_long_header`` reads and names the fault."""
     if native is not None and (fields := native.long_header(datagram, offset)) is not None:
         version, bits, dcid, scid, token, header_length, packet_length = fields
         packet_type = (_V2_TYPES if version == QUIC_V2 else _V1_TYPES)[bits]
@@ -155,8 +147,7 @@ def parse_long_header(datagram: bytes, offset: int = 0, native: InitialProtectio
 
 
 def read_long_header(datagram: bytes, offset: int = 0) -> LongHeader:
-    """``parse_long_header``'s reading in Python: the reference the C parse must agree with, and
-    what names whatever is wrong."""
+    """``parse_long_header`` in Python: the reference the C must agree with, and what names the fault."""
     n = len(datagram)
     if offset < 0 or offset + _LONG_HEADER_MIN > n:
         raise QuicPacketError("truncated long header")
@@ -201,13 +192,11 @@ def _cid(data: bytes, pos: int, known: bool, what: str) -> tuple[bytes, int]:
 def iter_long_headers(
     datagram: bytes, first: LongHeader | None = None, native: InitialProtection | None = None
 ) -> Iterator[LongHeader]:
-    """Every coalesced long-header packet of a datagram (RFC 9000 section 12.2).
+    """Every coalesced long-header packet of a datagram (RFC 9000 section 12.2); ``first``: the first, if parsed.
 
-    A malformed first packet raises QuicPacketError. Iteration stops quietly at a short
-    header, at padding/junk that does not parse, and after a packet that runs to the end
-    of the datagram (Retry, VN, unknown versions): receivers discard such trailing bytes.
-    ``first`` is ``parse_long_header(datagram)`` when the caller has it already (not parsed twice).
-    """
+    A malformed first packet raises QuicPacketError. Iteration stops quietly (receivers discard such bytes)
+    at a short header, at junk that does not parse, and after a packet running to the datagram's end
+    (Retry, VN, unknown versions)."""
     header = parse_long_header(datagram, 0, native) if first is None else first
     while True:
         yield header
@@ -222,9 +211,8 @@ def iter_long_headers(
 
 
 def long_header_scid(datagram: bytes) -> bytes | None:
-    """The SCID of a v1/v2 long header, read by the invariants alone (RFC 8999 section 5.1: the
-    DCID length at byte 5, the SCID's length after the DCID); None for anything else. What a pod's
-    long header teaches about its connection IDs, without building a ``LongHeader``."""
+    """The SCID of a v1/v2 long header by the invariants alone (RFC 8999 section 5.1), None for anything
+    else: a pod's connection ID without building a ``LongHeader``."""
     n = len(datagram)
     if n < _LONG_HEADER_MIN or not datagram[0] & LONG_FORM:
         return None
@@ -240,12 +228,9 @@ def long_header_scid(datagram: bytes) -> bytes | None:
 
 
 def long_header_cids(datagram: bytes) -> tuple[bytes, bytes]:
-    """(DCID, SCID) of a long header by the invariants alone (RFC 8999 section 5.1), any version;
-    (b"", b"") for anything too short to hold them or not a long header. What tells one client
-    connection from another on a shared address, without building a ``LongHeader``. Each may be
-    up to 255 octets (the invariants'; a v1/v2 one over ``MAX_CID_LENGTH`` is malformed): callers
-    look flows up by them, and whatever they keep was read by ``parse_long_header`` or
-    ``router.udp.quic_lb.routable_cid``, which refuse one over 20."""
+    """(DCID, SCID) of any version's long header by the invariants (RFC 8999 section 5.1), telling connections
+    apart at a shared address; (b"", b"") if not one. Each may be up to 255 octets: look flows up by them,
+    but keep only what ``parse_long_header`` or ``router.udp.quic_lb.routable_cid`` read (at most 20)."""
     n = len(datagram)
     if n < _LONG_HEADER_MIN or not datagram[0] & LONG_FORM:
         return b"", b""

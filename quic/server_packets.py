@@ -1,10 +1,9 @@
 """Packets the router sends a QUIC client it refuses, shaped the way its server would.
 
-A client that names no known pod must learn why at once (not after a handshake
-timeout), so the router answers its Initial with a server Initial carrying a transport
-CONNECTION_CLOSE, or, for a version it cannot open, with Version Negotiation. Both are
-tiny next to the >= 1200-byte Initial that triggers them, so the router never
-amplifies; the caller still enforces "never more bytes than received" and a rate budget.
+A client that names no known pod learns why at once, not after a handshake timeout: a server
+Initial with a transport CONNECTION_CLOSE, or Version Negotiation for a version the router cannot
+open. Both are tiny next to the >= 1200-byte Initial that triggers them; the caller still enforces
+"never more bytes than received" and a rate budget.
 """
 
 from __future__ import annotations
@@ -48,13 +47,9 @@ def build_initial_close(
     scid: bytes | None = None,
     native: InitialProtection | None = None,
 ) -> bytes:
-    """A server Initial closing the connection the client's ``original_dcid`` opened (keys derived
-    in C with ``native``).
-
-    Protected with the server Initial keys of ``original_dcid``, addressed to the
-    client's SCID, from ``scid`` (default: QUIC_ROUTER_SCID_BYTES random bytes). Not
-    padded: CONNECTION_CLOSE is not ack-eliciting, so RFC 9000 14.1 does not require it.
-    """
+    """A server Initial under ``original_dcid``'s keys (in C with ``native``) closing that connection, to
+    the client's SCID from ``scid`` (default random). Not padded: CONNECTION_CLOSE is not ack-eliciting,
+    so RFC 9000 section 14.1 does not require it."""
     if scid is None:
         scid = secrets.token_bytes(QUIC_ROUTER_SCID_BYTES)
     payload = connection_close_frame(error_code, reason)
@@ -65,12 +60,9 @@ def build_initial_close(
 def build_version_negotiation(
     client_dcid: bytes, client_scid: bytes, versions: Iterable[int] = (QUIC_V1, QUIC_V2)
 ) -> bytes:
-    """Version Negotiation (RFC 9000 section 17.2.1) listing ``versions``.
-
-    The connection IDs are echoed swapped, at any invariant size (RFC 8999: up to 255
-    bytes, since the client's version may allow longer CIDs than v1). Unused first-byte
-    bits are random, with 0x40 set as RFC 9000 recommends (QUIC-bit-checking middleboxes).
-    """
+    """Version Negotiation (RFC 9000 section 17.2.1) listing ``versions``; the CIDs echoed swapped at any
+    invariant size (RFC 8999: up to 255 bytes, as the client's version may allow). Unused first-byte
+    bits are random, with 0x40 set as RFC 9000 recommends (QUIC-bit-checking middleboxes)."""
     if len(client_dcid) > 255 or len(client_scid) > 255:
         raise QuicPacketError("connection ID longer than 255 bytes")
     listed = tuple(versions)

@@ -1,30 +1,10 @@
-"""The access log: one line per TCP connection and per QUIC flow, written when it ends.
+"""The access log: one line per TCP connection and per QUIC flow, written when it ends (docs/operating.md).
 
-"What happened to this worker's connection?" must be answerable from the log alone, like
-HAProxy's tcplog line with its termination state. An edge opens an ``AccessRecord`` when a
-connection is accepted (or a QUIC flow's first Initial arrives), fills in what it learns
-(hostname, pod, the decision time, byte counts) and hands it to ``AccessLog.end`` with the
-outcome (the counter's label) and a ``Termination`` (who ended it and how). ``end`` counts
-the termination and the duration in Prometheus, drops the record from the live view and
-writes the line through the process logging (``--log-format text|json``) at info:
-
-    {"ts":..., "level":"info", "logger":"router.access", "msg":"access", "event":"access",
-     "protocol":"h2c", "client":"10.0.0.7:53114", "hostname":"stargate-0.stargate.external",
-     "pod":"stargate-0", "pod_address":"10.1.2.3:50051", "outcome":"completed",
-     "termination":"client_close", "bytes_client_to_pod":812, "bytes_pod_to_client":1405,
-     "duration_ms":51.2, "decision_us":140}
-
-An accepted connection's line, the one per connection, is rendered straight from the record's
-``values`` by ``render_text_line``/``render_json_line`` when the router's handler alone writes it (no
-dict, no LogRecord); tests hold those to the formatters' bytes.
-
-What one client can make the router write is bounded: the only client text a line carries, its
-``hostname``, is cut at ``LOG_FIELD_MAX_CHARS`` when the edge records it (marked with how much was
-cut), and no character of it that a terminal acts on goes out raw (``logging_setup``). Lines of accepted connections
-(outcome ``completed`` or ``relay_error``) have a budget of ``ACCESS_LOG_LINES_PER_S`` per process;
-lines of rejected ones pass the rejection rate limiter. A line either budget holds back is counted in
-``log_lines_dropped_total{log="access"}``, and the next line written says how many were
-(``suppressed``). The metrics are counted either way, also with ``--access-log off``.
+A connection's fate must be answerable from the log alone, like HAProxy's tcplog. The metrics count
+every end, also with ``--access-log off``; only lines are budgeted (accepted ones ``ACCESS_LOG_LINES_PER_S``
+per process, rejected ones the rejection limiter), and the next line written says how many were held back.
+A client's only text in a line, ``hostname``, is cut at ``LOG_FIELD_MAX_CHARS`` by the edge and never
+carries a character a terminal acts on raw (``logging_setup``).
 """
 
 from __future__ import annotations
@@ -47,13 +27,9 @@ ACCEPTED_OUTCOMES: Final = frozenset({GrpcOutcome.COMPLETED, GrpcOutcome.RELAY_E
 """Outcomes of a connection that reached its pod: their lines have the access log's own budget."""
 
 def render_text_line(head: str, ts: str, values: LineValues) -> str:
-    """An accepted connection's text line, byte for byte ``render_text``'s, in one f-string (the
-    generic formatter's dict, dispatch per field and join cost more than the rest of ``end``).
-
-    ``head`` is ``text_head(logger name)``. ``protocol``, ``outcome`` and ``termination`` are written
-    bare: ``end`` found them among the enums' values (plain ``[a-z0-9_]`` words) before calling; the
-    four free strings are checked for quoting with one scan, and quoted one by one only if needed.
-    """
+    """An accepted connection's text line, byte for byte ``render_text``'s (tests pin it), in one f-string:
+    the generic formatter costs more than the rest of ``end``. ``protocol``, ``outcome`` and ``termination``
+    go bare, so they must be enum values (plain ``[a-z0-9_]`` words); ``head`` is ``text_head(logger name)``."""
     protocol, client, hostname, pod, pod_address, outcome, termination, up, down, duration, decision = values
     texts: tuple[object, ...] = (client, hostname, pod, pod_address)
     if "" in texts or needs_quotes(f"{client}{hostname}{pod}{pod_address}"):  # else all four are bare
@@ -67,9 +43,8 @@ def render_text_line(head: str, ts: str, values: LineValues) -> str:
 
 
 def render_json_line(head: str, ts: str, values: LineValues) -> str:
-    """An accepted connection's JSON line, byte for byte ``render_json``'s (same string escaping,
-    ``repr`` of numbers), in one f-string; ``head`` is ``json_head(logger name)``, and the enum
-    values are plain words as in ``render_text_line``."""
+    """An accepted connection's JSON line, byte for byte ``render_json``'s (same escaping, ``repr`` of numbers);
+    ``head`` is ``json_head(logger name)``, the enum values bare as in ``render_text_line``."""
     protocol, client, hostname, pod, pod_address, outcome, termination, up, down, duration, decision = values
     return (
         f'{{"ts":"{ts}{head}{protocol!s}","client":{json_string(client)},"hostname":{json_string(hostname)}'

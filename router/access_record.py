@@ -1,9 +1,6 @@
 """One connection's or flow's access record: what the router knows about it while it lives.
 
-An edge opens an ``AccessRecord`` when a connection is accepted (or a QUIC flow's first Initial
-arrives) and fills in what it learns; the live view (``live_view``) lists the records that live,
-and the access log (``access_log``) ends each one with its outcome and termination and writes its
-line from ``AccessRecord.values``. Its own module, so both read it without importing each other.
+Its own module so that ``live_view`` and ``access_log`` both read it without importing each other.
 """
 
 from __future__ import annotations
@@ -26,9 +23,8 @@ ACCESS_MESSAGE: Final = "access"
 class AccessRecord:
     """What the router knows about one connection or flow; the live view reads it while it lives.
 
-    Byte counts are what the client sent (including the bytes read to find the hostname) and
-    what it was sent (including anything the router itself answered). While a relay runs,
-    ``probe`` adds its live counts and last activity, so a long stream shows them growing.
+    Byte counts include the bytes peeked for the hostname and the router's own answers; while a relay
+    runs, ``probe`` adds its live counts, so a long stream shows them growing.
     """
 
     protocol: ProtocolLabel
@@ -66,8 +62,7 @@ class AccessRecord:
         self.probe = None
 
     def values(self, outcome: Outcome, termination: Termination, now: float) -> LineValues:
-        """The access line's values after ``event``, in the line's order (one computation for the
-        dict of the generic path and the access renderers alike)."""
+        """The access line's values after ``event``, in the line's order (for the renderers and ``fields``)."""
         up, down = self.bytes_client_to_pod, self.bytes_pod_to_client
         if self.probe is not None:  # a relay still running (a drain's cut): its live counts too
             up, down, _last = self.current()

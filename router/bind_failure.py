@@ -1,10 +1,7 @@
 """A listener that cannot bind: one line naming its flag, its address and why, then exit 2.
 
-The kernel says why in an errno; an operator reads words. ``REASONS`` maps the errnos an
-operator meets at start (a port another process holds, an address this host does not have,
-a low port without the privilege) to short phrases; any other errno reads as the C library's
-text. ``binding`` wraps the call that binds one listener, in the router process and in the
-``--workers`` supervisor alike, so both say the same line.
+The kernel says why in an errno; an operator reads words. The router process and the ``--workers``
+supervisor both bind through ``binding``, so both say the same line.
 """
 
 from __future__ import annotations
@@ -36,9 +33,8 @@ def reason(error: OSError) -> str:
 
 
 class BindFailure(ConfigError):
-    """A listener could not bind its flag's address. A ``ConfigError`` (the message starts with the
-    flag; the CLI prints it as one line and exits 2): the fix is the flag's value or the host's
-    state, and restarting the same process cannot help."""
+    """A listener could not bind its flag's address. A ``ConfigError`` (one line, exit 2) because the fix
+    is the flag's value or the host's state: restarting the same process cannot help."""
 
     def __init__(self, flag: str, address: SocketAddress, error: OSError) -> None:
         super().__init__(f"{flag} {address}: {reason(error)}")

@@ -1,11 +1,8 @@
 """``stargate-router check``: print the routing table the router would serve, then exit.
 
-Like ``haproxy -c`` / ``nginx -t`` before a rollout: the router's own flags, validated by
-``router.config`` (same messages), then one read of the targets by the router's own rules — the
-endpoints file through discovery's file loader, or ONE LIST of the Service's EndpointSlices
-through the Kubernetes API (no watch), derived by ``targets_from_slices``. Any failure is one line
-on stderr naming the flag, the file or the API error, and exit status 2; the whole API exchange
-(client config, connect, LIST) is bounded by ``--connect-timeout-ms``, so ``check`` never hangs.
+Like ``haproxy -c`` / ``nginx -t`` before a rollout: the router's own flags and rules, then one read of
+the targets (the endpoints file, or ONE LIST of EndpointSlices, never a watch). Any failure is one line
+on stderr and exit 2; the whole API exchange is bounded by ``--connect-timeout-ms``, so ``check`` never hangs.
 """
 
 from __future__ import annotations
@@ -62,8 +59,7 @@ def _from_file(config: RouterConfig) -> tuple[TargetSnapshot, str]:
 
 
 async def _api_client(config: RouterConfig) -> Any:
-    """An ApiClient resolved as the router's discovery does: --kubeconfig, else in-cluster (when
-    ``KUBERNETES_SERVICE_HOST`` is set), else ``KUBECONFIG`` / ``~/.kube/config``."""
+    """An ApiClient resolved as the router's discovery does (--kubeconfig, in-cluster, ``KUBECONFIG``)."""
     from kubernetes_asyncio import client
 
     from discovery.kube_config import config_source, default_kubeconfig_missing, load_configuration
@@ -101,8 +97,7 @@ async def _list_slices(api_client: Any, config: RouterConfig) -> list[dict[str, 
 
 
 async def _from_kubernetes(config: RouterConfig) -> tuple[TargetSnapshot, str]:
-    """Load the client config and LIST, all within --connect-timeout-ms (so ``check`` never hangs
-    on a blackholed API server or a stuck kubeconfig exec plugin)."""
+    """Client config and LIST within --connect-timeout-ms (a blackholed API server or a stuck exec plugin)."""
     import aiohttp
 
     from discovery.kubernetes_source import KubeApiResponseError

@@ -1,8 +1,6 @@
 """``stargate-router``: run the router (flags as the Rust router's) or one of its subcommands.
 
-``stargate-router [flags]`` runs the router; ``stargate-router NAME ...`` runs the subcommand
-``NAME`` from ``SUBCOMMANDS``. Adding a subcommand is one entry there: ``--help`` lists it and
-``stargate-router NAME --help`` prints its description.
+Adding a subcommand is one entry in ``SUBCOMMANDS``: ``--help`` lists it and ``NAME --help`` describes it.
 """
 
 from __future__ import annotations
@@ -29,8 +27,8 @@ class Subcommand:
     description: str
     """What ``stargate-router NAME --help`` says the command does."""
     run: Callable[[argparse.ArgumentParser, list[str]], int]
-    """Gets a parser already named and described (add flags to it, then parse) and the arguments
-    after NAME; returns the exit status. Imports its module lazily so the router starts light."""
+    """``(parser named and described, arguments after NAME) -> exit status``; imports its module lazily,
+    so the router starts light."""
 
 
 def _run_demo(parser: argparse.ArgumentParser, argv: list[str]) -> int:
@@ -81,8 +79,7 @@ SUBCOMMANDS: dict[str, Subcommand] = {
 
 
 class _VersionAction(argparse.Action):
-    """``--version``: the ``build_info`` metric's ``version`` label (``router.app.version``),
-    looked up only when asked so running the router does not pay for it here."""
+    """``--version``: the ``build_info`` metric's ``version`` label, looked up only when asked (startup cost)."""
 
     def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
         super().__init__(
@@ -133,8 +130,8 @@ def _new_event_loop() -> asyncio.AbstractEventLoop:
 
 
 def run_router(config: RouterConfig, seat: WorkerSeat | None = None) -> int:
-    """Run one router process (a worker of ``seat``, or alone) until SIGTERM/SIGINT; returns its exit
-    status. A ``ConfigError`` found at start (a ``BindFailure`` among them) reaches ``main``, which says it."""
+    """Run one router process (a worker of ``seat``, or alone) until SIGTERM/SIGINT; returns its exit status.
+    A ``ConfigError`` found at start (``BindFailure`` too) propagates to ``main``, which says it."""
     from router.app import RouterApp
     from router.runtime import Runtime
 
@@ -146,8 +143,7 @@ def run_router(config: RouterConfig, seat: WorkerSeat | None = None) -> int:
 
 
 def announce_start_warnings(config: RouterConfig) -> None:
-    """One warning line naming every flag given that has no effect at L4, and why (``router.inert_flags``);
-    one more when PROXY headers are believed from every source (an explicit ``0.0.0.0/0``)."""
+    """Warn of flags given that have no effect at L4, and of PROXY headers believed from every source."""
     for warning in (config.inert.warning(), config.proxy_trust_warning()):
         if warning is not None:
             logging.getLogger("router.app").warning("%s", warning)
@@ -158,8 +154,7 @@ def _exit_status(exc: SystemExit) -> int:
 
 
 def _config_error(exc: ConfigError, seat: WorkerSeat | None) -> int:
-    """Say a configuration error in one line: on stderr, or (a worker) to the supervisor, which says
-    it once for all its workers."""
+    """One line on stderr, or (a worker) to the supervisor, which says it once for all its workers."""
     if seat is not None:
         report(seat, WorkerReport.CONFIG_ERROR, str(exc))
     else:

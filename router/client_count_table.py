@@ -1,28 +1,12 @@
 """Per-client counts that N worker processes share, laid out in one buffer: the pure part.
 
-``--workers N`` runs N processes behind one port, so a per-client limit must count a client once
-across all of them. The supervisor makes one shared memory file (``router.shared_client_limits``,
-which maps it and takes its lock); this module is the layout and the table over a ``memoryview``,
-with no IO, so it is tested on a ``bytearray``.
-
-Layout: a header (``TableLayout``), then one region per limit (TCP connections, QUIC flows). A
-region is ``capacity`` keys of 16 bytes, then one column of ``capacity`` unsigned 32-bit counts per
-worker. A worker only ever changes its own column; a client's count is the sum of the columns. So
-a worker that died holding slots is forgotten by zeroing its column (``clear_column``) when its
-replacement starts, and nothing else needs to know what it held.
-
-Open addressing with linear probing inside a window of ``window`` entries from the key's hash
-(multiply-shift by the table's random salt: a client cannot aim at another's entries, and
-consecutive addresses spread evenly). A key, once written, stays in its entry; an entry whose
-columns are all 0 is free to reuse for another key, and an all-zero key marks an entry never used.
-Keys are only ever written at or before the first never-used entry of their window, so a lookup
-stops there: every key is found, and is stored once. When an entry's count falls to 0 and the next
-entry is never used, both it and the free entries before it become never used again (no other key's
-probe passes them), so lookups stay short in a table that is mostly empty. A window whose every
-entry holds another client's slots is ``FULL``: the caller counts that client by itself
-(``SharedClientLimitTable``).
-
-The caller holds the table's lock around every call; nothing here is atomic on its own.
+A client must count once across ``--workers N`` (docs/architecture.md). Each worker changes only its own
+column of counts, so a dead worker is forgotten by zeroing its column. Linear probing within ``window``
+entries of a salted hash (a client cannot aim at another's entries). Invariants: a key stays in its entry
+(reusable once all its columns are 0); keys are written only at or before the first never-used (all-zero)
+entry of their window, so a lookup stops there; an entry becomes never-used again only when the next one
+is. A full window is ``FULL``: the caller counts that client alone. The caller holds the table's lock
+around every call; nothing here is atomic.
 """
 
 from __future__ import annotations

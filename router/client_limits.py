@@ -1,22 +1,9 @@
 """How much one client may hold at once: a count per client key, bounded by construction.
 
-Pure bookkeeping for ``--max-connections-per-client`` (TCP) and ``--max-quic-flows-per-client``
-(QUIC): an edge computes the client's key once (``client_key``), calls ``try_acquire`` when a
-connection or flow starts and ``release`` exactly once when it ends.
-
-The key is the client's IP address (after PROXY protocol, so the real client, not the
-balancer). IPv4 counts per address. IPv6 counts per /64: one host gets a whole /64 (SLAAC,
-privacy addresses, RFC 6177), so per-address counting would let a single client take 2^64
-slots just by changing its interface ID. An IPv4-mapped IPv6 address counts as its IPv4 one.
-
-Memory stays bounded with any number of distinct clients: an entry exists only while its
-count is above 0 (it leaves the table at 0), so the table never has more entries than open
-connections / flows, which the fd limit and ``QUIC_MAX_FLOWS`` + ``QUIC_MAX_PENDING_FLOWS``
-already bound. A limit of 0 means no limit and tracks nothing.
-
-With ``--workers N`` the counts live in a table the workers share
-(``router.shared_client_limits.SharedClientLimitTable``), so a client is counted once across
-them; both tables are a ``ClientCounts``, chosen once at start and passed to ``ClientSlots``.
+The key is the client's IP after PROXY protocol; IPv6 counts per /64, since one host gets a whole /64 and
+could otherwise take 2^64 slots by changing its interface ID (docs/security.md). An entry exists only while
+its count is above 0, so entries never outnumber open connections and flows, which are bounded already.
+A limit of 0 tracks nothing. With ``--workers N`` the ``ClientCounts`` is the workers' shared table.
 """
 
 from __future__ import annotations
@@ -29,11 +16,8 @@ IPV6_CLIENT_PREFIX = 64
 
 
 def client_key(host: str) -> str:
-    """The key a client is counted under: its IPv4 address, or its IPv6 /64; never raises.
-
-    A host that is not an IP address (it cannot come from a socket or a PROXY header, but a
-    caller may pass one) is its own key.
-    """
+    """The key a client is counted under: its IPv4 address (IPv4-mapped too), or its IPv6 /64; never raises.
+    A host that is not an IP address (no socket or PROXY header gives one) is its own key."""
     try:
         address = ipaddress.ip_address(host.partition("%")[0])
     except ValueError:
@@ -110,9 +94,8 @@ class ClientLimitTable:
 class ClientSlots:
     """Which owner (a TCP connection, a pending or routed QUIC flow) holds which client's slot.
 
-    An edge calls ``take`` when an owner starts, ``move`` when a pending flow becomes a routed
-    one, and ``release`` when an owner ends (any number of times: only the first gives the slot
-    back). Owners are compared by identity; the map holds only owners that hold a slot.
+    Owners are compared by identity; ``release`` may be called any number of times (only the first gives
+    the slot back), so a slot is never given back twice.
     """
 
     __slots__ = ("_held", "table")

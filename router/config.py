@@ -60,8 +60,7 @@ class RouterConfig:
     quic_cid_length: int | None
     accept_proxy_protocol: bool = c.DEFAULT_ACCEPT_PROXY_PROTOCOL
     proxy_protocol_trusted_cidrs: tuple[IPNetwork, ...] = c.DEFAULT_PROXY_PROTOCOL_TRUSTED_CIDRS
-    """The sources allowed to send a PROXY header; none by default, and at least one when
-    ``accept_proxy_protocol`` (``config_from_args`` refuses PROXY on without them)."""
+    """Sources allowed to send a PROXY header: none by default, and at least one when PROXY is on."""
     max_connections_per_client: int = c.DEFAULT_MAX_CONNECTIONS_PER_CLIENT
     max_quic_flows_per_client: int = c.DEFAULT_MAX_QUIC_FLOWS_PER_CLIENT
     access_log: bool = True
@@ -191,10 +190,8 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
 def config_from_args(
     argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None
 ) -> RouterConfig:
-    """Parse and validate; raise ``ConfigError`` (one line naming the flag) on any bad value.
-
-    Unknown flags make argparse exit 2 itself, which is the same contract.
-    """
+    """Parse and validate; ``ConfigError`` (one line naming the flag) on any bad value, and argparse exits 2
+    itself on unknown flags (the same contract)."""
     env = os.environ if environ is None else environ
     ns = build_parser().parse_args(argv)
     namespace = ns.target_namespace or env.get(c.TARGET_NAMESPACE_ENV, "")

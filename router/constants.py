@@ -1,14 +1,9 @@
-"""The router's own pinned values: its tunables, CLI defaults and metric names.
+"""The router's own pinned values: its tunables, CLI defaults and metric names, each with its reason.
 
-One source of truth, each value with the reason it has that value. The CLI defaults
-match the Rust ``stargate-k8s-router`` so this router is a drop-in replacement in the
-same Deployment; metric names match it so dashboards keep working (their label values are
-the enums of ``router/outcomes.py``; TLS alerts and gRPC status codes sit beside their codecs).
-A parser's limits live beside that parser instead (the peek, ClientHello and PROXY bounds in
-``wire/``, the CRYPTO and Initial bounds in ``quic/``), and protocol codes as enums in their codec
-(``wire.tls.TlsAlert``, ``wire.grpc.GrpcStatus``, ``quic.packet.QuicErrorCode``). It imports
-nothing from the project; ``wire/``, ``quic/`` and ``discovery/`` must not import it (or anything
-in ``router/``): ``tests/process/test_layering.py`` checks them."""
+CLI defaults and metric names match the Rust ``stargate-k8s-router``: a drop-in replacement whose
+dashboards keep working. A parser's limits live beside that parser (``wire/``, ``quic/``), protocol
+codes as enums in their codec. It imports nothing from the project, and ``wire/``, ``quic/`` and
+``discovery/`` must not import anything in ``router/`` (``tests/process/test_layering.py``)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,7 @@
 """``--debug-endpoints``: the live view's HTTP answers, for one router and for the supervisor.
 
-Off by default (the answers show client addresses): the paths are then not in the route table
-and answer 404 like any unknown path. The shapes are built by the pure ``router.live_view``;
-this module only adapts them to the probe listener (``router.health``). With ``--workers N``
-the supervisor asks every worker's private health port and merges the answers.
+Off by default because the answers show client addresses: the paths are then not routed at all (404).
+The shapes come from the pure ``router.live_view``; with ``--workers N`` the supervisor merges its workers'.
 """
 
 from __future__ import annotations
@@ -74,8 +72,7 @@ def router_routes(
 def _answers(
     results: list[tuple[int, bytes] | BaseException], well_formed: Callable[[object], bool]
 ) -> list[dict[str, Any]]:
-    """The workers' JSON answers; a worker that failed or answered garbage (not JSON, or not the
-    shape ``well_formed`` checks) is left out."""
+    """The workers' JSON answers; a worker that failed or answered garbage (not ``well_formed``) is left out."""
     out = []
     for result in results:
         if isinstance(result, tuple) and result[0] == HTTPStatus.OK:

@@ -1,12 +1,8 @@
 """The one choice between the optional C extensions and their pure-Python twins.
 
-``setup.py`` builds the C extensions where a C compiler (and, for the Initial protection, OpenSSL's
-headers) is there; ``is_built`` says which. Which ones the router uses is decided once, at start,
-by ``choose`` (what is built, minus what ``NO_EXTENSIONS_ENV`` / ``NO_IO_URING_ENV`` rule out),
-called by ``router.runtime`` alone, and the resulting ``Extensions`` is passed down in each edge's
-settings (which default to ``PYTHON``); nothing below flips a module-level switch. Both paths
-behave the same (the pure-Python one is the reference the C is tested against); they differ only
-in cost. Tests choose a path by the ``Extensions`` they pass (the suite's ``extensions`` fixture).
+Decided once at start (``choose``) and passed down in each edge's settings (default ``PYTHON``); nothing
+below flips a module-level switch, so tests pick a path by the ``Extensions`` they pass. Both paths behave
+the same (the pure-Python one is the reference the C is tested against); they differ only in cost.
 """
 
 from __future__ import annotations
@@ -29,8 +25,7 @@ TCP_PUMP_MODULE: Final = "router.tcp._relay"
 """The C byte pump of relayed TCP connections (``router/tcp/_relay.c``)."""
 
 INITIALS_MODULE: Final = "quic._initial_protection"
-"""The C reading of new QUIC flows' Initials and of ClientHellos (``quic/_initial_protection.c``;
-``quic.native.EXTENSION`` when built)."""
+"""The C reading of new QUIC flows' Initials and of ClientHellos (``quic/_initial_protection.c``)."""
 
 
 class NativeUnavailable(RuntimeError):
@@ -38,8 +33,7 @@ class NativeUnavailable(RuntimeError):
 
 
 def is_built(module: str) -> bool:
-    """Whether the extension ``module`` (``SPLICE_MODULE``, ``TCP_PUMP_MODULE``, ``INITIALS_MODULE``)
-    is importable: the one question of what this install built."""
+    """Whether the C extension ``module`` (one of the ``*_MODULE`` names) was built by this install."""
     try:
         importlib.import_module(module)
     except ImportError:
@@ -52,15 +46,13 @@ class Extensions:
     """Which optional C extensions this process uses (each field: C when set, Python when not)."""
 
     initials: InitialProtection | None = None
-    """``quic/_initial_protection.c``: a new QUIC flow's long header, Initial keys and opening, and
-    the ClientHello facts of QUIC Initials and of TLS over TCP."""
+    """``quic/_initial_protection.c``: new QUIC flows' Initials, and ClientHellos (QUIC and TLS over TCP)."""
     splice: bool = False
     """``router/udp/_splice.c`` moves established QUIC flows' datagrams."""
     tcp_pump: bool = False
     """``router/tcp/_relay.c`` pumps relayed TCP connections' bytes (and accepts and dials in batches)."""
     io_uring: bool = False
-    """The C splice sends a batch's datagrams for many pods in one ``io_uring_enter`` where the
-    kernel allows it (else one ``sendmmsg`` per flow)."""
+    """The C splice sends a batch for many pods in one ``io_uring_enter`` (else one ``sendmmsg`` per flow)."""
     parse_client_hello: Callable[[bytes], ClientHelloInfo] = field(init=False, repr=False, compare=False)
     """The ClientHello reading that goes with ``initials`` (``quic.native.client_hello_parser``)."""
 

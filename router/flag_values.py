@@ -1,8 +1,6 @@
 """One flag's value -> its typed value, or a ``ConfigError`` naming the flag.
 
-The pieces ``router.config`` (the router's flags) and ``router.inert_flags`` (the Rust router's
-flags without effect) build a ``RouterConfig`` from, and the error both raise: every bad value
-becomes one line naming its flag, which the CLI prints and turns into exit status 2.
+Every bad value becomes one line naming its flag, which the CLI prints before exiting 2.
 """
 
 from __future__ import annotations
@@ -22,12 +20,10 @@ class ConfigError(ValueError):
 
 
 CONFIG_ERROR_PREFIX = "stargate-router: error: "
-"""How the CLI's one stderr line for a ``ConfigError`` starts (as argparse's usage errors do); the
-``--workers`` supervisor knows its workers' such lines by it."""
+"""Starts the CLI's ``ConfigError`` line, as argparse's; the supervisor recognises its workers' by it."""
 
 CONFIG_ERROR_STATUS = 2
-"""The exit status after that line (argparse's for a usage error); the ``--workers`` supervisor does
-not restart a worker that exits so: the same flags would fail the same way."""
+"""Argparse's usage-error status; the supervisor never restarts a worker exiting so (same flags, same failure)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,10 +1,8 @@
 """The probe and scrape endpoint: ``/healthz`` and ``/livez``, ``/readyz``, ``/metrics`` on ``aiohttp.web``.
 
-Kubelet probes and Prometheus scrapes need one small request per connection, so the
-low-level ``web.Server`` serves a path table (adding a route is one entry) and every
-connection is bounded: its request head in size and time, its answer in time, and it
-closes after one answer. The router and the ``--workers`` supervisor share this server;
-only their route tables differ.
+Probes and scrapes need one small request per connection, so a low-level ``web.Server`` serves a path
+table and bounds every connection: its request head in size and time, its answer in time, one answer
+each. The router and the ``--workers`` supervisor share this server; only their route tables differ.
 """
 
 from __future__ import annotations
@@ -63,9 +61,7 @@ async def healthy() -> web.Response:
 
 
 LIVENESS_PATHS = ("/healthz", "/livez")
-"""Where liveness is asked: ``/healthz`` (ours, ``deploy/``) and ``/livez`` (the Rust router's chart).
-A handler running on the event loop answers, so a 200 proves the loop turns; a stuck loop answers
-nothing and the kubelet's probe times out."""
+"""``/healthz`` (ours) and ``/livez`` (the Rust router's chart); answered on the loop, so a 200 proves it turns."""
 
 
 def liveness_routes() -> dict[str, Route]:
@@ -83,9 +79,8 @@ ERROR_TEXT: Mapping[int, str] = {
 
 
 class _ProbeConnection(web.RequestHandler):
-    """aiohttp's HTTP/1.1 connection with today's bounds: a request head over
-    ``max_head_bytes`` or not complete within ``timeout_s`` is cut without an answer, and an
-    answer the client does not read within ``timeout_s`` is aborted."""
+    """aiohttp's HTTP/1.1 connection, bounded: a head over ``max_head_bytes`` or slower than ``timeout_s``
+    is cut unanswered, and an answer not read within ``timeout_s`` is aborted."""
 
     def __init__(
         self, manager: web.Server, *, max_head_bytes: int, timeout_s: float, errors: RateLimitedLog, **kwargs: Any,
@@ -163,8 +158,7 @@ class _BoundedServer(web.Server):
 
 
 class ProbeHttpServer:
-    """Serves a ``path -> Route`` table to GET and HEAD; the router and the ``--workers``
-    supervisor answer the same paths from different state, through the same HTTP handling."""
+    """Serves a ``path -> Route`` table to GET and HEAD (the router's and the supervisor's alike)."""
 
     def __init__(
         self, routes: Mapping[str, Route],
@@ -240,8 +234,7 @@ class HealthServer(ProbeHttpServer):
         return metrics_response(self._metrics.render())
 
     def respond(self, method: str, path: str) -> bytes:
-        """The answer's status line, content type and body as HTTP/1.1 text, for tests that
-        check an answer without a socket (e.g. the deploy manifests' probe paths)."""
+        """The answer as HTTP/1.1 text (status line, content type, body), for tests without a socket."""
         response = asyncio.run(self.answer(method, path))
         body = response.body if isinstance(response.body, bytes) else b""
         head = (

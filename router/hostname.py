@@ -1,16 +1,9 @@
 """Hostname template matching: ``{pod_name}.stargate.external`` <-> ``stargate-0``.
 
-Stricter than the Rust matcher, which took whatever sat between prefix and suffix: here
-the pod name must be exactly one DNS-1123 label, so ``x.stargate-0.stargate.external``,
-an IP literal, userinfo (``a@b``), NUL or non-ASCII never name a pod. Matching never
-raises on input: any hostname either yields a valid label or None ("unknown name").
-Nor does it hold any: a text longer than the longest authority that may name a pod (a 253-octet
-name, its trailing dot, ``:`` and a port of at most 5 digits) is refused before anything reads or
-remembers it, whichever way it came (h2c ``:authority``, TLS or QUIC SNI).
-
-Punycode labels (``xn--...``) are valid ASCII DNS-1123 labels and are accepted as they
-are (not decoded): Kubernetes pod names may legally have that form, and the lookup in the
-snapshot decides whether such a pod exists.
+The pod name must be exactly one DNS-1123 label, so a deeper name, an IP literal, userinfo, NUL or
+non-ASCII never name a pod (docs/security.md). Matching never raises: a hostname yields a valid label or
+None. A text longer than any authority that may name a pod (``MAX_AUTHORITY_LENGTH``) is refused before
+anything reads or remembers it. Punycode labels are taken undecoded: pod names may have that form.
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """The Rust router's flags that an L4 router accepts but cannot act on, and the warning naming them.
 
-The Rust ``stargate-k8s-router`` terminates TLS and QUIC, so its chart passes a certificate,
-a key, ``--quic-insecure``, an upstream CA for WebTransport and a QUIC keep-alive period. This
-router ends neither: the worker's TLS or QUIC session reaches the pod, the router holds no
-certificate and cannot send a PING inside an encrypted QUIC connection. The flags are parsed
-(``router.config``) so the chart's args run unchanged, and never silently: the start output
-names every one given away from its default, with the reason (``warning``).
+The Rust router terminates TLS and QUIC; this one ends neither, so it holds no certificate and cannot
+PING inside encrypted QUIC. The flags are parsed so the chart's args run unchanged, but never silently:
+the start output names every one given away from its default, with the reason.
 """
 
 from __future__ import annotations
@@ -24,8 +21,7 @@ NO_PING_REASON = (
     "the router cannot send PINGs inside encrypted QUIC: the tunnel's endpoints' QUIC keep-alive "
     "keeps an idle tunnel open"
 )
-"""Why ``--relay-keep-alive-ms`` changes nothing (docs/coming-from-rust.md, "What behaves differently
-under the chart")."""
+"""Why ``--relay-keep-alive-ms`` changes nothing (docs/coming-from-rust.md)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,7 +65,7 @@ class InertFlags:
 
 
 def add_inert_flags(p: argparse.ArgumentParser) -> None:
-    """The Rust router's certificate and keep-alive flags: accepted, no effect at L4 (``router.inert_flags``)."""
+    """The Rust router's certificate and keep-alive flags: accepted, no effect at L4."""
     add = p.add_argument
     add("--tls-cert-path", default=None, help=f"accepted, no effect: TLS ends at the pod (env {c.TLS_CERT_PATH_ENV})")
     add("--tls-key-path", default=None, help=f"accepted, no effect: the router holds no key (env {c.TLS_KEY_PATH_ENV})")

@@ -1,18 +1,8 @@
 """The live view behind ``--debug-endpoints``: what the router thinks the pods are, and who is connected.
 
-Like HAProxy's ``show sess`` and Envoy's admin ``/clusters``, answered from the process's own
-state with no debugger. Pure on purpose (no sockets, time passed in): the edges list an
-``AccessRecord`` here while its connection or flow lives, and the health listener turns
-``LiveConnections.view`` and ``targets_view`` into JSON. With ``--workers N`` the supervisor
-merges its workers' answers with ``merge_connections`` and ``merge_targets``.
-
-Shapes (documented in docs/operating.md, "The live view"):
-
-    GET /debug/targets -> {"source": "kubernetes"|"file", "ready": bool, "last_sync_age_s": float|null,
-                           "targets": [{"pod", "address", "grpc_port", "quic_port"}]}   sorted by pod
-    GET /debug/connections?limit=N -> {"total": int, "connections": [{"protocol", "client", "hostname",
-                           "pod", "age_s", "idle_s", "bytes_client_to_pod", "bytes_pod_to_client"}]}
-                           newest first; pending QUIC flows have "pod": null
+Like HAProxy's ``show sess``, answered from the process's own state. Pure (no sockets, time passed in);
+the shapes are documented in docs/operating.md ("The live view"). Bounded: a flood of flows costs it at
+most ``LIVE_VIEW_MAX_ENTRIES`` records, and a worker's malformed answer never makes a merge raise.
 """
 
 from __future__ import annotations
@@ -31,13 +21,11 @@ LIMIT_DEFAULT = 100
 LIMIT_MAX = 10_000
 """Largest ``?limit=``: about 2 MB of JSON, still quick to build on the event loop."""
 LIMIT_MAX_DIGITS = len(str(LIMIT_MAX))
-"""A longer ``?limit=`` is refused before it is converted: ``int()`` of thousands of digits costs
-quadratic time (Python refuses over 4,300 with ``ValueError``), and no valid limit has more."""
+"""A longer ``?limit=`` is refused unconverted: ``int()`` of thousands of digits costs quadratic time."""
 
 
 class LimitError(ValueError):
-    """A ``?limit=`` that is not a whole number from 1 to ``LIMIT_MAX``; its text is the one
-    line the client gets, naming the parameter."""
+    """A ``?limit=`` that is not a whole number from 1 to ``LIMIT_MAX``; its text is the client's answer."""
 
 
 class LiveConnections:
@@ -96,11 +84,8 @@ def connection_entry(record: AccessRecord, now: float) -> dict[str, Any]:
 
 
 def parse_limit(query: str) -> int:
-    """``limit`` from a query string: the default when absent; LimitError names the bounds.
-
-    Only ASCII digits, at most ``LIMIT_MAX_DIGITS`` of them: ``str.isdigit`` alone also says yes
-    to "²" (which ``int()`` refuses) and to "१" (which it takes), and no sign or space is a digit.
-    """
+    """``limit`` from a query string (the default when absent), else ``LimitError``. ASCII digits only:
+    ``str.isdigit`` alone also accepts "²" (which ``int()`` refuses) and "१" (which it takes)."""
     values = parse_qs(query, keep_blank_values=True).get("limit")
     if not values:
         return LIMIT_DEFAULT

@@ -1,11 +1,8 @@
 """Rejection logs that a flood cannot turn into a log flood.
 
-Every rejection is worth a line at info, but a slowloris or an Initial flood would then
-write one line per attempt. ``RateLimitedLog`` passes ``burst`` lines per second per
-logger and counts the rest; the next line that passes says how many were suppressed, and
-``dropped`` (a ``log_lines_dropped_total`` series) counts them for good. Metrics still count
-every event: the log is for reading, the counters are for totals. The access log holds the
-lines of accepted connections to a budget of its own (``ACCESS_LOG_LINES_PER_S``) with it.
+A slowloris or an Initial flood would otherwise write one line per attempt. Lines over the rate are
+counted (``dropped``) and the next line written says how many; metrics still count every event: the log
+is for reading, the counters are for totals.
 """
 
 from __future__ import annotations

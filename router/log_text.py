@@ -1,10 +1,8 @@
 """What a log line may carry of text a client can influence: escaped, quoted and clipped.
 
-A hostname, a peer's bytes read as text, an error's message: whatever a client sent reaches a log
-line only through here. No control, format or separator character goes out raw, in either format
-(each is written as its JSON escape), and a field is cut at ``LOG_FIELD_MAX_CHARS`` with a marker
-saying how much more there was. ``router.logging_setup`` renders lines with these; the access log's
-fast path (``router.access_log``) builds its lines with them directly.
+Whatever a client sent reaches a log line only through here: no control, format or separator character
+goes out raw in either format (each is written as its JSON escape), and a field is cut at
+``LOG_FIELD_MAX_CHARS`` with a marker saying how much more there was (docs/security.md).
 """
 
 from __future__ import annotations
@@ -23,9 +21,7 @@ UNSAFE_CHARACTERS: Final = (
     r"\U0001bca0-\U0001bca3\U0001d173-\U0001d17a\U000e0001\U000e0020-\U000e007f"  # Cf: bidi, invisible
     r"\ud800-\udfff"  # Cs: lone surrogates (no UTF-8 for them)
 )
-"""Characters no log line carries raw, as a regex class body: Unicode's Cc, Zl, Zp, Cf and Cs
-(``tests/process/test_logging_setup.py`` holds it to this Python's Unicode database). Each is
-written as its JSON escape."""
+"""Regex class of characters no line carries raw: Unicode's Cc, Zl, Zp, Cf, Cs (a test holds it to unicodedata)."""
 
 _TEXT_QUOTE_CHARS: Final = frozenset(' "=\\\t\r\n')
 """A text value containing one of these (or an unsafe character) is written as a JSON string literal."""
@@ -37,9 +33,8 @@ _NEEDS_QUOTES_ASCII: Final = re.compile(f"[{_QUOTE_CLASS}\\x00-\\x1f\\x7f]").sea
 
 
 def needs_quotes(text: str) -> re.Match[str] | None:
-    """Finds one of ``_TEXT_QUOTE_CHARS`` or an unsafe character in a text: a non-empty value's ``str()``
-    where it finds none is written bare (a compiled character class: faster than a set test per
-    character, and one call can scan several values joined; ``isascii`` is O(1))."""
+    """A match when ``text`` holds one of ``_TEXT_QUOTE_CHARS`` or an unsafe character; a non-empty value
+    with none is written bare. One call may scan several values joined."""
     return (_NEEDS_QUOTES_ASCII if text.isascii() else _NEEDS_QUOTES)(text)
 
 
@@ -90,9 +85,8 @@ def clip_optional(text: str | None) -> str | None:
 
 
 def text_value(value: object) -> str:
-    """A value as the text format writes it after ``key=``: ``str()``, quoted as a JSON string when
-    empty or holding a space, quote, ``=``, backslash, newline or other unsafe character
-    (``render_text``'s rule, which inlines it; tests hold the two together)."""
+    """A value as the text format writes it after ``key=``: bare, or a JSON string when empty or when
+    ``needs_quotes`` (``render_text`` inlines this rule; tests hold the two together)."""
     text = str(value)
     if not text or needs_quotes(text):
         return json_quoted(text)
@@ -100,8 +94,7 @@ def text_value(value: object) -> str:
 
 
 def json_string(value: str | None) -> str:
-    """A ``str`` or None as the JSON format writes it, without the encoder's per-call set-up (the same
-    C escaping function ``_JSON`` uses for strings, then ``json_quoted``'s escapes)."""
+    """A ``str`` or None as the JSON format writes it (``_JSON``'s escaping), without the encoder's set-up."""
     if value is None:
         return "null"
     quoted = encode_basestring(value)  # json_quoted, inlined: four calls per access line

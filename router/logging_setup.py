@@ -1,17 +1,9 @@
 """Process-wide logging: one line per event on stderr, as ``text`` or ``json``.
 
-Log pipelines split on newlines, so neither format ever emits a raw newline: messages
-and tracebacks are escaped. Nor any other character a terminal, a log viewer or a line
-splitter may act on (``UNSAFE_CHARACTERS``: every control character, C0, DEL and C1; the
-line and paragraph separators; the invisible and bidirectional format characters; lone
-surrogates): a client's name cannot recolour, clear, retitle or reorder an operator's screen.
-Each is written as its JSON escape (``\u001b``), in JSON strings and in quoted text values
-alike, so the JSON format gives the original text back exactly. Fields passed with ``extra=``
-(``outcome``, ``hostname``, ``pod``, ``peer``, ``protocol``...) become JSON keys or
-``key=value`` pairs, so a rejection can be filtered by outcome without parsing the message.
-
-    text: 2025-01-02T03:04:05.678Z info router.tcp rejected outcome=unknown_authority pod=sg-9
-    json: {"ts":"2025-01-02T03:04:05.678Z","level":"info","logger":"router.tcp","msg":"rejected",...}
+Log pipelines split on newlines, and a client's name must not recolour, clear, retitle or reorder an
+operator's screen: no ``UNSAFE_CHARACTERS`` goes out raw, messages and tracebacks included. Each is
+written as its JSON escape, so the JSON format gives the original text back exactly. ``extra=`` fields
+become keys, so a rejection can be filtered by outcome without parsing the message.
 """
 
 from __future__ import annotations
@@ -56,8 +48,7 @@ _LEVEL_NAMES: Final[Mapping[int, str]] = MappingProxyType(
 )
 
 EVENT_FIELDS: Final = "_event_fields"
-"""``extra={EVENT_FIELDS: {...}}`` passes a line's fields as one dict (none may be ts, level, logger or
-msg): the access log's fast path, since scanning every record attribute cost more than the line."""
+"""``extra={EVENT_FIELDS: {...}}``: a line's fields as one dict, not named ts/level/logger/msg (no record scan)."""
 
 LOG_FLUSH_INTERVAL_S: Final = 0.02
 """On the loop, lines wait at most this long to be written together (see ``_RouterLogHandler``)."""
@@ -115,8 +106,7 @@ def _level_name(record: logging.LogRecord) -> str:
 
 
 class EventFormatter(logging.Formatter):
-    """Both formats: the fields of one event, in a fixed order, rendered as one line by ``render``
-    (``render_json`` or ``render_text``: the only difference between the two formats)."""
+    """Both formats: one event's fields in a fixed order, rendered as one line by ``render``."""
 
     def __init__(self, render: Callable[[dict[str, object]], str], json_lines: bool) -> None:
         super().__init__()
@@ -187,10 +177,8 @@ def text_formatter() -> EventFormatter:
 class _RouterLogHandler(logging.StreamHandler[TextIO]):
     """The handler ``configure_logging`` installs; found and replaced on the next call.
 
-    On the event loop's thread the lines of one loop iteration are flushed together right after
-    it: a busy router ends thousands of connections a second, and a ``write()`` per access line
-    (each waking whoever reads the log) cost more than the line itself. Anywhere else (before the
-    loop runs, other threads, at exit) a line is flushed at once, or with the batch already due.
+    On the loop's thread lines are flushed in batches (``LOG_FLUSH_INTERVAL_S``): a ``write()`` per access
+    line, each waking the log's reader, cost more than the line. Elsewhere a line is flushed at once.
     """
 
     def __init__(self, stream: TextIO, formatter: EventFormatter) -> None:
@@ -244,9 +232,8 @@ class _RouterLogHandler(logging.StreamHandler[TextIO]):
 
 
 def direct_writer(logger: logging.Logger) -> Callable[[str, Mapping[str, object]], None] | None:
-    """``write_event`` bound to ``logger``'s name when the installed router handler alone would write
-    its info lines (no other handler or filter on the way, such as pytest's capture); else None, and
-    the caller logs as usual."""
+    """``write_event`` bound to ``logger``'s name when the router handler alone would write its info lines
+    (no other handler or filter, such as pytest's capture); else None, and the caller logs as usual."""
     handler = direct_handler(logger)
     return None if handler is None else partial(handler.write_event, logger.name)
 
@@ -283,11 +270,8 @@ def _block_buffered_stderr() -> TextIO:
 def configure_logging(
     fmt: Literal["text", "json"], level: str, *, stream: TextIO | None = None
 ) -> None:
-    """Send every log event to ``stream`` (stderr) as one line; safe to call again.
-
-    A repeated call replaces the handler this function installed (so the format and
-    level can change) and leaves other handlers, such as pytest's, alone.
-    """
+    """Send every log event to ``stream`` (stderr) as one line; a repeated call replaces only the handler
+    this installed, leaving others (pytest's) alone."""
     number = parse_log_level(level)
     if fmt == "json":
         formatter = json_formatter()

@@ -1,13 +1,9 @@
 """The QUIC tables' bounds, sized at start to the container's memory limit (cgroup v2 ``memory.max``).
 
-The flow table's defaults are generous: 4,096 pending flows of ~52 KiB each at worst (a flood
-of Initials that never finish their ClientHello) and 65,536 established flows. Filled, they
-would take more than the 256 MiB the Rust router's chart gives its container, and the kernel
-would kill the router. So the router reads its cgroup's limit once at start and lowers each
-bound until the baseline plus both tables' worst case take at most ``MEMORY_USABLE_FRACTION``
-of it (per worker, when ``--workers N`` processes share it). No limit (``max``), or no cgroup v2,
-keeps the defaults; a bound is never raised above its default. ``bounds_for`` is the pure rule;
-``read_memory_limit`` is the one read of the file.
+Filled at their defaults the tables would outgrow a small container and the kernel would kill the
+router, so each bound is lowered until the baseline plus both tables' worst case fit
+``MEMORY_USABLE_FRACTION`` of the limit, split over ``--workers N``. No limit, or no cgroup v2, keeps
+the defaults; a bound is never raised above its default (docs/operating.md).
 """
 
 from __future__ import annotations
@@ -48,8 +44,7 @@ class MemoryBounds:
 
 
 def bounds_for(limit_bytes: int | None, workers: int = 1) -> MemoryBounds:
-    """The bounds whose worst case, with the baseline, fits ``MEMORY_USABLE_FRACTION`` of
-    ``limit_bytes`` split over ``workers``; the defaults when there is no limit."""
+    """The bounds for ``limit_bytes`` split over ``workers`` (the module's rule); no limit: the defaults."""
     if limit_bytes is None:
         return MemoryBounds(workers=workers)
     per_worker = limit_bytes * c.MEMORY_USABLE_FRACTION / max(1, workers)
@@ -100,8 +95,8 @@ def read_memory_limit(path: str) -> int | None:
 
 
 def bounds_at_start(workers: int = 1, environ: Mapping[str, str] | None = None) -> tuple[MemoryBounds, str]:
-    """The bounds for this process (one of ``workers`` sharing the limit) and the start line saying
-    what was chosen and why; an unreadable limit keeps the defaults."""
+    """This process's bounds (one of ``workers`` sharing the limit) and its start line; an unreadable
+    limit keeps the defaults."""
     env = os.environ if environ is None else environ
     path = memory_max_path(env)
     try:

@@ -1,11 +1,9 @@
 """Counter, gauge and histogram families whose series are plain numbers, exposed at scrape.
 
-prometheus_client's children take a lock and check that they are observable on every update:
-~0.5 us each, a dozen per connection, 7% of a new connection's CPU (bench/README). The router
-updates and scrapes its series on one thread, its event loop, so a number needs no lock. These
-families keep prometheus_client's API where the router uses it (``labels``, ``inc``, ``dec``,
-``set``, ``set_function``, ``observe``) and produce the same exposition, ``_created`` series
-included (``tests/process/test_metric_families.py`` compares them with prometheus_client's own).
+prometheus_client's children take a lock on every update (7% of a new connection's CPU,
+bench/README). The router updates and scrapes on one thread, its event loop, so a number needs no
+lock: never update these from another thread. API and exposition are prometheus_client's where the
+router uses them (``tests/process/test_metric_families.py`` compares the two).
 """
 
 from __future__ import annotations
@@ -87,8 +85,7 @@ S = TypeVar("S", CounterSeries, GaugeSeries, HistogramSeries)
 
 
 class _Family(Generic[S]):
-    """A named family of series, one per tuple of label values, registered as a collector: what it
-    is made of (``new_series``) and how it is exposed (``expose``) are given by the kind of family."""
+    """A named family of series, one per tuple of label values, registered as a collector."""
 
     def __init__(self, name: str, documentation: str, labelnames: Sequence[str], *, registry: CollectorRegistry,
                  new_series: Callable[[], S], expose: Callable[[_Family[S]], Metric]) -> None:

@@ -1,11 +1,8 @@
 """Prometheus families of the router, on its own registry, every series present at 0.
 
-The families are ``router.metric_families``' (plain numbers, no lock: the router updates and
-scrapes them on its event loop); the exposition is prometheus_client's.
-
-Dashboards and alerts divide rates of outcomes; a series that appears only after its
-first event makes those ratios jump from "no data" to a value, and hides rejections
-that never happened yet. So every declared label combination is created up front.
+The families hold plain numbers without a lock (``router.metric_families``): update them on the loop only.
+Every label combination is created up front: a series that appears at its first event makes
+dashboards' outcome ratios jump from "no data" and hides rejections that have not happened yet.
 """
 
 from __future__ import annotations
@@ -35,11 +32,8 @@ from router.outcomes import (
 
 
 class RouterMetrics:
-    """All metric families of one router process.
-
-    The QUIC listener's flows count in ``quic_connections_total``, or with ``webtransport`` (``--tunnel-protocol
-    webtransport``) in ``webtransport_sessions_total``, the Rust router's two families; both are exported.
-    """
+    """All metric families of one router process; QUIC flows count in ``quic_connections_total``, or
+    with ``webtransport`` in ``webtransport_sessions_total`` (both are exported, as by the Rust router)."""
 
     def __init__(
         self, version: str = "0.0.0", registry: CollectorRegistry | None = None, *, webtransport: bool = False
@@ -114,8 +108,7 @@ class RouterMetrics:
         self._zero_init()
 
     def _zero_init(self) -> None:
-        """Every series of every labelled family, at 0 before any traffic (one row per family:
-        the family and the label values it takes, in its label order)."""
+        """Every series of every labelled family, at 0 before any traffic (label values in label order)."""
         protocols = tuple(ProtocolLabel)
         families: tuple[tuple[Any, tuple[tuple[str, ...], ...]], ...] = (
             (self.grpc_connections, (TCP_PROTOCOLS, tuple(GrpcOutcome))),

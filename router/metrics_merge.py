@@ -1,22 +1,14 @@
 """Merge the Prometheus expositions of N worker processes into one (pure: text in, text out).
 
-With ``--workers N`` each process counts only the connections the kernel gave it, and
-Prometheus scrapes one port per pod. The supervisor fetches every worker's ``/metrics``
-and serves this merge, so dashboards see one router, exactly as with one process:
+With ``--workers N`` each process counts only its own connections; the supervisor serves this merge
+so dashboards see one router. Counters and histograms are summed per label set, ``*_created`` takes
+the minimum; gauges are summed, except those every process reports alike (``PER_PROCESS_IDENTICAL_GAUGES``,
+``PER_PROCESS_LIMIT_GAUGES``, ``*_info``: the maximum, so two workers never show twice the pods) and
+``OLDEST_WINS_GAUGES`` (the minimum).
 
-* counters and histograms (buckets, ``_sum``, ``_count``): summed per identical label set;
-* ``*_created`` samples: the minimum (the merged series exists since the oldest worker's);
-* gauges: summed (open connections, memory and fds add up), except those every process
-  reports identically: ``PER_PROCESS_IDENTICAL_GAUGES`` (ready pods, discovery age),
-  ``*_info`` families (constant 1 with labels) and ``PER_PROCESS_LIMIT_GAUGES``
-  (``process_max_fds``) take the maximum (two workers must not show twice the pods), and
-  ``OLDEST_WINS_GAUGES`` (``process_start_time_seconds``) the minimum.
-
-``cumulative_only=True`` keeps just what a dead worker leaves behind: its counters,
-histograms and ``_created`` samples, but no gauges (its open connections are gone). The
-supervisor adds that to the merge so the merged counters never go down when a worker
-restarts from zero; a drop would look like a counter reset to Prometheus, and ``rate()``
-would then count the survivors' whole totals as new traffic.
+``cumulative_only=True`` keeps what a dead worker leaves (counters, histograms, ``_created``; no
+gauges). The supervisor banks it so merged counters never go down when a worker restarts from zero:
+Prometheus would read the drop as a reset, and ``rate()`` the survivors' totals as new traffic.
 """
 
 from __future__ import annotations
@@ -103,11 +95,8 @@ def _parse(index: int, text: str) -> list[Metric]:
 
 
 def merge_expositions(texts: Sequence[str], *, cumulative_only: bool = False) -> bytes:
-    """One Prometheus text exposition (with HELP/TYPE) holding the merge of ``texts``.
-
-    Families and samples keep the order they first appear in, so merging identical
-    layouts (the normal case: every worker runs the same code) keeps the layout.
-    """
+    """One text exposition (with HELP/TYPE) merging ``texts``; families and samples keep the order
+    they first appear in, so identical layouts (every worker runs the same code) keep theirs."""
     families: dict[str, _MergedFamily] = {}
     for index, text in enumerate(texts):
         for family in _parse(index, text):

@@ -1,10 +1,7 @@
 """Label values of the router's metrics and log lines, as ``StrEnum``s so mypy catches a typo.
 
-The values are the Rust router's, so dashboards and alerts keep working; ``RouterMetrics``
-creates every combination at 0 from these enums before the first connection. A member is
-its label value (``str(GrpcOutcome.ACCEPTED) == "accepted"``), in metrics and in logs alike.
-``Termination`` (who ended a connection or flow) is this router's own: the access line's key
-and the ``terminations_total`` label.
+The values are the Rust router's, so its dashboards and alerts keep working; a member is its label
+value, in metrics and logs alike. ``Termination`` is this router's own (docs/metrics.md).
 """
 
 from __future__ import annotations
@@ -54,18 +51,15 @@ class QuicOutcome(StrEnum):
     CLIENT_LIMIT = "client_limit"
     """The client IP already held ``--max-quic-flows-per-client`` flows (not the Rust router's)."""
     JOINED = "joined"
-    """A flow opened for a connection routed elsewhere before (another replica, another worker), found
-    by its connection ID: the server ID its pod put there (``--quic-lb-server-id-bytes``) or the
-    workers' shared index (``--workers N``); not the Rust router's. Counted instead of ``accepted``:
-    summed over replicas and workers, ``accepted`` counts each connection once."""
+    """Opened by its connection ID for a connection routed elsewhere (replica, worker); not the Rust router's.
+    Counted instead of ``accepted``, so ``accepted`` summed over replicas and workers counts each once."""
     COMPLETED = "completed"
     RELAY_ERROR = "relay_error"
 
 
 class WebTransportOutcome(StrEnum):
-    """Value of ``outcome`` on the WebTransport session counter (the Rust router's names), which
-    counts the QUIC listener's flows under ``--tunnel-protocol webtransport``. Every ``QuicOutcome``
-    has a member of the same name, so a flow counts alike in either family."""
+    """Value of ``outcome`` on the WebTransport session counter (the Rust router's names); every
+    ``QuicOutcome`` has a member of the same name, so a flow counts alike in either family."""
 
     ACCEPTED = "accepted"
     MISSING_SNI = "missing_sni"
@@ -86,8 +80,7 @@ class WebTransportOutcome(StrEnum):
 
 
 QuicFlowOutcome = QuicOutcome | WebTransportOutcome
-"""The outcome a QUIC flow is counted (and its access line written) with, in the family the
-``--tunnel-protocol`` picks."""
+"""The outcome a QUIC flow is counted and logged with, in the family ``--tunnel-protocol`` picks."""
 
 
 class QuicDropReason(StrEnum):
@@ -144,8 +137,7 @@ class Termination(StrEnum):
     IDLE_TIMEOUT = "idle_timeout"
     """Nothing moved either way for ``--relay-idle-timeout-ms`` (a QUIC flow whose client set no idle timeout)."""
     QUIC_IDLE_TIMEOUT = "quic_idle_timeout"
-    """(QUIC) silent longer than its connection's own idle timeout (the client's ``max_idle_timeout``,
-    at least three PTOs): both ends have discarded it. A QUIC flow's normal end."""
+    """(QUIC) silent past its idle timeout (the client's, >= 3 PTOs): both ends have dropped it; the usual end."""
     DRAIN = "drain"
     """Still open when the drain after SIGTERM ran out (``--drain-timeout-ms``): cut."""
     DIAL_FAILED = "dial_failed"
@@ -157,19 +149,15 @@ class Termination(StrEnum):
     ROUTER_ERROR = "router_error"
     """The router failed on its side (an OS error that is no peer's reset, or a bug)."""
     HANDSHAKE_TIMEOUT = "handshake_timeout"
-    """(QUIC) routed, but not confirmed within ``--quic-handshake-timeout-ms``: its client never sent a
-    1-RTT packet to the pod's connection ID, or the pod never answered (``router.udp.handshake_watch``)."""
+    """(QUIC) routed, but not confirmed within ``--quic-handshake-timeout-ms`` (``router.udp.handshake_watch``)."""
     EVICTED = "evicted"
-    """(QUIC) routed but not confirmed yet, and the oldest such flow when the flow table was full: it
-    made room for a new one (a confirmed flow never does)."""
+    """(QUIC) the oldest unconfirmed flow when the table was full: it made room (a confirmed flow never does)."""
 
 
 class DroppedLog(StrEnum):
     """Value of ``log`` on the dropped log lines counter: the log whose budget held a line back."""
 
     ACCESS = "access"
-    """An access line (``router.access``): of an accepted connection over ``ACCESS_LOG_LINES_PER_S``, of a
-    rejected one over the rejection rate."""
+    """An access line over ``ACCESS_LOG_LINES_PER_S`` (a rejected connection's: over the rejection rate)."""
     REJECTION = "rejection"
-    """A refusal's line of the TCP or QUIC edge (``router.tcp_router``, ``router.udp_router``), over
-    ``REJECTION_LOG_LINES_PER_S``."""
+    """A refusal's line of the TCP or QUIC edge, over ``REJECTION_LOG_LINES_PER_S``."""

@@ -1,10 +1,8 @@
 """The one routing decision both edges call: a hostname names a pod, or the attempt is refused.
 
-Pure: (hostname, request path, snapshot, template, round-robin state) -> ``Target`` or
-``Refused``. The TCP edge passes the ``:authority`` or SNI and, for h2c, the first request's
-path; the QUIC edge passes the Initial's SNI and no path. How each refusal is answered in each
-protocol (outcome label, gRPC status, TLS alert, QUIC reason phrase) is the one table
-``REFUSAL_ANSWERS``, so the TCP and QUIC edges cannot drift apart.
+Pure: (hostname, path, snapshot, template, round-robin state) -> ``Target`` or ``Refused``. How
+each refusal is answered in each protocol is the one table ``REFUSAL_ANSWERS``, so the TCP and QUIC
+edges cannot drift apart.
 """
 
 from __future__ import annotations
@@ -118,12 +116,8 @@ def route(
     round_robin_paths: frozenset[str] = frozenset(),
     port_of: Callable[[Target], int],
 ) -> Target | Refused:
-    """The target ``hostname`` names, or why there is none.
-
-    A request whose ``path`` is a round-robin path and whose hostname names no routable pod
-    goes to any ready pod in turn (``round_robin`` None: never). ``port_of`` picks the port
-    the edge dials (gRPC or QUIC).
-    """
+    """The target ``hostname`` names, or why there is none; on a round-robin ``path``, a hostname that
+    names no routable pod goes to any ready pod in turn (``round_robin`` None: never)."""
     pod_name = template.pod_name_for(hostname) if hostname is not None else None
     target = snapshot.get(pod_name) if pod_name is not None else None
     if target is not None and 0 < port_of(target) <= c.MAX_PORT:

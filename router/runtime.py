@@ -1,17 +1,8 @@
 """What one router process decides once, at start, and passes down: its ``Runtime``.
 
-Each choice is made here and nowhere else, from the configuration, the environment and (with
-``--workers N``) the seat the supervisor handed down (``router.worker_seat``):
-
-- which optional C extensions both edges use (``router.extensions.choose``);
-- how large the QUIC tables may grow for the container's memory limit, shared by the workers
-  (``router.memory_bounds``);
-- where per-client limits are counted: this process's dict, or the workers' shared table
-  (``router.shared_client_limits``);
-- the workers' shared connection-ID index, with which a client that moves to another worker is
-  joined there (``router.udp.cid_index``).
-
-The edges and the app read these from the value; none of them reads the environment again.
+Each choice (C extensions, the QUIC tables' bounds, where per-client limits are counted, the
+workers' shared connection-ID index) is made here and nowhere else, from the configuration, the
+environment and the supervisor's seat; the edges and the app never read the environment again.
 """
 
 from __future__ import annotations

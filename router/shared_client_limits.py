@@ -1,26 +1,11 @@
-"""``--workers N``: per-client limits counted once across the workers, in a table they share.
+"""``--workers N``: per-client limits counted once across the workers, in a memfd they share.
 
-When a per-client limit is on, the supervisor makes one anonymous memory file per run
-(``create_table_file``: ``memfd_create``, sized and headed once) and passes it to every worker it
-starts, restarts included: the same fd number (``pass_fds``), named in its ``router.worker_seat``. It
-never touches the table again. A worker maps it (``client_counts``) and counts through
-``SharedClientLimitTable``, the ``ClientCounts`` the edges' ``ClientSlots`` take: each admission
-and release runs under an exclusive ``lockf`` of one byte per limit (TCP and QUIC never wait for
-each other) around the pure table of ``router.client_count_table``, which cannot block.
-
-The kernel drops a POSIX lock when its process dies, so a killed worker never leaves the table
-locked, and a worker killed inside a call leaves it consistent: each step is one store, and a key
-without counts is a free entry. The slots it held still count until its replacement starts and zeroes its column (the
-worker's index): a dead worker's slots come back when it is restarted.
-
-A client whose probe window is full (``CLIENT_TABLE_CAPACITY`` clients, or an unlucky window) is
-counted by the worker that sees it, as a lone process would: the limit then holds per worker.
-That is logged once per worker and limit.
-
-POSIX locks belong to the process, and closing any fd of the file drops them all: the worker is
-one thread, locks and unlocks around each call, and keeps its fd (and the map's) open for life.
-A process without a seat (``--workers 1``, the default) counts in its own dict
-(``ClientLimitTable``): no file, no lock, no system call.
+The supervisor makes the table once per run and passes it to every worker, restarts included
+(docs/architecture.md). Each admission and release runs under an exclusive ``lockf`` of one byte per
+limit around the pure, non-blocking ``router.client_count_table``. The kernel drops a dead process's
+POSIX locks and each table step is one store, so a killed worker leaves the table unlocked and
+consistent; its slots come back when its replacement zeroes its column. Closing ANY fd of the file
+drops all of the process's locks: a worker is one thread and keeps its fd and map open for life.
 """
 
 from __future__ import annotations
@@ -80,8 +65,7 @@ class SharedTableFile:
         """Shared and writable; never closed (its own fd would drop this process's locks)."""
 
     def counts(self, region: CountedRegion, limit: int) -> SharedClientLimitTable:
-        """The limit ``region`` counts, with this worker's column zeroed (what a dead worker in this
-        place held is given back)."""
+        """The limit ``region`` counts, this worker's column zeroed (what a dead predecessor held is given back)."""
         start = self.layout.region_offset(region)
         table = ClientCountTable(memoryview(self._map)[start:start + self.layout.region_bytes], self.layout)
         shared = SharedClientLimitTable(self.fd, table, region, self.column, limit)
@@ -183,9 +167,8 @@ class SharedClientLimitTable:
 def client_counts(
     tcp_limit: int, quic_limit: int, table_fd: int | None = None, column: int = 0
 ) -> tuple[ClientCounts, ClientCounts]:
-    """Where this process counts ``--max-connections-per-client`` and ``--max-quic-flows-per-client``:
-    the table the supervisor shares (``table_fd``, this worker's ``column``) for a limit that is on,
-    else its own. ``LayoutError`` when the descriptor holds no usable table."""
+    """Where this process counts its two per-client limits: the supervisor's table (``table_fd``, its
+    ``column``) for a limit that is on, else its own. ``LayoutError``: the fd holds no usable table."""
     if table_fd is None or not (tcp_limit or quic_limit):
         return ClientLimitTable(tcp_limit), ClientLimitTable(quic_limit)
     shared = SharedTableFile(table_fd, column)

@@ -1,7 +1,4 @@
-"""One worker process of ``--workers N``, as the supervisor sees it: the argv it starts with, the
-descriptors it is handed (``router.worker_seat``), its stderr cut into lines, how it ended, how long
-it may take to stop, the hook that ends it with the supervisor, and the slot it fills.
-"""
+"""One worker process of ``--workers N`` as the supervisor sees it: how it is started, watched, ended and replaced."""
 
 from __future__ import annotations
 
@@ -22,9 +19,8 @@ from router.worker_scrape import HostPort
 
 
 def worker_argv(argv: Sequence[str], grpc: SocketAddress, quic: SocketAddress) -> list[str]:
-    """The supervisor's argv with the overrides appended: argparse keeps the last value of a flag,
-    so this wins over any spelling (``--workers=4``, abbreviations) without rewriting argv. The
-    health port is not among them: a worker serves the socket its seat names."""
+    """The supervisor's argv with overrides appended: argparse keeps a flag's last value, so they win over
+    any spelling (``--workers=4``, abbreviations). The health port comes from the seat instead."""
     return [
         *argv,
         "--workers", "1",
@@ -34,8 +30,7 @@ def worker_argv(argv: Sequence[str], grpc: SocketAddress, quic: SocketAddress) -
 
 
 def private_health_socket() -> socket.socket:
-    """A worker's private ``/readyz`` and ``/metrics`` port: bound and listening on loopback by the
-    supervisor, so the supervisor knows its address without the worker saying it."""
+    """A worker's private ``/readyz`` and ``/metrics`` port, bound by the supervisor so no worker has to name it."""
     return socket.create_server((c.WORKER_HEALTH_HOST, 0))
 
 

@@ -1,9 +1,7 @@
 """The supervisor's view of its workers: ``/readyz`` and ``/metrics`` fetched over aiohttp.
 
-Each worker serves its own probe port on loopback (``router.health``); the supervisor asks
-them all concurrently, each answer bounded in time (``WORKER_PROBE_TIMEOUT_S``) and size
-(``WORKER_MAX_RESPONSE_BYTES``), so one stuck or broken worker costs a probe one timeout,
-never an unbounded buffer.
+Each answer is bounded in time (``WORKER_PROBE_TIMEOUT_S``) and size (``WORKER_MAX_RESPONSE_BYTES``):
+one stuck or broken worker costs a probe one timeout, never an unbounded buffer.
 """
 
 from __future__ import annotations

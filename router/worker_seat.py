@@ -1,24 +1,12 @@
 """What the ``--workers`` supervisor hands one worker: its place and the descriptors it made for it.
 
-A worker learns nothing about its siblings or its supervisor from text another process could write.
-Before it starts a worker the supervisor makes every channel itself and passes the descriptors down
-(``pass_fds``); one environment variable, ``WORKER_SEAT_ENV``, says which descriptor is which:
-
-- ``health``: a TCP socket the supervisor bound on loopback and listens on: the worker's private
-  ``/readyz`` and ``/metrics``. The supervisor knows the address because it bound it.
-- ``control``: the write end of a pipe only the supervisor reads: the worker says there that it has
-  bound its listeners, or the one line of a configuration error (``WorkerReport``). Its stderr is
-  logs, passed on as they are and never read for meaning: a rejected hostname is logged word for
-  word, so a client can write anything there.
-- ``cid_index``: the memfd the workers share the pod connection IDs their flows learned in, so a
-  client whose NAT rebinds onto another worker is joined to its pod there (``router.udp.cid_index``).
-- ``client_table``: the memfd the per-client limits are counted in (``router.shared_client_limits``).
-
-The memfds are made once per run and kept across restarts; no name in any namespace reaches them or
-the pipes, so no other process in the pod can read what the workers share or speak for one.
-
-The seat is read once at start (``seat_from_environ``); a malformed one is a ``SeatError`` (a
-``ConfigError``: one line, exit 2), never a silent single-process router among workers.
+A worker learns nothing about its siblings or supervisor from text another process could write: the
+supervisor makes every channel and passes the descriptors (``pass_fds``), ``WORKER_SEAT_ENV`` saying
+which is which: ``health`` (a loopback socket it bound), ``control`` (a pipe only it reads; stderr is
+logs, never read for meaning), ``cid_index`` and ``client_table`` (memfds kept across restarts). No
+name in any namespace reaches them, so no other process in the pod can read what the workers share or
+speak for one (docs/architecture.md#workers). A malformed seat is a ``SeatError`` (one line, exit 2),
+never a silent single-process router among workers.
 """
 
 from __future__ import annotations

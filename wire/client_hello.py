@@ -1,10 +1,8 @@
-"""Bounded TLS ClientHello walker, shared by TLS-over-TCP and QUIC Initial peeking.
+"""Bounded TLS ClientHello walker, shared by TLS-over-TCP and QUIC Initial peeking. Sans-IO.
 
-Sans-IO: one complete handshake message in, a small frozen fact out. The router only
-needs the SNI host_name (to pick a pod), ALPN (for logs) and, in a QUIC client's hello, the
-transport parameter ``max_idle_timeout`` (when a silent flow's connection must have ended),
-but it walks every field so that a malformed hello is refused rather than half-trusted. Untrusted input can only
-raise :class:`ClientHelloError`; every read goes through a bounds-checked reader.
+The router needs only the SNI host_name, ALPN (for logs) and a QUIC client's ``max_idle_timeout``, but it
+walks every field so that a malformed hello is refused rather than half-trusted. Untrusted input can only
+raise :class:`ClientHelloError`; every read is bounds-checked.
 """
 
 from __future__ import annotations
@@ -118,11 +116,8 @@ class _Reader:
 
 
 def client_hello_length(prefix: bytes) -> int | None:
-    """Total size (header + body) of the handshake message starting ``prefix``.
-
-    None until the 4-byte header is known. Lets a caller stop buffering at the exact end
-    of the hello and refuse an oversized claim before storing it.
-    """
+    """Total size (header + body) of the handshake message starting ``prefix``; None until its 4-byte
+    header is in. Lets a caller stop buffering at the hello's end and refuse an oversized claim before storing it."""
     if not prefix:
         return None
     if prefix[0] != HandshakeType.CLIENT_HELLO:

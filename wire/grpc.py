@@ -1,8 +1,4 @@
-"""The gRPC rejection encoder: a polite HTTP/2 answer that fails the client's first call.
-
-Sans-IO. Sent after ``EMPTY_SETTINGS_FRAME`` to a client the router will not route: SETTINGS
-ACK, a trailers-only gRPC response carrying grpc-status and grpc-message, then GOAWAY.
-"""
+"""The gRPC rejection encoder: a polite HTTP/2 answer that fails the client's first call. Sans-IO."""
 
 from __future__ import annotations
 
@@ -45,11 +41,8 @@ class GrpcStatus(IntEnum):
     UNAUTHENTICATED = 16
 
 def grpc_rejection(stream_id: int, grpc_status: int, message: str) -> bytes:
-    """SETTINGS ACK, a trailers-only gRPC response ending ``stream_id``, then GOAWAY.
-
-    Sent after EMPTY_SETTINGS_FRAME, so the client sees a complete, polite HTTP/2 server:
-    its call fails with ``grpc_status`` / ``message`` instead of a reset connection.
-    """
+    """SETTINGS ACK, a trailers-only gRPC response ending ``stream_id``, then GOAWAY: after EMPTY_SETTINGS_FRAME
+    the client sees a polite HTTP/2 server, and its call fails with ``grpc_status``, not a reset connection."""
     if not 0 < stream_id <= MAX_STREAM_ID:
         raise ValueError(f"stream id {stream_id} out of range")
     if not 0 <= grpc_status <= max(GrpcStatus):

@@ -1,10 +1,8 @@
 """h2c peek: the ``:authority`` and ``:path`` of the first request of a prior-knowledge stream.
 
-Sans-IO. grpcio clients send the preface, SETTINGS and WINDOW_UPDATE, then wait for the
-server's SETTINGS before sending HEADERS; so the router answers ``EMPTY_SETTINGS_FRAME``
-at once, reads frames up to the first complete header block, and forwards everything it
-read to the pod unchanged (``settings_ack`` hides the client's ACK of those SETTINGS).
-HPACK is decoded with ``hpack``, with a fresh decoder as the pod will use on the same bytes.
+Sans-IO. grpcio waits for the server's SETTINGS before its HEADERS, hence ``saw_preface`` (the router then
+sends ``EMPTY_SETTINGS_FRAME``). Every byte read goes to the pod unchanged, so HPACK is decoded with a fresh
+decoder, as the pod will decode the same bytes.
 """
 
 from __future__ import annotations

@@ -1,17 +1,9 @@
 """PROXY protocol v1 (text) and v2 (binary) header reader: who the client really is.
 
-Sans-IO. A Gateway or cloud balancer in front of the router opens every TCP connection
-with one PROXY header naming the client it accepted; then the client's own bytes follow.
-``ProxyHeaderReader.feed`` takes the stream's first bytes as they arrive (one byte at a
-time is fine), decides v1 or v2 from the first byte, and once the header is complete
-returns a ``ProxyHeader``; the bytes after it are in ``ProxyHeaderReader.remainder`` and
-are the client's first bytes (the TLS / h2c peek starts there).
-
-Bounded: a v1 line is at most 107 bytes (the spec's own limit), a v2 header at most 16
-bytes plus ``max_v2_block_bytes`` of address and TLV block, far below the 65,535 the
-length field allows. TLVs are skipped unread. ``LOCAL`` (the balancer's health check) and
-``UNKNOWN`` / ``AF_UNSPEC`` / ``AF_UNIX`` carry no usable client: their ``source`` is None
-and the socket's peer stands for the client. Bad input raises ``ProxyHeaderError`` only.
+Sans-IO. A balancer opens each TCP connection with one header naming the client; the client's own bytes
+follow (``ProxyHeaderReader.remainder``, where the peek starts). Bounded: a v1 line is at most 107 bytes, a
+v2 header 16 bytes plus ``max_v2_block_bytes``, far below the 65,535 its length field allows; TLVs are skipped
+unread. Bad input raises ``ProxyHeaderError`` only (docs/security.md).
 Spec: https://www.haproxy.org/download/2.9/doc/proxy-protocol.txt
 """
 
@@ -37,9 +29,7 @@ V2_VERSION = 2
 """High nibble of byte 13: the only binary version defined."""
 
 DEFAULT_MAX_V2_BLOCK_BYTES = 1024
-"""Address + TLV block cap: the largest address block (AF_UNIX, 216 bytes) plus room for the
-TLVs balancers send (ALPN, authority, unique ID <= 128, AWS/Azure/GCP endpoint IDs, SSL
-summary); a claim above it is refused before it is buffered, unlike the 65,535 allowed."""
+"""Address + TLV block cap: AF_UNIX's 216 bytes plus the TLVs balancers send; a larger claim is refused unbuffered."""
 
 PORT_MAX = 65_535
 """Largest TCP port a v1 header may name."""

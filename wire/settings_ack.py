@@ -1,8 +1,7 @@
 """The SETTINGS-ACK stripper: hides from the pod the client's ACK of the router's own SETTINGS.
 
-Sans-IO. The router answers the client's preface with ``EMPTY_SETTINGS_FRAME`` (see
-``wire.h2c``); the client acks it, but the pod never sent those settings, so exactly that
-one ACK frame is removed from the client->pod stream, wherever it falls in the chunks.
+Sans-IO. The pod never sent the router's ``EMPTY_SETTINGS_FRAME``, so exactly that one ACK frame is removed
+from the client->pod stream, wherever it falls in the chunks.
 """
 
 from __future__ import annotations
@@ -11,8 +10,7 @@ from wire.h2_frames import FRAME_HEADER_BYTES, H2_PREFACE, Flag, FrameType, H2Pe
 
 
 class SettingsAckStripper:
-    """Removes exactly one SETTINGS ACK frame (the client's ack of the router's empty SETTINGS)
-    from the client->pod byte stream, wherever it appears, then passes everything through."""
+    """Removes exactly one SETTINGS ACK frame from the client->pod stream, then passes everything through."""
 
     __slots__ = ("_done", "_header", "_payload_left", "_preface_left")
 

@@ -1,9 +1,8 @@
 """TLS record-layer peek: find the ClientHello in the first bytes of a TCP stream.
 
-Sans-IO. The router never terminates TLS; it reads just enough records to see the SNI,
-forwards every byte it read to the pod, or answers with one fatal alert. A ClientHello
-may arrive one byte at a time or spread over several handshake records, so the reader
-keeps state between ``feed`` calls and never holds more than ``max_bytes``.
+Sans-IO. The router never terminates TLS: it reads just enough records to see the SNI, forwards every byte
+it read to the pod, or answers with one fatal alert. A ClientHello may arrive a byte at a time or over
+several records, so the reader keeps state between ``feed`` calls and never holds more than ``max_bytes``.
 """
 
 from __future__ import annotations

@@ -1,11 +1,7 @@
-"""``stargate-router demo``: the whole path on one machine, no cluster.
+"""``stargate-router demo``: the whole path on one machine, no cluster (its ``--help`` text: ``router.cli``).
 
-Starts two Stargate-like pods (grpcio servers, h2c and TLS, plus aioquic servers) on
-127.0.0.2 and 127.0.0.3, writes an EndpointSlice file naming them, runs the router, and
-calls each pod through it by name: h2c with ``:authority``, TLS with SNI, QUIC with SNI.
-Then shows what an unknown name gets. Exits 0 when every call landed where it should.
-Its files (certificates, endpoints) are memory files (``router.demo.memory_files``): it writes
-nothing to disk, so it runs under a read-only root with no writable ``/tmp``.
+Its certificates and endpoints file are memory files (``router.demo.memory_files``): it writes nothing
+to disk, so it runs under a read-only root with no writable ``/tmp``.
 """
 
 from __future__ import annotations

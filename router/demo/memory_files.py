@@ -1,11 +1,8 @@
 """The demo's files, kept in memory: the CA, the pods' certificate and key, the endpoints file.
 
-aioquic loads certificates from paths and the router reads its endpoints file by path, so the
-demo hands out paths, but to anonymous memory files (``memfd_create``) seen through
-``/proc/self/fd/N``, not to a directory: the demo writes nothing to disk, and runs where no
-directory is writable (the Rust router's chart: read-only root filesystem, no ``/tmp`` mounted).
-Only this process can open the paths, which is all the demo needs: its pods, its clients and
-its router run in it.
+aioquic and the router open files by path, so the demo hands out ``/proc/self/fd/N`` paths of anonymous
+memory files (``memfd_create``): it writes nothing to disk and runs where no directory is writable (the
+Rust router's chart: read-only root, no ``/tmp``). Only this process can open them, which is all it needs.
 """
 
 from __future__ import annotations
@@ -33,9 +30,8 @@ class MemoryFiles:
         return PROC_FD / str(fd)
 
     def replace(self, path: Path, data: bytes) -> None:
-        """Swap the file at ``path`` for a new one holding ``data``, atomically (``dup2`` onto its
-        descriptor): a reader sees the old bytes or the new, and the new file's identity, as with
-        a ConfigMap's symlink swap."""
+        """Swap the file at ``path`` for one holding ``data``, atomically (``dup2`` onto its descriptor): a
+        reader sees the old bytes or the new, with a new identity, as with a ConfigMap's symlink swap."""
         fd = int(path.name)
         if path.parent != PROC_FD or fd not in self._fds:
             raise ValueError(f"{path} is not one of these memory files")

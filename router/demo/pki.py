@@ -1,7 +1,6 @@
 """A throwaway CA and a ``*.stargate.external`` server certificate for the demo and the tests.
 
-Shared by the TLS (gRPC) and QUIC tests and by the demo: pods hold the certificate, the
-router holds nothing, clients trust the CA.
+Pods hold the certificate, the router holds nothing, clients trust the CA.
 """
 
 from __future__ import annotations

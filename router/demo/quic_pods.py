@@ -72,13 +72,8 @@ async def start_quic_pod(
     idle_timeout_s: float = 30.0,
     versions: tuple[int, ...] | None = None,
 ) -> QuicServer:
-    """Serve ``pod_name`` on ``host:port`` (0 = any); ``server.close()`` stops it.
-
-    ``retry`` makes the pod validate addresses with Retry; ``versions`` limits the QUIC
-    versions it accepts (others get Version Negotiation from the pod itself).
-
-    The bound port is ``server._transport.get_extra_info("sockname")[1]``; see ``bound_port``.
-    """
+    """Serve ``pod_name`` on ``host:port`` (0 = any: see ``bound_port``); ``server.close()`` stops it.
+    ``retry``: validate addresses with Retry; ``versions``: those accepted (others get the pod's VN)."""
     config = QuicConfiguration(is_client=False, alpn_protocols=[ALPN], idle_timeout=idle_timeout_s)
     if versions is not None:
         config.supported_versions = list(versions)
@@ -100,10 +95,8 @@ def client_configuration(
     idle_timeout_s: float = 30.0,
     extra_alpn: tuple[str, ...] = (),
 ) -> QuicConfiguration:
-    """Client settings: trust the test CA, offer our ALPN (then ``extra_alpn``), start with ``version``.
-
-    Long ``extra_alpn`` names make the ClientHello span several Initial datagrams.
-    """
+    """Client settings: trust the test CA, offer our ALPN then ``extra_alpn`` (long names make the
+    ClientHello span several Initial datagrams), start with ``version``."""
     config = QuicConfiguration(
         is_client=True,
         alpn_protocols=[ALPN, *extra_alpn],

@@ -1,5 +1,2 @@
-"""The TCP edge: name the client (``client_intake``: the PROXY header of ``proxy_protocol``, the
-per-client slot), peek the hostname of a worker's gRPC connection (TLS SNI or h2c ``:authority``),
-dial the named pod, splice the bytes (``edge`` -> ``first_bytes`` (``tls_peek`` / ``h2c_peek``) ->
-``routing`` -> ``dial`` -> ``relay`` (``pump``, its fds watched by ``poller``)), or refuse in the
-client's protocol (``rejection``)."""
+"""The TCP edge: name the client, peek the hostname of a worker's gRPC connection (TLS SNI or h2c
+``:authority``), dial the named pod and splice, or refuse in the client's protocol (docs/architecture.md)."""

@@ -1,13 +1,8 @@
 """The TCP listener: accept in bounded batches, and pause (not spin) when out of descriptors.
 
-Accepting is the edge's only loop-driven part that is not per connection: a readiness
-callback on the listening socket accepts up to ``ACCEPT_BATCH`` connections, hands each to
-``on_connection``, then calls ``on_batch_end`` (the fast path dials a batch together). When
-``accept()`` fails for lack of fds or memory the pending connection keeps the listener
-readable, so retrying at once would spin the loop and flood the log: the listener is paused
-for ``ACCEPT_PAUSE_ON_EXHAUSTION_MS`` instead (peeks time out and relays end meanwhile,
-freeing fds). With ``native_accept`` (the C relay's ``accept``, for the fast path) a batch is
-accepted in one call and each connection is handed over as its bare non-blocking fd.
+When ``accept()`` fails for lack of fds or memory the pending connection keeps the listener readable, so
+retrying at once would spin the loop and flood the log: the listener pauses for
+``ACCEPT_PAUSE_ON_EXHAUSTION_MS`` instead (peeks time out and relays end meanwhile, freeing fds).
 """
 
 from __future__ import annotations
@@ -47,10 +42,9 @@ class Acceptor:
         self, host: str, port: int, *, defer_accept_s: int = 0, native_accept: NativeAccept | None = None,
         on_batch_end: Callable[[], None] | None = None,
     ) -> tuple[str, int]:
-        """Bind and listen; returns the bound ``(host, port)``. ``defer_accept_s`` > 0: the kernel
-        hands a connection over once its first bytes came, or after that many seconds of silence
-        (``TCP_DEFER_ACCEPT``, Linux; ignored where the option does not exist). ``native_accept``:
-        connections are handed over as bare fds; ``on_batch_end`` after each batch."""
+        """Bind and listen; returns the bound ``(host, port)``. ``defer_accept_s`` > 0: ``TCP_DEFER_ACCEPT``
+        (Linux, else ignored): a connection is handed over once its first bytes came, or after that many seconds.
+        ``native_accept``: connections are handed over as bare fds; ``on_batch_end`` after each batch."""
         self._loop = asyncio.get_running_loop()
         self._native_accept, self._on_batch_end = native_accept, on_batch_end
         family = socket.AF_INET6 if ":" in host else socket.AF_INET

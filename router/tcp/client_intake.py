@@ -1,14 +1,9 @@
 """The TCP edge's first step: who is the client, and may it hold one more connection?
 
-Without ``--accept-proxy-protocol`` the client is the socket's peer. With it, two checks come
-before the TLS / h2c peek. The socket's peer must be a trusted source
-(``--proxy-protocol-trusted-cidrs``): anyone else could claim to be any client, so such a
-connection is closed before a byte is read. Then the PROXY header is read off the socket
-(``wire.proxy_protocol``, sans-IO) and removed: what follows it is the client's first
-bytes, handed to the peek, and the pod's byte stream starts there. The caller bounds the whole
-intake with ``--peek-timeout-ms``. Last, the connection takes one of its client's slots
-(``--max-connections-per-client``); the edge refuses it after the peek, in its own protocol,
-if there was none, and releases the slot when the connection ends.
+With ``--accept-proxy-protocol`` the socket's peer must be a trusted source, or anyone could claim to be any
+client: an untrusted one is closed before a byte is read. The PROXY header is removed, so the pod's byte
+stream starts at the client's first byte; the caller bounds the intake by ``--peek-timeout-ms``. A client
+with no slot left is refused after the peek, in its own protocol (docs/security.md).
 """
 
 from __future__ import annotations
@@ -71,10 +66,7 @@ class Intake:
 
 async def read_proxy_header(conn: socket.socket, peer: Peer) -> Intake:
     """Read and remove the PROXY header; ``ProxyHeaderError`` if it is missing, malformed or cut.
-
-    Reads at most what the peek would (``PEEK_READ_BYTES``); the header is found incrementally,
-    so one slow byte at a time works (the caller's timeout bounds it).
-    """
+    One slow byte at a time works (the caller's timeout bounds it)."""
     poller = poller_for(asyncio.get_running_loop())
     reader = ProxyHeaderReader()
     while True:

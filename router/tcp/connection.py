@@ -1,12 +1,8 @@
-"""One TCP connection's life, written once for both ways the edge carries it.
+"""One TCP connection's life, written once for both ways the edge carries it (docs/architecture.md).
 
-A connection opens its access record, has its first bytes read (``read_now``) and its hostname
-routed (``Connections.decide``), is counted as accepted once its pod answered
-(``Connection.connected``), and ends with its relay (``relay_ended``, or ``relay_cut`` by the
-drain), a refusal (``refuse``) or a bug (``failed``): each step counts its metrics and writes its
-log or access line here. The edge's task (``edge.TcpRouter._serve``) walks these steps awaiting
-what is missing; the task-free path (``fast_path``) walks them from its callbacks, and hands a
-connection it cannot finish to the task, which goes on from the same ``Connection``.
+Each step (peek, decision, ``connected``, relay end, refusal, bug) counts its metrics and writes its log or
+access line here. The edge's task walks the steps awaiting what is missing; ``fast_path`` walks them from its
+callbacks and hands a connection it cannot finish to the task, which goes on from the same ``Connection``.
 """
 
 from __future__ import annotations
@@ -39,8 +35,7 @@ log = logging.getLogger("router.tcp_router")  # pinned: operators filter logs by
 
 
 def read_now(conn: socket.socket | int, first: FirstBytes) -> Peeked | None:
-    """Feed ``first`` what the socket (or bare socket fd) holds already, without waiting; None if
-    nothing came yet."""
+    """Feed ``first`` what the socket (or bare fd) holds already, without waiting; None while incomplete."""
     try:
         data = os.read(conn, PEEK_READ_BYTES) if isinstance(conn, int) else conn.recv(PEEK_READ_BYTES)
     except (BlockingIOError, InterruptedError):
@@ -61,9 +56,8 @@ class Connection:
     series: TcpSeries
 
     def __init__(self, life: Connections, peer: tuple[Any, ...]) -> None:
-        # Until the first bytes say TLS, an unidentified connection counts as h2c; FirstBytes
-        # updates ``progress.protocol`` as soon as they do, so a timeout or a malformed
-        # ClientHello is counted (and answered) as TLS.
+        # h2c until the first bytes say TLS (FirstBytes then updates ``progress.protocol``), so a
+        # timeout or a malformed ClientHello is counted (and answered) as TLS.
         progress = self.progress = Peeked(ProtocolLabel.H2C, b"", None)
         self.started = started = time.monotonic()
         self.record = life.access.open(progress.protocol, host_port(peer[0], peer[1]), started)
@@ -98,8 +92,7 @@ class Connection:
 
 
 class Connections:
-    """What every connection of the edge shares (the routing inputs, the metrics, the access log,
-    the rate-limited rejection log), and the steps of each one's life over it."""
+    """What every connection of the edge shares (routing inputs, metrics, logs), and each one's steps."""
 
     def __init__(
         self,
@@ -172,8 +165,7 @@ class Connections:
     def end(
         self, connection: Connection, outcome: Outcome, termination: Termination, answered: tuple[int, int] = (0, 0),
     ) -> None:
-        """The access line of a connection that was not relayed (once; a relayed one ends by
-        ``relay_ended``)."""
+        """The access line of a connection that was not relayed (once; a relayed one: ``relay_ended``)."""
         record, progress = connection.record, connection.progress
         if record.ended:
             return

@@ -1,11 +1,8 @@
 """The TCP edge's dial: a non-blocking connect to the chosen pod, bounded in time.
 
-``loop.sock_connect`` on uvloop resolves the address through getaddrinfo in a thread pool
-even when it is an IP literal: that cost a quarter of the router's CPU per connection, so
-the connect is driven by hand on the raw fd. A loopback or same-host pod usually answers
-by the time ``connect`` returns (the kernel processed the SYN-ACK meanwhile), so one
-``TCP_INFO`` read checks for that before the writability wait, which costs the poller a
-register/unregister round and a task switch.
+Driven by hand on the raw fd: uvloop's ``sock_connect`` resolves even an IP literal through getaddrinfo in a
+thread pool (a quarter of the router's CPU per connection). A same-host pod has usually answered by the time
+``connect`` returns, so one ``TCP_INFO`` read checks that before a writability wait (a poller round, a task switch).
 """
 
 from __future__ import annotations
@@ -72,10 +69,8 @@ def start_dial(target: Target) -> tuple[socket.socket, bool]:
 
 
 async def dial(target: Target, timeout_s: float) -> socket.socket:
-    """A connected, non-blocking TCP_NODELAY socket to ``target``'s gRPC port, or DialError.
-
-    Only a connect that is still in progress after the call waits (and arms the timeout).
-    """
+    """A connected, non-blocking TCP_NODELAY socket to ``target``'s gRPC port, or DialError; only a
+    connect still in progress waits (and arms the timeout)."""
     pod, connected = start_dial(target)
     if connected:
         return pod

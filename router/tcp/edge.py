@@ -1,12 +1,8 @@
 """The TCP edge: accept worker connections, peek the hostname, dial the pod, splice.
 
-The first bytes decide, with no configuration: a TLS ClientHello is routed by its SNI, an HTTP/2
-prior-knowledge (h2c) connection by the ``:authority`` of its first request. The parsers are
-sans-IO (``first_bytes`` over ``tls_peek``, ``h2c_peek``), the choice of pod is ``router.routing``'s;
-this module owns the listener, the timeouts and the order of events: ``client_intake`` (the PROXY
-header, the per-client slot), peek, decide, ``dial``, then ``relay`` (``settings_ack`` for h2c) or
-``rejection``; the usual TLS connection takes ``fast_path`` instead, without a task. Each step's
-accounting is ``connection``'s, which both ways call.
+The first bytes decide, with no configuration: a TLS ClientHello is routed by its SNI, an h2c connection by
+the ``:authority`` of its first request. This module owns the listener, the timeouts and the order of events
+(docs/architecture.md); the usual TLS connection takes ``fast_path`` instead, without a task.
 """
 
 from __future__ import annotations
@@ -55,14 +51,11 @@ class TcpRouterSettings:
     """The sources allowed to send a PROXY header; empty: none (every PROXY connection closed unread)."""
     max_connections_per_client: int = c.DEFAULT_MAX_CONNECTIONS_PER_CLIENT
     client_counts: ClientCounts | None = None
-    """Where connections per client are counted: None, in this process; with ``--workers N``, the
-    table every worker shares (``router.shared_client_limits``), whose limit is the one above."""
+    """Where connections per client are counted: None, in this process; else the workers' table (same limit)."""
     defer_accept: bool = c.DEFAULT_TCP_DEFER_ACCEPT == "on"
     """The listener hands over connections once their first bytes came (``--tcp-defer-accept``)."""
     extensions: Extensions = PYTHON
-    """Which C extensions the edge uses: the pump (with the batched accept and dial of the usual
-    TLS connection) and the ClientHello reading. The process chooses once (``router.runtime``) and
-    passes its choice; left out, the pure-Python reference."""
+    """The C extensions the edge uses (pump, batched accept and dial, ClientHello), chosen once by the process."""
 
     def __post_init__(self) -> None:
         self.extensions.require()

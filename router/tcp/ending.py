@@ -1,12 +1,9 @@
 """Who ended a spliced TCP connection, and how: the relay's facts turned into a ``Termination``.
 
-A relay ends in one of three ways: both directions reached end of stream (the side whose FIN
-came first closed it), a socket failed, or the idle timer fired. For a failure the errno alone
-does not say whose socket it was: ``ECONNRESET`` is raised by a read of the reset socket but
-also by a write to it, so the TCP state decides first. A socket that received a RST is in
-``TCP_CLOSE`` while its peer is still established; only when the states cannot tell (both
-closed, or no ``TCP_INFO``) does the errno and the failing operation decide. The relay's result
-(``RelayResult``) and the closing itself (a FIN, or a RST: ``close_sockets``) are here too.
+A failure's errno does not say whose socket it was (``ECONNRESET`` comes from a read of the reset socket but
+also from a write to it), so the TCP state decides first: a socket that received a RST is in ``TCP_CLOSE``
+while its peer is still established. Only when the states cannot tell (both closed, or no ``TCP_INFO``) do
+the errno and the failing operation decide.
 """
 
 from __future__ import annotations
@@ -33,8 +30,7 @@ PEER_FAILURE_ERRNOS: Final = frozenset({
     errno.ECONNRESET, errno.EPIPE, errno.ECONNABORTED, errno.ETIMEDOUT, errno.EHOSTUNREACH,
     errno.ENETUNREACH, errno.ECONNREFUSED, errno.ENOTCONN,
 })
-"""Errors a peer (or the path to it) causes; anything else is the router's own failure (``ENOTCONN``:
-a half-close of a socket whose peer already reset it)."""
+"""Errors a peer (or its path) causes, else the router's own (``ENOTCONN``: half-closing a socket its peer reset)."""
 
 
 class RelayOutcome(StrEnum):
@@ -65,8 +61,7 @@ _CLOSE: Final = {"client": Termination.CLIENT_CLOSE, "pod": Termination.POD_CLOS
 
 
 def tcp_state(sock: socket.socket | int) -> int | None:
-    """The kernel's TCP state of ``sock`` (a socket or its bare fd; first byte of ``TCP_INFO``),
-    None if unavailable."""
+    """The kernel's TCP state of a socket or bare fd (first byte of ``TCP_INFO``); None if unavailable."""
     if isinstance(sock, int):
         if sock < 0:
             return None

@@ -1,29 +1,11 @@
-"""The TCP edge's task-free path: a TLS connection whose ClientHello came with it.
+"""The TCP edge's task-free path: a TLS connection whose ClientHello came with it (docs/architecture.md).
 
-Why: on the usual connection (a worker's TLS ClientHello, read with the connection) the task,
-its coroutine steps, the relay's future and their loop rounds are interpreter time spent on
-nothing but waiting (2-4% of a connection's CPU on the bench, 0.96-0.98x; bench/README). Here
-the accept callback itself reads the hello, routes, starts the dial and hands both fds to the C
-pump (``native_relay``), which waits for the connect if it is still in progress; the pump's end
-callback counts and writes the access line. Nothing else differs: the same parse, decision,
-dial, relay, metrics, termination causes and access line as ``edge.TcpRouter._serve``, each
-step written once in ``connection``. The
-connection and the pod are bare fds here (``_relay.accept`` and ``_relay.dial``: no socket
-objects, whose constructor asks ``getsockname`` and whose mode an ``ioctl`` sets), the client's
-slot is held by its ``Connection``, and the engine closes both fds at the end.
-
-Anything else leaves this path as soon as it is seen, with what was read so far (its ``Connection``), for
-the edge's task to go on from (``adopt``: a socket object, and the slot moved to it): first
-bytes not all there yet, h2c (its SETTINGS exchange and filter), a malformed hello, a client
-over its limit, a routing refusal; a dial that fails is answered by a task too. It is used only
-when the C pump is there and no PROXY header is expected (``TcpRouter.start``).
-
-The dials of one accept batch go out together (``serve`` queues, ``launch`` dials them all, then
-starts their relays). On loopback or the same host, each connect and each first send runs the
-pod's side in the caller's system call, waking the pod if it sleeps: an inter-processor wake-up
-each, which a VM pays dearly. Back to back, a batch wakes a sleeping pod about once instead of
-once per connection (0.95x CPU per connection on the bench; bench/README). A connection's dial
-waits at most for the decisions of the rest of its batch (``ACCEPT_BATCH``).
+A task, its coroutine steps and loop rounds are interpreter time spent only waiting (bench/README.md), so
+the accept callback reads the hello, routes, dials and hands both bare fds to the C pump (no socket objects:
+each costs a ``getsockname`` and an ``ioctl``). Every step is ``connection``'s, so both paths count and log
+alike. Anything else (bytes missing, h2c, a refusal, a failed dial) goes on in the edge's task (``adopt``).
+An accept batch is dialled together: a same-host pod's side of each connect runs in the caller's system call,
+and back to back they wake a sleeping pod about once; a dial waits at most for its batch's decisions.
 """
 
 from __future__ import annotations
@@ -158,8 +140,7 @@ class FastPath:
         self.life.clients.slots.release(connection)
 
     def adopt(self, conn: int, connection: Connection) -> socket.socket:
-        """A socket object for a connection leaving this path (the task goes on with it); its
-        client's slot, held by ``connection`` here, moves to it."""
+        """A socket object for a connection leaving this path, for the task; the client's slot moves to it."""
         sock = socket.socket(fileno=conn)
         sock.setblocking(False)  # the fd is non-blocking already; the object must know it
         self.life.clients.slots.move(connection, sock)

@@ -1,9 +1,6 @@
 """The TCP edge's first bytes: TLS ClientHello or h2c request, until the hostname. Sans-IO.
 
-``FirstBytes`` is fed what the socket delivers (the edge reads it, at once when it already
-arrived) and says which protocol the client speaks, when the router's h2c SETTINGS are due,
-and, once the SNI or ``:authority`` is in, what to route by (``Peeked``). Anything else is a
-``Rejected`` connection, answered in its protocol and closed.
+Anything else, or a malformed start, is ``Rejected``: answered in its protocol and closed.
 """
 
 from __future__ import annotations
@@ -57,12 +54,9 @@ class Peeked:
 
 
 class FirstBytes:
-    """Sans-IO: the first bytes of a connection until its hostname (TLS SNI or h2c :authority).
-
-    Updates ``progress`` (the protocol as soon as the bytes say TLS, the bytes read, an early
-    close); ``settings_due`` says the h2c preface arrived and the router's SETTINGS must be
-    sent (once) before the client goes on.
-    """
+    """The first bytes of a connection until its hostname. Updates ``progress`` (the protocol as soon as
+    the bytes say TLS, the bytes read, an early close); ``settings_due``: the h2c preface arrived and the
+    router's SETTINGS must be sent (once) before the client goes on."""
 
     __slots__ = ("_buffered", "_h2", "_parse_hello", "_settings_sent", "_tls", "progress", "settings_due")
 

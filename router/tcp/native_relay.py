@@ -1,12 +1,9 @@
 """Which engine pumps a loop's relays: the C one (``router/tcp/_relay.c``) where it is built.
 
-Why C: on a short connection the Python pump (``pump``, ``poller``) costs a readiness callback
-and a few objects per wake-up and direction; the C engine pumps every ready relay of a loop in
-one call (a connection's CPU 0.855x on the bench, ~15 us less; bench/README). Only the pumping
-is in C: the policy (``relay_policy.Relay``) is the same for either engine, so a connection ends the
-same way, with the same counts, on either. Whether the router uses it is ``router.extensions``'
-choice (``Extensions.tcp_pump``), passed down in the edge's settings; ``engine_for`` hands out a
-loop's engine when asked for it.
+Why C: the Python pump costs a readiness callback and a few objects per wake-up and direction; the C engine
+pumps every ready relay of a loop in one call (0.855x a connection's CPU; bench/README.md). Only the pumping
+is in C: the policy (``relay_policy.Relay``) is shared, so a connection ends alike, with the same counts, on
+either. Whether to use it is ``router.extensions``' choice (``Extensions.tcp_pump``), passed down in settings.
 """
 
 from __future__ import annotations

@@ -1,19 +1,9 @@
 """One epoll set per event loop for every relayed socket, watched by the loop as a single fd.
 
-Why: the loop's own ``add_reader`` / ``remove_reader`` cost uvloop a libuv poll handle per
-fd and per watch: an epoll ADD/DEL probe, an ``ioctl(FIONBIO)`` and a deferred ADD to start
-it, three DELs to stop it (strace: 14 system calls per relayed connection). Here a watch
-costs one ``epoll_ctl`` (register, modify or unregister) and no object. The relay's readiness
-model is unchanged: level-triggered, one reader and one writer callback per fd, looked up
-when the event is dispatched (so a watch removed by an earlier callback of the same batch is
-not called; a stale event for a reused fd number only causes a harmless spurious pump).
-
-What the TCP side keeps per event loop (this poller, the C engine of ``native_relay``, the relays
-whose first timer ``relay_policy`` is still to arm) is each a ``PerLoop``: the loop's, shared by
-every connection on it (one epoll set, one engine dispatch, one arming callback), so keyed by the
-loop rather than held by an edge (intake, rejection, the dial and the pumps reach it from the
-running loop alone), and what a closed loop left is dropped when another loop's is added (a
-process may run loop after loop: the tests, ``asyncio.run``).
+Why: uvloop's ``add_reader`` / ``remove_reader`` set up a libuv poll handle per fd and watch (strace: 14
+system calls per relayed connection); here a watch costs one ``epoll_ctl`` and no object. Level-triggered,
+one reader and one writer callback per fd, looked up at dispatch: a watch removed by an earlier callback of
+the same batch is not called, and a stale event for a reused fd number only causes a harmless spurious pump.
 """
 
 from __future__ import annotations
@@ -38,8 +28,8 @@ T = TypeVar("T")
 
 
 class PerLoop(dict[asyncio.AbstractEventLoop, T]):
-    """A value per event loop: read with ``get`` (a plain dict lookup: the relay's hot path), made
-    by the caller on the loop's first use and kept with ``add``."""
+    """A value per event loop (the poller, the C engine, ...), shared by its connections and reached from
+    the running loop alone; read with ``get`` (hot path), kept with ``add`` (a process may run many loops)."""
 
     __slots__ = ("_close",)
 
@@ -49,8 +39,7 @@ class PerLoop(dict[asyncio.AbstractEventLoop, T]):
         self._close = close
 
     def add(self, loop: asyncio.AbstractEventLoop, value: T) -> T:
-        """Keep ``value`` for ``loop`` and return it; the values of loops closed since are dropped
-        (and closed) first."""
+        """Keep ``value`` for ``loop`` and return it, first dropping (and closing) those of closed loops."""
         for old in [other for other in self if other.is_closed()]:
             gone = self.pop(old)
             if self._close is not None:
@@ -123,9 +112,8 @@ class FdPoller:
                     callback()
 
     async def wait(self, fd: int, *, write: bool = False) -> None:
-        """Until ``fd`` is readable (or writable): for a connection not yet relayed, one watch on
-        this set instead of the loop's own (uvloop's ``sock_recv`` costs a poll handle, an
-        ``ioctl`` and three ``epoll_ctl``)."""
+        """Until ``fd`` is readable (or writable), by one watch on this set: cheaper than the loop's own
+        (uvloop's ``sock_recv`` costs a poll handle, an ``ioctl`` and three ``epoll_ctl``)."""
         future: asyncio.Future[None] = self._loop.create_future()
 
         def on_ready() -> None:

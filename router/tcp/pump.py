@@ -1,22 +1,10 @@
-"""The Python pump: the relay's bytes moved by readiness callbacks, one engine of two.
+"""The Python pump: the relay's bytes moved by readiness callbacks on raw fds, one engine of two.
 
-Why it looks like this:
-
-* Readiness callbacks on raw fds, not streams: no transport buffers, no per-chunk ``bytes``,
-  and it runs the same on asyncio and uvloop. The fds are watched through one epoll set per
-  loop (``poller``), which costs a watch one ``epoll_ctl`` instead of uvloop's handle set-up.
-* Linux ``os.splice`` through one pipe per direction moves bytes without copying them into
-  Python. While the h2c SETTINGS-ACK stripper needs to see client bytes, client->pod runs
-  buffered and switches to splice once the filter reports done.
-* Each direction pumps "write what is pending, then read more" in one callback and only
-  touches the poller when it flips between waiting for its source and waiting for its sink,
-  so a busy connection costs no ``epoll_ctl`` per chunk, and a slow reader holds the relay to
-  one pipe / one chunk per direction (the source is simply not read meanwhile). Pipes and
-  buffers are created on first use; the policy (``relay_policy``) has quiet ones given back.
-
-``PythonPump`` presents one relay's two directions as the C engine (``_relay.c``) presents its
-``Relay``: the same calls (``relay_policy.Pump``) and the same callbacks, so the one policy
-drives either. The pump's limits are read here, once, for both engines (``engine_limits``).
+Raw fds, not streams: no transport buffers, no per-chunk ``bytes``, the same on asyncio and uvloop. Each
+direction writes what is pending, then reads more, and touches the poller only when it flips between waiting
+for its source and for its sink: no ``epoll_ctl`` per chunk, and a slow reader holds the relay to one pipe or
+chunk per direction (its source is not read meanwhile). Client->pod stays buffered while the h2c filter must
+see its bytes. ``PythonPump`` presents the C engine's calls and callbacks (``relay_policy.Pump``).
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
 """Byte relay between a routed client socket and its pod socket: the router's hot path.
 
-``relay`` is the one call for a task: it relays a connection's two sockets until it ends, under
-the one policy (``relay_policy.Relay``: idle timeout, quiet pipes given back, endings, closing,
-accounting) on the pump engine its caller asks for (``native``: the C one, ``native_relay.engine_for``;
-else ``pump``, the Python one, which h2c always takes). The task-free path (``fast_path``) drives a
-``Relay`` itself.
+``relay`` runs one connection for a task under the one policy (``relay_policy.Relay``) on the engine its
+caller asks for; the task-free path (``fast_path``) drives a ``Relay`` itself.
 """
 
 from __future__ import annotations
@@ -44,14 +41,10 @@ async def relay(
 ) -> RelayResult:
     """Relay bytes both ways until both sides finish, one fails, or both are idle too long.
 
-    Owns both (connected, non-blocking) sockets from the call on and closes them before
-    returning or when cancelled (then with RST, and CancelledError is re-raised).
-    ``initial_to_pod`` are client bytes already read by the peek; ``client_filter`` sees every
-    client->pod byte until ``client_filter_done()`` is True. ``idle_timeout_s <= 0`` disables
-    the idle timeout. ``on_start`` gets the relay's live byte counts (``RelayProbe``) as it starts
-    (before it is awaited). ``loop`` is the running loop, if the caller has it at hand (saves a ``getpid``
-    system call). ``native``: pump in C (``native_relay.engine_for``; it must be built) or in Python:
-    the edge passes its settings' ``Extensions.tcp_pump``; a client filter always runs on the Python pump.
+    Owns both (connected, non-blocking) sockets from the call on and closes them before returning or when
+    cancelled (then with RST, and CancelledError is re-raised). ``native``: pump in C (it must be built); a
+    ``client_filter`` (sees client->pod bytes until ``client_filter_done()``) forces the Python pump.
+    ``idle_timeout_s <= 0``: no idle timeout. ``loop``, if at hand, saves a ``getpid`` system call.
     """
     if loop is None:
         loop = asyncio.get_running_loop()

@@ -1,20 +1,11 @@
-"""The relay's one policy, whichever engine pumps its bytes (``Relay``).
+"""The relay's one policy (``Relay``), whichever engine (``Pump``: C ``_relay.c`` or Python ``pump``) moves bytes.
 
-The engine moves the bytes: the C one (``_relay.c``; one call per wake-up for every ready relay
-of a loop) where it is built, else the Python one (``pump``); h2c, whose client bytes the
-SETTINGS-ACK stripper must see first, always takes the Python pump (``native_relay.engine_for``
-chooses). Both present one interface (``Pump``) and call back alike: the relay's end, its bytes,
-a pipe taken. The policy is the rest, written once for either engine:
-
-* Pipes and buffers are given back once a direction has been quiet for ``RELAY_RELEASE_QUIET_S``,
-  so an idle connection holds only its two sockets.
-* One timer per connection, re-armed lazily from last-activity stamps, serves both the idle
-  timeout and that release; it is first armed ``RELAY_TIMER_DEFER_S`` after the start by one
-  callback shared by the relays that started meanwhile, so short connections never make one.
-* Who ended the connection (``ending``), when and how the sockets close (the engine closes both
-  fds itself: a closed fd leaves its epoll set without an ``epoll_ctl``), ``on_bytes``, the live
-  view (``live_relays``), and the result. Each side may be a socket object or a bare fd (the fast
-  path's), whose connect the C engine may still be waiting for (``start_connecting``).
+* Pipes and buffers are given back once a direction has been quiet for ``RELAY_RELEASE_QUIET_S``, so an idle
+  connection holds only its two sockets.
+* One timer per connection, re-armed lazily from last-activity stamps, serves both the idle timeout and that
+  release; it is first armed ``RELAY_TIMER_DEFER_S`` after the start by one callback shared by the relays
+  started meanwhile, so short connections never make one.
+* The C engine closes both fds itself: a closed fd leaves its epoll set without an ``epoll_ctl``.
 """
 
 from __future__ import annotations
@@ -78,10 +69,8 @@ class RelayState:
 
 
 class Pump(Protocol):
-    """A running relay's pump, on either engine (``_relay.Relay``, ``pump.PythonPump``).
-
-    ``abort`` stops it (the last bytes reported), ``close_fds`` stops it and closes both sides
-    (the C engine their fd numbers, the Python pump its socket objects)."""
+    """A running relay's pump on either engine (``_relay.Relay``, ``pump.PythonPump``). ``abort`` stops it
+    (last bytes reported); ``close_fds`` also closes both sides (the C engine its fds, Python its sockets)."""
 
     def abort(self) -> None: ...
     def close_fds(self, reset: bool, /) -> None: ...
@@ -129,8 +118,7 @@ class Relay:
         """``engine``: the loop's C engine, or None for the Python pump (socket objects only)."""
         self.client = client
         self.pod = pod
-        """Each side: its socket, or its bare fd (the fast path: C accept and dial), which this
-        relay closes once and then sets to -1."""
+        """Each side: its socket, or its bare fd (the fast path), which this relay closes once, then sets to -1."""
         self.splice = splice
         self.idle_s = idle_timeout_s if idle_timeout_s > 0 and math.isfinite(idle_timeout_s) else math.inf
         self.on_bytes = on_bytes
@@ -192,10 +180,9 @@ class Relay:
         on_connected: Callable[[], None],
         on_dial_failed: Callable[[int], None],
     ) -> Pump:
-        """As ``start``, with the pod's connect still in progress (the C engine only): the engine
-        waits for it and holds ``initial`` meanwhile. ``on_connected`` once it succeeds; else
-        ``on_dial_failed(errno)`` (``ETIMEDOUT`` after ``timeout_s``) with the pod socket closed and
-        the client's left open, to be answered."""
+        """As ``start``, with the pod's connect in progress (C engine only; it holds ``initial`` meanwhile). Then
+        ``on_connected``, or ``on_dial_failed(errno)`` (``ETIMEDOUT`` after ``timeout_s``) with the pod socket
+        closed and the client's left open, to be answered."""
         engine = self.engine
         assert engine is not None
         LIVE.add(self)
@@ -319,9 +306,8 @@ class Relay:
             log.exception("on_bytes callback failed; relay continues")
 
     def unlink(self) -> None:
-        """Once over, keep only the final counts: the pump (and its engine) can go, and the
-        callbacks (bound methods of the relay's owner, which holds the relay) no longer make a
-        cycle for the collector to find."""
+        """Once over, keep only the final counts: the pump (and its engine) can go, and the callbacks (bound
+        methods of the relay's owner, which holds the relay) no longer make a cycle for the collector."""
         if self.handle is not None:
             if self.outcome is None:  # else ``finish`` read the final counts already
                 self.final = self.handle.probe()

@@ -1,18 +1,9 @@
 """UDP batching: GRO on receive, GSO (``UDP_SEGMENT``) on send, and the fallback without them.
 
-Linux can hand one ``recvmsg`` several datagrams of one peer glued together (``UDP_GRO``; a
-cmsg gives the segment size, every segment that long but the last) and can take such a buffer
-in one ``sendmsg`` with a ``UDP_SEGMENT`` cmsg, cutting it back into the same datagrams on the
-wire. The stdlib names neither option, so the numbers of ``<linux/udp.h>`` are here.
-
-Pod -> client: a GRO buffer from the pod leaves in one ``send_segments``. Client -> pod: the
-listener stays on uvloop's C receive path, the datagrams of one flow read in one loop
-iteration are collected, and ``send_datagrams`` plans them into GSO runs (``gso_runs``: equal
-sizes, the last one shorter or equal) so a burst costs one ``sendmsg`` instead of one ``send``
-each; the datagrams on the wire are the same ones, in the same order.
-
-The bytes helpers are pure. ``enable_gro``, ``send_segments`` and ``send_datagrams`` touch
-sockets: the first time the kernel refuses an option (no such option, a device without
+A GRO buffer is one peer's datagrams glued together, each the cmsg's segment size but the last; a
+``UDP_SEGMENT`` send cuts such a buffer back into the same datagrams, in the same order, so batching
+never changes what is on the wire. The stdlib names neither option: the numbers of ``<linux/udp.h>``
+are here. The first time the kernel refuses an option for good (no such option, a device without
 checksum offload) the process stops asking and sends one datagram per call from then on.
 """
 
@@ -45,11 +36,9 @@ IPV6_MTU = 24
 REFUSALS = frozenset({errno.EINVAL, errno.EIO, errno.ENOPROTOOPT, errno.EOPNOTSUPP})
 """Errors of ``setsockopt(UDP_GRO)`` meaning the kernel does not do GRO."""
 GSO_UNSUPPORTED = frozenset({errno.EIO, errno.ENOPROTOOPT, errno.EOPNOTSUPP})
-"""Errors of a ``UDP_SEGMENT`` send meaning GSO does not work here (EIO: a device without
-checksum offload): the process stops asking."""
+"""Errors of a ``UDP_SEGMENT`` send meaning GSO cannot work here (EIO: no checksum offload): stop asking."""
 GSO_REFUSED_ONCE = frozenset({errno.EINVAL, errno.EMSGSIZE})
-"""Errors of a ``UDP_SEGMENT`` send about that send only (a segment over a path MTU that shrank):
-its datagrams go one by one, and the next batch tries GSO again."""
+"""Errors about one ``UDP_SEGMENT`` send only (a path MTU that shrank): sent one by one, GSO stays on."""
 
 Address = tuple[Any, ...]
 
@@ -86,11 +75,9 @@ def gso_runs(
     max_segments: int = c.QUIC_GSO_MAX_SEGMENTS,
     max_bytes: int = c.QUIC_GSO_MAX_BYTES,
 ) -> list[tuple[int, int, int]]:
-    """Cut datagrams of these ``sizes`` (in order) into ``(start, stop, segment size)`` runs that
-    one ``UDP_SEGMENT`` send carries unchanged: every datagram of a run as long as its first
-    but the last, which may be shorter (and then ends the run); at most ``max_segments`` of them
-    and ``max_bytes`` in all. A datagram longer than ``max_segment`` (the path MTU's payload) or
-    empty goes alone. A run of one is a plain send."""
+    """``(start, stop, segment size)`` runs of these ``sizes``, each one ``UDP_SEGMENT`` send carries
+    unchanged (equal sizes, only the last shorter, within the caps). A datagram empty or over
+    ``max_segment`` (the path MTU's payload) goes alone; a run of one is a plain send."""
     runs: list[tuple[int, int, int]] = []
     start, count = 0, len(sizes)
     while start < count:
@@ -111,10 +98,8 @@ def gso_runs(
 
 
 class SegmentRun:
-    """Pieces a socket delivered one after another (each one datagram or a GRO batch), read back
-    to back into one buffer, and merged while one ``UDP_SEGMENT`` send still carries them
-    unchanged: the same segment size, no short segment but the last, at most ``max_segments``
-    and ``max_bytes``. ``start:stop`` is the run's region of the buffer."""
+    """Reads (each one datagram or a GRO batch) back to back in one buffer at ``start:stop``, merged
+    while one ``UDP_SEGMENT`` send still carries them unchanged (as ``gso_runs``)."""
 
     __slots__ = ("closed", "count", "max_bytes", "max_segments", "size", "start", "stop")
 
@@ -130,9 +115,8 @@ class SegmentRun:
         self.closed = False
 
     def joins(self, length: int, size: int) -> bool:
-        """Whether a piece of ``length`` bytes in segments of ``size`` (``size == length`` for a
-        single datagram), read at ``stop``, joins the run: a batch of the run's segment size, or
-        one datagram no longer than it (a shorter one ends the run)."""
+        """Whether a piece of ``length`` bytes in segments of ``size`` (``size == length``: one datagram)
+        read at ``stop`` joins the run; a datagram shorter than the run's segments ends it."""
         if not self.count:
             return True
         if self.closed or size > self.size or (size < self.size and length > size):
@@ -169,8 +153,7 @@ def split_segments(buffer: memoryview, size: int) -> Iterator[memoryview]:
 
 _gro_usable = True
 _gso_usable: bool | None = None
-"""None until probed: a kernel before 4.18 ignores a ``UDP_SEGMENT`` cmsg and would send the
-whole batch as one datagram, so GSO is only used once the socket option is known."""
+"""None until probed: a kernel before 4.18 ignores a ``UDP_SEGMENT`` cmsg and sends the batch as one datagram."""
 
 
 def gso_usable() -> bool:
@@ -209,10 +192,9 @@ def enable_gro(sock: socket.socket) -> bool:
 
 
 def send_segments(sock: socket.socket, buffer: memoryview, size: int, addr: Address) -> int:
-    """Send the datagrams of ``buffer`` (``size`` bytes each) to ``addr`` through the unconnected
-    ``sock``: one ``sendmsg`` with ``UDP_SEGMENT`` if the kernel takes it, else one ``sendto``
-    each. Returns the bytes sent: less than all when the socket buffer is full (the caller
-    queues the rest). Other errors propagate after the datagrams already sent."""
+    """Send the datagrams of ``buffer`` (``size`` bytes each) to ``addr`` through the unconnected ``sock``.
+    Returns the bytes sent: less than all when the socket buffer is full (the caller queues the rest).
+    Other errors propagate after the datagrams already sent."""
     if len(buffer) <= size:
         try:
             return sock.sendto(buffer, addr)
@@ -237,10 +219,9 @@ def send_segments(sock: socket.socket, buffer: memoryview, size: int, addr: Addr
 
 
 def send_datagrams(sock: socket.socket, datagrams: list[bytes], max_segment: int) -> int:
-    """Send ``datagrams`` in order through the connected ``sock``, each run of ``gso_runs`` in one
-    ``sendmsg`` with ``UDP_SEGMENT`` while the kernel takes it, else one ``send`` each. Returns
-    the bytes sent: the rest is dropped, as UDP drops, when the socket buffer is full. Other
-    errors (ECONNREFUSED from an earlier ICMP) propagate."""
+    """Send ``datagrams`` in order through the connected ``sock``, in GSO runs where it can. Returns the
+    bytes sent: the rest is dropped, as UDP drops, on a full socket buffer. Other errors (ECONNREFUSED
+    from an earlier ICMP) propagate."""
     if len(datagrams) == 1 or not max_segment or not gso_usable():
         return _send_each(sock, datagrams)
     sent = 0

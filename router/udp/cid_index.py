@@ -1,29 +1,10 @@
 """Which pod each connection ID names, shared by the ``--workers N`` processes of one router.
 
-The kernel spreads client datagrams over the workers by 4-tuple, so a client whose NAT rebinds may
-land on a worker that never saw its connection. Every worker writes here the pod connection IDs its
-flows learned (the SCIDs of the pods' long headers, a QUIC-LB join's ID) with the pod's address and
-QUIC port; a worker that meets a datagram naming no flow of its own looks its connection ID up here
-(one local read, no message to anyone) and, if a ready pod is named, joins the connection as a
-QUIC-LB join does (``joins``): a flow of its own to that pod, which sees its client arrive from a new
-address and validates the path (RFC 9000 section 9). From then on the moved client's datagrams are
-this worker's, on its own datapath.
-
-Layout (``IndexLayout``): a header, then one region per worker. Only worker ``i`` writes region
-``i`` (no lock: one writer), every worker reads all of them. A region is a mask of the connection ID
-lengths it holds, then ``capacity`` entries, each found from the ID's hash (multiply-shift by the
-run's random salt) within a window of ``window`` entries: a hint cache, where a full window gives up
-its first entry for the newest ID. An entry carries a sequence number the writer makes odd while it
-writes and even after, so a reader that sees it odd, or changed while it copied the entry, skips
-it: a torn read is a miss, never a wrong pod. A worker clears its region when it starts, so what a
-killed worker wrote stays readable until its successor starts (its clients can still be joined).
-
-A hint is only a hint: the join goes to a pod only if the current snapshot holds a ready pod at
-that address and port, and the pod itself decides whether the connection is one of its own.
-
-The pure table (``CidIndex``) works on any writable buffer (tested on a ``bytearray``); the
-supervisor makes the shared one (``create_index_file``: a memfd, no file anywhere) and each worker
-maps it (``map_index``).
+A client whose NAT rebinds may reach a worker that never saw its connection (docs/quic.md, across
+workers). Only worker ``i`` writes region ``i`` (no lock: one writer); every worker reads them all.
+An entry's sequence number is odd while it is written, so a torn read is a miss, never a wrong pod.
+The hash is salted per run and a full window gives up its first entry: the index only holds hints,
+and a join still needs a ready pod at that address in the current snapshot.
 """
 
 from __future__ import annotations

@@ -1,14 +1,8 @@
 """What moves a QUIC flow's datagrams: one interface, a pure-Python and a C implementation.
 
-The edge decides (which flow, which pod, when it is confirmed); a datapath only moves bytes
-between the public socket and the flows' pod sockets, and tells the edge what it cannot move
-itself through ``PathEvents``. ``PythonDatapath`` (``python_path``) reads the public socket through
-the event loop and each pod socket through its own reader; ``SpliceDatapath`` (``native``) hands
-both to the C splice, which moves a confirmed flow's datagrams without a Python frame. Which one
-runs is chosen once, from ``Extensions`` (``edge.open_datapath``); nothing else branches on it.
-
-A flow's handle is its ``PodLink`` (its connected pod socket and the outbox of the datagrams the
-edge itself forwards), the same on both paths.
+The edge decides (which flow, which pod, when it is confirmed); a datapath only moves bytes and
+reports through ``PathEvents`` what it does not move itself. Which one runs is chosen once, from
+``Extensions`` (``edge.open_datapath``); nothing else branches on it.
 """
 
 from __future__ import annotations
@@ -58,8 +52,7 @@ class Datapath(Protocol):
         """The flow's client is at ``flow.address`` now."""
 
     def learned(self, flow: Flow[Link], cid: bytes) -> None:
-        """A pod connection ID of the flow learned outside the pod's long headers (QUIC-LB): the
-        flow's client datagrams are told apart by it from now on."""
+        """A pod CID learned outside the pod's long headers (a join): tell the flow's datagrams apart by it."""
 
     def detach(self, flow: Flow[Link]) -> None:
         """Stop reading the flow's pod socket (before the edge closes it)."""

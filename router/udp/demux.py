@@ -1,21 +1,10 @@
-"""Client datagrams to their flows: the QUIC edge's demultiplexing, as QUIC's own.
+"""Client datagrams to their flows: the QUIC edge's demultiplexing, as QUIC's own (docs/quic.md).
 
-Every datagram from a client that the datapath does not move itself comes through ``deliver``.
-The common case costs one dict lookup: an address with one flow, not shared, gives that flow every
-short header. The rest is judged by the pure verdicts of ``verdicts`` and carried out by a
-``match``: a new address's datagram (a new connection, a migrated flow, an unknown version, a
-refused attempt's retransmit, a moved connection to join, or junk to count), a long header from an
-address with flows, and anything from a shared address, where the connection IDs tell one
-connection from another (``Flow.shared``). A new connection from an address that already has flows
-is sniffed beside them (a pending flow keyed by address and its DCID), so a spoofed Initial from a
-live client's address costs a pending flow of its own and never touches the live connection.
-
-Forwarding a datagram to its flow also watches an unconfirmed flow's handshake
-(``handshake_watch``): the datagram that confirms it hands the flow to the datapath for good.
-
-A bug a datagram meets costs that datagram only, on either datapath: it is logged (a traceback a
-second at most, ``QUIC_DATAGRAM_ERROR_LOG_LINES_PER_S``; the rest counted as suppressed), never
-raised into the listener or the C splice, whose batch holds other clients' datagrams.
+The common case is one dict lookup: an address with one unshared flow takes its short headers; the
+rest is judged by the pure ``verdicts.judge``. A spoofed Initial from a live client's address costs a
+pending flow of its own and never touches the live connection. A bug a datagram meets costs that
+datagram only: logged, rate-limited, never raised into the listener or the C splice, whose batch
+holds other clients' datagrams.
 """
 
 from __future__ import annotations
@@ -86,8 +75,7 @@ class ClientDemux:
             self._outboxes.add(link, data)
 
     def _judged(self, first: Flow[Link] | None, data: bytes, addr: Address, now: float) -> None:
-        """What no flow simply takes: a new address's datagram, a long header from an address with
-        flows, anything from a shared address (``verdicts.judge``)."""
+        """Carry out ``verdicts.judge`` on what no flow simply takes."""
         unrouted = judge(self._table, first, data, addr, now, self._cid_length, self._native)
         match unrouted.verdict:
             case Verdict.FORWARD if unrouted.flow is not None:

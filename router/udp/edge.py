@@ -1,23 +1,9 @@
 """The QUIC reverse-tunnel edge: one UDP listener, one connected UDP socket per routed flow.
 
-The router never terminates QUIC. It reads a new connection's Initials for the SNI, picks the pod,
-opens a connected socket to its ``quic`` port and splices datagrams both ways; pod replies leave
-through the listener, so workers only ever see the router's address, and the pod sees one stable
-peer (the flow's socket) while the client's NAT rebinds within this process. ``UdpRouter`` owns the
-sockets' lifecycle and the sweeper, and composes the parts, each in its module:
-
-- ``datapath``: what moves the datagrams (``python_path``, or the C splice in ``native``);
-- ``demux``: which flow a client datagram belongs to, a ``match`` on the verdicts of ``verdicts``;
-- ``flow_opening``: a new connection sniffed, routed and dialled, or refused (``refusals``);
-- ``joins``: a datagram naming no flow here, joined to the pod its connection ID names (QUIC-LB,
-  and with ``--workers N`` the workers' shared ``cid_index``);
-- ``flow_endings``: every end of a flow or attempt, and the sweep's expiries;
-- the sans-IO ``flow_table``, with its bounds (``flow_limits``) and each flow's handshake watch.
-
-Refusals (missing/unknown SNI, pod not ready, draining) are answered with an Initial
-CONNECTION_CLOSE so the worker fails fast, and an unknown version with a Version Negotiation. A
-client IP holding ``--max-quic-flows-per-client`` pending and routed flows is refused
-(``Refusal.CLIENT_LIMIT``).
+The router never terminates QUIC. Pod replies leave through the listener, so workers only ever see
+the router's address, and the pod sees one stable peer (the flow's socket) while the client's NAT
+rebinds. ``UdpRouter`` owns the sockets' lifecycle and the sweeper and composes the parts, one
+concern per module (docs/architecture.md, one QUIC flow).
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """The access records of QUIC flows: one per attempt, opened with its pending flow, ended once.
 
-A record is opened when a new client address sends its first Initial and travels with the
-pending flow, then with the established flow (the table keeps it opaque). The edge ends it
-with the flow's outcome and termination: an idle expiry (``quic_idle_timeout`` or
-``idle_timeout``, ``completed``), a drain cut, a pod socket error, a refusal, or a pending flow
-that never completed its ClientHello. Byte counts are what the client's datagrams carried (the buffered ones of a
-pending flow, then the flow's) and what the pod's replies (or a refusal) carried back.
+A record travels with the pending flow, then with the established flow (the table keeps it opaque).
+Its byte counts are what the client's datagrams carried (a pending flow's buffered ones, then the
+flow's) and what the pod's replies, or a refusal, carried back.
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """How QUIC flows and attempts end: one place that closes, accounts for and forgets them.
 
-Every end goes through here, whatever caused it: a pod socket error, a refusal, a full pending
-table or flow table (eviction), an expiry in the sweep (a connection's own idle timeout, the
-relay's, or an unconfirmed flow's handshake timeout), a drain or close. Each lets the datapath go
-of the flow's socket and closes it, ends its access record (``flow_access``), frees its client's
-slot, counts its outcome and wakes ``drain`` once nothing is left. The relayed-byte counters are
-flushed here too, from the sweep.
+Every end (pod socket error, refusal, eviction, sweep expiry, drain, close) comes here, so each is
+accounted once: the datapath lets go of the socket before it is closed, the access record ends, the
+client's slot is freed, the outcome is counted, and ``drain`` is woken once nothing is left.
 """
 
 from __future__ import annotations
@@ -90,9 +87,8 @@ class FlowEndings:
         self.note_if_empty()
 
     def make_room(self, address: tuple[object, ...]) -> None:
-        """A new attempt from ``address`` is about to be opened: with the pending table full its oldest
-        undecided attempt ends (its datagrams count as ``pending_full``), and with the flow table full
-        its oldest unconfirmed flow (``evicted``); a confirmed flow never does."""
+        """Before a new attempt from ``address``: a full pending table ends its oldest undecided attempt,
+        a full flow table its oldest unconfirmed flow; a confirmed flow is never evicted."""
         evicted = self._table.make_room(address)
         if evicted is not None:
             self.drop(QuicDropReason.PENDING_FULL, max(1, len(evicted.datagrams)))

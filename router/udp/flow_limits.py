@@ -1,9 +1,7 @@
 """The QUIC flow table's bounds, and how long a flow may be silent.
 
-Every bound of ``flow_table.UdpFlowTable`` is a field here, defaulting to ``router/constants.py``
-and checked once at construction, so a spoofed-source flood costs bounded memory. A flow's own
-idle timeout (``flow_idle_timeout_s``) follows RFC 9000 section 10.1 from what the router can
-read: the client's ``max_idle_timeout`` transport parameter.
+Every bound is a field here, defaulting to ``router/constants.py`` and checked once, so a
+spoofed-source flood costs bounded memory. A flow's idle timeout follows RFC 9000 section 10.1.
 """
 
 from __future__ import annotations
@@ -19,7 +17,7 @@ class FlowTableError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class FlowLimits:
-    """Every bound of the table, so a spoofed-source flood costs bounded memory."""
+    """Every bound of ``UdpFlowTable``; each must be > 0."""
 
     max_pending_flows: int = c.QUIC_MAX_PENDING_FLOWS
     max_pending_flows_per_address: int = c.QUIC_MAX_PENDING_FLOWS_PER_ADDRESS
@@ -45,10 +43,8 @@ class FlowLimits:
                 raise FlowTableError(f"{name} must be > 0, got {getattr(self, name)!r}")
 
     def flow_idle_timeout_s(self, client_max_idle_ms: int) -> float:
-        """How long a flow may be silent: RFC 9000 section 10.1 ends its connection after
-        min(both ends' ``max_idle_timeout``), but no sooner than three PTOs; the client's value
-        bounds that from above. A client that advertises none (0) keeps ``idle_timeout_s``,
-        which bounds every flow."""
+        """RFC 9000 section 10.1: min(both ends' ``max_idle_timeout``), at least three PTOs; only the
+        client's is read, so it bounds from above. None advertised (0): ``idle_timeout_s``, every flow's cap."""
         if client_max_idle_ms <= 0:
             return self.idle_timeout_s
         own = max(client_max_idle_ms / 1000, 3 * self.probe_timeout_s) + self.idle_grace_s

@@ -1,13 +1,9 @@
-"""How a QUIC flow starts: a new connection's Initials read for the SNI, the pod chosen, its socket
-opened and the buffered datagrams sent; or a moved connection joined to the pod its ID names.
+"""How a QUIC flow starts: a new connection sniffed, routed and dialled, or a moved one joined.
 
-A new client connection costs a pending flow (bounded, ``flow_table``) while its Initial
-datagrams are decrypted for the SNI (``quic.initial_sniffer``); then ``router.routing`` picks the
-pod, a connected socket to its ``quic`` port is opened (``pod_link.connect_udp``), the datagrams
-buffered so far are sent in arrival order and the flow is attached to the datapath, unconfirmed
-(``handshake_watch``). A refusal (missing or unknown SNI, pod not ready, draining, the client over
-its limit) is answered by ``refusals``. A join (``joins``) skips the ClientHello: its pod is the
-one its connection ID names.
+A new connection takes its client's slot before it costs a pending flow (bounded) while its Initials
+are read for the SNI; once routed, the buffered datagrams go to the pod in arrival order and the flow
+starts unconfirmed (``handshake_watch``). A join (``joins``) has no ClientHello: its pod is the one
+its connection ID names.
 """
 
 from __future__ import annotations

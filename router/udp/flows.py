@@ -1,9 +1,4 @@
-"""What a QUIC flow is, pending or spliced: the records the flow table keeps and the edge reads.
-
-A pending flow is a client connection whose ClientHello is not complete yet (its datagrams wait,
-in order); a flow is a client connection spliced to one pod, with the connection IDs that tell it
-apart from other flows at its address and follow it when its client moves.
-"""
+"""What a QUIC flow is, pending or spliced: the records the flow table keeps and the edge reads."""
 
 from __future__ import annotations
 

@@ -1,23 +1,10 @@
 """When a routed QUIC flow is *confirmed*: a real client and its pod are talking, not a flood.
 
-Sans-IO: datagram sizes and first bytes in, a verdict out. A flow the router has opened but not
-seen confirmed costs a pod socket and a place in the table while a forged Initial or junk short
-header is all it took to open it; until confirmed it lives only ``--quic-handshake-timeout-ms``
-(not its connection's idle timeout) and is the first to go when a new flow needs its place
-(``flow_table``). Confirmation is what a blind sender cannot produce:
-
-- a flow routed by its ClientHello is confirmed by a client short header (a 1-RTT packet) whose
-  DCID is a connection ID the pod chose, which the router read from the pod's long headers. The
-  client learns it only from the pod's answer, so a spoofed source never sends it; a client past
-  its handshake always does. A pod that chose a zero-length connection ID gives nothing to check:
-  then any client short header after the pod's answer confirms.
-- a flow opened by QUIC-LB (no ClientHello: a connection moved here) is confirmed when the pod
-  answers it as a live connection would: a datagram at least as long as the longest the client
-  sent on it, or more datagrams than the client sent. A pod's answer to a connection ID it does not
-  know, a stateless reset (RFC 9000 section 10.3), does neither: it is one datagram per datagram
-  received, each shorter than the one that caused it.
-
-One ``HandshakeWatch`` per unconfirmed flow, dropped at confirmation: a confirmed flow carries none.
+Sans-IO. Confirmation is what a blind sender cannot produce (docs/quic.md, how long a flow lives).
+A routed flow: a client short header whose DCID the pod chose, learned only from the pod's answer.
+A joined flow: a pod datagram as long as the client's longest, or more of them than the client sent;
+a stateless reset (RFC 9000 section 10.3: one shorter datagram per datagram) does neither. Until
+then the flow lives only ``--quic-handshake-timeout-ms`` and is the first evicted.
 """
 
 from __future__ import annotations

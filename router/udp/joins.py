@@ -1,28 +1,11 @@
 """Joins: a datagram that names no flow here, routed to the pod its connection ID names.
 
-A connection routed elsewhere may come here: to another replica when a Gateway session expires or
-a replica rolls out, to another worker of this router when the client's NAT rebinds (the kernel
-picks a worker by 4-tuple). Its datagrams name no flow of this worker, yet their connection ID may
-still name the pod, two ways (``PodNamer``):
-
-- ``ServerIdNamer`` (``--quic-lb-server-id-bytes N``): pods that issue QUIC-LB connection IDs carry
-  their server ID, the last N octets of their address, in every ID (``quic_lb``): stateless, across
-  replicas, also for IDs the router never saw (issued in encrypted NEW_CONNECTION_ID frames);
-- ``IndexNamer`` (``--workers N``): the pod connection IDs every worker's flows learned, in the
-  index the workers share (``cid_index``): one local read, for IDs some worker saw.
-
-Either way a flow is opened to that pod for the client's address, without a ClientHello (its
-access line has no hostname and names the pod; it counts ``joined``), and the datagram forwarded.
-The pod sees its connection arrive from a new address (this worker's socket) and validates the
-path (RFC 9000 section 9), as for any migration; until it answers as a live connection would, the
-flow is unconfirmed and the first to make room (``handshake_watch``). A joined flow is told apart
-by connection ID from the start (``Flow.shared``), because its client's socket may carry other
-connections, to other pods, that moved with it.
-
-Bounded: only a miss comes here (a datagram of a known flow never does); a random short header
-costs a slice and a dict lookup or an index read; a join costs a token of a bucket
-(``QUIC_LB_JOINS_PER_S``), a client slot and room in the flow table, and without them is dropped
-and counted.
+A connection routed elsewhere (another replica, or another worker after a NAT rebinding) may come
+here; a QUIC-LB server ID or the workers' ``cid_index`` may still name its pod (docs/quic.md, joins).
+The pod validates the new path itself (RFC 9000 section 9). A joined flow is unconfirmed until the
+pod answers, and told apart by connection ID from the start, since its client's socket may carry
+other connections that moved with it. Only a miss pays for a join, and each costs a bucket token, a
+client slot and room in the flow table.
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """The QUIC edge's public UDP socket: client datagrams in; pod replies and refusals out.
 
-On the pure-Python path (``python_path``) it stays on the event loop's C receive path
-(``DatagramProtocol``: uvloop hands over a few dozen datagrams per readiness event); its flow
-control flag tells the pod -> client path when the kernel buffer is full. With the C splice
-(``native``), the splice reads the socket itself (``open_socket``), and the edge's own sends
-(refusals, version negotiation, an unconfirmed flow's pod datagrams) go through ``SocketOut``.
-Either way the send and receive buffers are enlarged for bursts of Initials.
+Python path: an asyncio ``DatagramProtocol`` (uvloop's C receive path), whose flow control tells the
+pod -> client path when the kernel buffer is full. C splice: the splice reads the socket itself and
+the edge's own sends go through ``SocketOut``. Both enlarge the buffers for bursts of Initials.
 """
 
 from __future__ import annotations
@@ -61,9 +58,8 @@ class SocketOut:
 
 
 def open_socket(host: str, port: int, reuse_port: bool) -> socket.socket:
-    """The public socket for the C splice: bound (SO_REUSEPORT when workers share it), non-blocking,
-    buffers sized, UDP GRO on if offered (the splice cuts a client's GSO batch into its datagrams;
-    the pure-Python listener reads through asyncio, which cannot, so it never has GRO)."""
+    """The C splice's public socket: bound, non-blocking, buffers sized, GRO on if offered (the splice
+    cuts a GRO batch into its datagrams; asyncio cannot, so the Python listener never has GRO)."""
     family, _, _, _, sockaddr = socket.getaddrinfo(host, port, type=socket.SOCK_DGRAM, flags=socket.AI_PASSIVE)[0]
     sock = socket.socket(family, socket.SOCK_DGRAM | socket.SOCK_NONBLOCK)
     try:
@@ -87,8 +83,7 @@ def _size_buffers(sock: socket.socket) -> None:
 async def open_listener(
     host: str, port: int, reuse_port: bool, deliver: Callable[[bytes, Address], None]
 ) -> tuple[asyncio.DatagramTransport, Listener]:
-    """Bind the public socket (SO_REUSEPORT when workers share it) and size its buffers; every
-    datagram goes to ``deliver(data, address)``."""
+    """Bind the public socket and size its buffers; every datagram goes to ``deliver(data, address)``."""
     loop = asyncio.get_running_loop()
     transport, listener = await loop.create_datagram_endpoint(
         lambda: Listener(deliver), local_addr=(host, port), reuse_port=reuse_port or None

@@ -1,16 +1,9 @@
 """The C splice of established QUIC flows (``router/udp/_splice.c``): the C ``Datapath``.
 
-``setup.py`` builds it when a C compiler is there; ``router.extensions`` decides once whether the
-edge uses it (``Extensions.splice``, and ``Extensions.io_uring`` for its sends to many pods in one
-``io_uring_enter``). Without it the edge runs the same flows through the pure-Python datapath
-(``python_path``); both are tested, and they differ only in cost: which datagrams reach whom, in
-which order, and what the flows count are the same.
-
-The splice reads the public socket and the attached pod sockets itself; its methods are the loop's
-reader callbacks (no Python frame per wake-up). What it does not move comes back through the
-edge's ``PathEvents``: client datagrams it cannot splice, in arrival order; the new SCIDs of pod
-long headers; pod socket errors. An unconfirmed flow's pod datagrams are handed over unsent
-(``take_handed``): this datapath sends them and tells the edge, which watches the handshake.
+It differs from ``python_path`` only in cost. The splice reads the public and attached pod sockets
+itself (its methods are the loop's reader callbacks: no Python frame per wake-up) and hands back
+through ``PathEvents``, in arrival order, what it does not move. An unconfirmed flow's pod datagrams
+come back unsent: sent here (``_handed``) so the edge can watch the handshake.
 """
 
 from __future__ import annotations
@@ -45,9 +38,8 @@ def splicer_type(extensions: Extensions) -> type[Splicer] | None:
 
 
 def open_splicer(splicer_type: type[Splicer], listener_fd: int, io_uring: bool) -> Splicer:
-    """The C splice on the listener; with ``io_uring`` its sends to many pods go in one
-    ``io_uring_enter`` per batch where the kernel allows it. A kernel or seccomp profile that
-    refuses io_uring leaves ``sendmmsg``, and says so."""
+    """The C splice on the listener; with ``io_uring``, a batch's sends to many pods in one system call
+    where the kernel allows it (else ``sendmmsg``, logged once)."""
     splicer = splicer_type(
         listener_fd, c.QUIC_SPLICE_BATCHES_PER_CALLBACK, c.QUIC_POD_READS_PER_CALLBACK, io_uring=io_uring
     )
@@ -58,8 +50,7 @@ def open_splicer(splicer_type: type[Splicer], listener_fd: int, io_uring: bool) 
 
 
 def datapath(splicer: Splicer | None) -> str:
-    """What moves established flows' datagrams, for the start line: ``python``, ``c_splice``, or
-    ``c_splice+io_uring`` (a batch's sends to many pods in one system call)."""
+    """For the start line: ``python``, ``c_splice``, or ``c_splice+io_uring``."""
     if splicer is None:
         return "python"
     return "c_splice+io_uring" if splicer.io_uring else "c_splice"

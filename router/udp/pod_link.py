@@ -1,17 +1,9 @@
 """One routed QUIC flow's connected UDP socket to its pod, and the client datagrams it collects.
 
-The listener stays on uvloop's C receive path (``DatagramProtocol``), which hands the router up
-to a few dozen datagrams per readiness event. Instead of one ``send`` per datagram, a flow's
-link collects what arrives in one loop iteration (its *outbox*, at most
-``QUIC_OUTBOX_DATAGRAMS``) and ``Outboxes`` flushes every touched link once, right after the
-I/O callbacks of that iteration: equal-sized runs go out in one ``UDP_SEGMENT`` ``sendmsg``
-(``batching``). Every datagram reaches the pod unchanged and in order; the
-wait is within the same loop iteration, so no timer and no added round trip.
-
-The pod side of the socket (replies, errors) is read by the edge's datapath (``datapath``): the
-event loop on the pure-Python path, the C splice otherwise, which then moves a confirmed flow's
-short-header datagrams both ways itself; the outbox carries what the edge forwards (buffered
-Initials, long headers, an unconfirmed flow's datagrams).
+A link's *outbox* collects what the edge forwards to it in one loop iteration; ``Outboxes`` flushes
+every touched link right after that iteration's I/O callbacks, equal-sized runs in one
+``UDP_SEGMENT`` send. No timer and no added round trip; every datagram reaches the pod unchanged
+and in order. The socket's pod side is read by the datapath.
 """
 
 from __future__ import annotations
@@ -38,8 +30,7 @@ class PodLink(Generic[F]):
         self.flow: F | None = None
         self.outbox: list[bytes] = []
         self.max_segment = -1
-        """Longest datagram a GSO send may cut on this route (0: never batch); -1 until the first
-        send of several datagrams asks the kernel (most handshakes never need it)."""
+        """Longest datagram a GSO send may cut (0: never batch); -1 until a send of several asks the kernel."""
         self._failed = failed
 
     def flush(self) -> int:
@@ -73,12 +64,8 @@ class PodLink(Generic[F]):
 
 
 class Outboxes(Generic[F]):
-    """The links with client datagrams to send once this loop iteration's reads are done.
-
-    A link's first datagram of the iteration schedules one send of every touched link right
-    after the I/O callbacks (``schedule`` is the loop's ``call_soon``); a full outbox
-    (``QUIC_OUTBOX_DATAGRAMS``) is sent at once.
-    """
+    """The links with client datagrams to send once this loop iteration's reads are done
+    (``schedule``: the loop's ``call_soon``); a full outbox (``QUIC_OUTBOX_DATAGRAMS``) is sent at once."""
 
     __slots__ = ("_links", "_schedule", "_scheduled", "sent_bytes")
 
@@ -108,9 +95,8 @@ class Outboxes(Generic[F]):
 
 
 def connect_udp(address: str, port: int) -> socket.socket:
-    """A non-blocking UDP socket connected to a pod IP (never a name: no DNS here), GRO on if the
-    kernel offers it: a pod's GSO batch (quinn sends them) is then one read, passed on as one
-    ``UDP_SEGMENT`` send by either path (``pod_to_client``, the C splice)."""
+    """A non-blocking UDP socket connected to a pod IP (never a name: no DNS here), GRO on if offered,
+    so a pod's GSO batch is one read, passed on as one ``UDP_SEGMENT`` send."""
     family, sockaddr = _pod_sockaddr(address, port)
     sock = socket.socket(family, socket.SOCK_DGRAM | socket.SOCK_NONBLOCK)  # no ioctl to unblock it
     try:

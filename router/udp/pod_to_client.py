@@ -1,12 +1,9 @@
 """Pod -> client: a flow's pod socket is read and what it says leaves through the listener.
 
-The pod talks to the flow's connected socket; the client must only ever see the router's
-public address, so replies go out of the listener. A pod socket has UDP GRO on and each
-readiness callback reads it a bounded number of times, back to back into one buffer: every
-read is one datagram or a GRO batch, and consecutive reads are merged while one
-``UDP_SEGMENT`` send carries them unchanged (``SegmentRun``). A pod that sends GSO batches
-(quinn) and a pod that sends one datagram per call (aioquic) both cost the client side one
-``sendmsg`` per burst. Behind a full listener buffer the rest queues in the transport.
+The client must only ever see the router's public address. Each readiness callback reads a pod
+socket (GRO on) a bounded number of times back to back into one buffer, merging reads while one
+``UDP_SEGMENT`` send carries them unchanged (``SegmentRun``): a burst costs one ``sendmsg`` whether
+the pod sends GSO batches (quinn) or one datagram per call (aioquic).
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
 """The pure-Python datapath: the reference the C splice is tested against (``datapath``).
 
-The public socket stays on the event loop's C receive path (``listener``), which hands every
-client datagram to the edge; each attached flow's pod socket has a reader of its own
-(``pod_to_client.ClientReplies``), whose replies leave through the public socket. Confirmation
-changes nothing here: the edge sees every datagram anyway.
+The edge sees every client datagram, so confirmation changes nothing here; each attached pod socket
+has a reader of its own (``pod_to_client.ClientReplies``).
 """
 
 from __future__ import annotations

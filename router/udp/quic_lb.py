@@ -1,18 +1,9 @@
 """QUIC-LB: pods that name themselves in every connection ID they issue, found again statelessly.
 
-The layout is the plaintext one of draft-ietf-quic-load-balancers. A connection ID's first octet
-holds the config rotation in its top three bits (``0b111``: not encoded, not routable this way)
-and either the connection ID's length minus one or random bits in its low five; the server ID is
-the ``server_id_bytes`` octets after it; a nonce of at least four octets follows (server ID plus
-nonce at most 19 octets, so a server ID is 1..15 octets). A pod's server ID is the last
-``server_id_bytes`` octets of its address from the EndpointSlices, taken as 16 octets (an IPv4
-address IPv4-mapped, ``::ffff:a.b.c.d``, so 4 octets are an IPv4 pod's whole address): no extra
-API reads and no state shared between replicas.
-
-Sans-IO: bytes and snapshots in, facts out; nothing here raises on a datagram's bytes. The edge
-asks ``routable_cid`` and ``ServerIds.target`` only on a miss (a datagram whose address and
-connection IDs name no flow), so a datagram of a known flow costs nothing more; a random short
-header costs one slice and one dict lookup. ``ServerIds`` is built once per snapshot.
+The plaintext layout of draft-ietf-quic-load-balancers (docs/quic.md): a first octet (config rotation
+in its top three bits, ``0b111``: not routable), the server ID, a nonce of at least four octets. A
+pod's server ID is the last ``server_id_bytes`` octets of its address as 16 octets (IPv4 mapped):
+no extra API reads, no state shared between replicas. Sans-IO; nothing here raises on client bytes.
 """
 
 from __future__ import annotations
@@ -65,11 +56,9 @@ def server_id(cid: bytes, server_id_bytes: int) -> bytes | None:
 
 def routable_cid(datagram: bytes, cid_length: int | None) -> bytes | None:
     """The connection ID a client datagram can be routed by: a short header's DCID (``cid_length``
-    octets, or as many as its first octet self-encodes when None), or the DCID of a v1/v2
-    Handshake packet (one the server issued); 1 to ``MAX_CID_LENGTH`` octets. None for anything
-    else: an Initial or 0-RTT packet (a DCID the client chose), another version, a datagram too
-    short to hold one, and a connection ID over 20 octets (a first octet that self-encodes 21 to
-    32: no pod issues one, so it names no pod, as config rotation ``0b111`` names none)."""
+    octets, else as many as its first octet self-encodes) or a v1/v2 Handshake packet's (one the
+    server issued). None for an Initial or 0-RTT (the client chose that DCID), another version, too
+    short a datagram, or a length over 20 octets (no pod issues one)."""
     if len(datagram) < 2:
         return None
     if not datagram[0] & LONG_FORM:

@@ -1,10 +1,8 @@
 """Answers of the QUIC edge to attempts it will not route: CONNECTION_CLOSE and Version Negotiation.
 
-A refusal is counted (outcome metric), logged at info through a ``RateLimitedLog`` (a flood is
-counted, not written line by line), remembered per address and DCID so retransmits cost a
-lookup, and answered: never larger than what provoked it, under one global byte budget, at
-most ``answers_per_rejection`` times per attempt. Sending goes through a callable of the
-router, which owns the listener socket.
+The router is no amplifier: an answer is never larger than what provoked it, within one global byte
+budget, at most ``answers_per_rejection`` times per attempt. Refusals are logged rate-limited (a
+flood is counted, not written line by line) and remembered so retransmits cost a lookup.
 """
 
 from __future__ import annotations

@@ -14,10 +14,7 @@ from router.udp.quic_lb import check_server_id_bytes
 
 @dataclass(frozen=True)
 class UdpRouterSettings:
-    """Knobs of the QUIC side; defaults from ``router/constants.py`` (the CRYPTO cap from ``quic/frames.py``).
-
-    The flow table's bounds (including the idle timeout) are its ``FlowLimits``, validated there.
-    """
+    """Knobs of the QUIC side, defaults from ``router/constants.py``; the flow table's bounds are ``FlowLimits``."""
 
     limits: FlowLimits = field(default_factory=FlowLimits)
     cid_length: int | None = None
@@ -28,17 +25,13 @@ class UdpRouterSettings:
     max_flows_per_client: int = c.DEFAULT_MAX_QUIC_FLOWS_PER_CLIENT
     """Routed plus pending flows one client IP (IPv6: /64) may hold; 0 = no limit."""
     client_counts: ClientCounts | None = None
-    """Where flows per client are counted: None, in this process; with ``--workers N``, the table
-    every worker shares (``router.shared_client_limits``), whose limit is the one above."""
+    """Where flows per client are counted: None, this process; with ``--workers N``, the workers' shared table."""
     quic_lb_server_id_bytes: int = c.DEFAULT_QUIC_LB_SERVER_ID_BYTES
-    """QUIC-LB server ID length (``router.udp.quic_lb``): a datagram no flow takes is routed to the pod
-    its connection ID names (``joins``); 0 = off."""
+    """QUIC-LB server ID length: a datagram no flow takes joins the pod its connection ID names; 0 = off."""
     quic_lb_joins_per_s: float = c.QUIC_LB_JOINS_PER_S
     quic_lb_join_burst: float = c.QUIC_LB_JOIN_BURST
     extensions: Extensions = PYTHON
-    """Which C extensions the edge uses: the splice of established flows (and its io_uring sends)
-    and the reading of new flows' Initials. The process chooses once (``router.runtime``) and
-    passes its choice; left out, the pure-Python reference."""
+    """Which C extensions the edge uses, chosen once by the process (``router.runtime``); default: pure Python."""
 
     def __post_init__(self) -> None:
         self.extensions.require()

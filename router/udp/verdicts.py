@@ -1,15 +1,9 @@
 """What the QUIC edge does with a datagram that no routed flow simply takes.
 
-Pure verdicts over the flow table (``flow_table``) and the datagram's bytes:
-``classify_unrouted`` for an address with no flow (open a pending flow, join a migrated flow,
-answer Version Negotiation, re-answer a refusal, or drop, with the reason counted), and
-``classify_on_flow`` for what an address with flows cannot take blindly: a long header, or
-any datagram of a shared address (``Flow.shared``). There it is QUIC's own demultiplexing:
-the connection IDs a datagram carries name its flow (the client's original DCID, a pod CID,
-the client's SCID); a full v1/v2 Initial naming none is a new connection from that address,
-sniffed beside its flows; what names nothing goes to the address's first flow, as every datagram
-of an unshared address does. The cheap checks come first, so only a well-formed Initial of at
-least 1200 bytes may cost a pending flow.
+Pure verdicts over the flow table and the datagram's bytes, as QUIC's own demultiplexing: the
+connection IDs a datagram carries name its flow, and what names nothing goes to the address's first
+flow. Cheap checks come first: only a well-formed v1/v2 Initial of at least 1200 bytes may cost a
+pending flow (RFC 9000 section 14.1).
 """
 
 from __future__ import annotations
@@ -43,8 +37,7 @@ class Verdict(Enum):
     DROP = "drop"
     """Count it under ``Unrouted.drop_reason`` and forget it."""
     JOIN = "join"
-    """It carries a learned pod CID of ``Unrouted.flow``, whose client was elsewhere: move the
-    flow to this address (NAT rebinding, migration), then forward it."""
+    """A learned pod CID of ``Unrouted.flow``, from a new address (NAT rebinding): move the flow, forward."""
     NEGOTIATE = "negotiate"
     """Unknown version, big enough to start a connection: answer Version Negotiation."""
     REANSWER = "reanswer"
@@ -56,11 +49,9 @@ class Verdict(Enum):
     FEED = "feed"
     """A datagram of ``Unrouted.pending``, a connection from this address still being sniffed."""
     UNNAMED = "unnamed"
-    """A short header of a shared address whose DCID no flow learned: ``Unrouted.flow``, the
-    address's first, takes it, unless a join names another pod (``joins``)."""
+    """A shared address's short header naming no learned CID: the first flow's, unless a join names a pod."""
     MISS = "miss"
-    """Not an Initial, from an address with no flow, naming no flow's connection ID: joined if its
-    connection ID names a pod (``joins``), else dropped ``not_initial``."""
+    """Not an Initial, naming no flow, from an address with none: joined if it names a pod, else ``not_initial``."""
 
 
 class Unrouted(NamedTuple, Generic[S, H]):
@@ -83,12 +74,8 @@ def classify_unrouted(
     table: UdpFlowTable[S, H], datagram: bytes, address: Address, now: float, cid_length: int | None,
     native: InitialProtection | None = None,
 ) -> Unrouted[S, H]:
-    """Judge a datagram from an address with no flow: a datagram of a connection being sniffed there,
-    a migrated flow's, or a new attempt (or junk).
-
-    Cheap checks first: only a well-formed v1/v2 Initial of at least 1200 bytes may cost
-    a pending flow (RFC 9000 14.1), so short or non-Initial datagrams are never buffered.
-    """
+    """Judge a datagram from an address with no flow: a connection being sniffed there, a migrated
+    flow's, a new attempt, or junk; short or non-Initial datagrams are never buffered (RFC 9000 14.1)."""
     if not datagram:
         return Unrouted(Verdict.DROP, QuicDropReason.MALFORMED)
     if not datagram[0] & 0x80:
@@ -124,14 +111,9 @@ def classify_on_flow(
     table: UdpFlowTable[S, H], first: Flow[H], datagram: bytes, now: float, cid_length: int | None,
     native: InitialProtection | None = None,
 ) -> Unrouted[S, H]:
-    """Judge a long header from the address of ``first`` (that address's first flow), or any
-    datagram if that address is shared.
-
-    The connection IDs decide: a DCID that names a flow (FORWARD, or JOIN if that flow's client
-    was elsewhere) or a pending connection of this address (FEED); then a v1/v2 Initial of at
-    least 1200 bytes is a new connection (OPEN, or REANSWER if it was refused); then the client's
-    SCID; what names nothing is ``first``'s, as on an unshared address.
-    """
+    """Judge a long header from the address of its first flow ``first``, or any datagram of a shared
+    address: a DCID naming a flow or pending connection, then a full v1/v2 Initial (a new connection),
+    then the client's SCID; what names nothing is ``first``'s."""
     address = first.address
     if not datagram:
         return _forward(first)
