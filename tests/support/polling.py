@@ -23,7 +23,7 @@ import asyncio
 import inspect
 import time
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Generic, TypeVar
 
 T = TypeVar("T")
 
@@ -95,6 +95,27 @@ def eventually_blocking(
         raise AssertionError(f"timed out after {timeout_s} s waiting for {_describe(what)}")
 
 
+class _Settling(Generic[T]):
+    """A reading watched until it has stood still for ``quiet_s``: the state both ``steady`` loops share."""
+
+    def __init__(self, first: T, quiet_s: float, timeout_s: float, what: What) -> None:
+        self.last, self.since = first, time.monotonic()
+        self._quiet_s, self._timeout_s, self._deadline, self._what = quiet_s, timeout_s, self.since + timeout_s, what
+
+    def settled(self) -> bool:
+        """True once the reading stood still for ``quiet_s``; fails once ``timeout_s`` has passed."""
+        if time.monotonic() - self.since >= self._quiet_s:
+            return True
+        if time.monotonic() > self._deadline:
+            raise AssertionError(
+                f"timed out after {self._timeout_s} s waiting for {_describe(self._what)} (last {self.last!r})")
+        return False
+
+    def saw(self, value: T) -> None:
+        if value != self.last:
+            self.last, self.since = value, time.monotonic()
+
+
 async def steady(
     read: Callable[[], T],
     quiet_s: float,
@@ -104,16 +125,11 @@ async def steady(
     what: What = "the reading to settle",
 ) -> T:
     """The value of ``read()`` once it has stayed the same for ``quiet_s``; fail after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    last, since = read(), time.monotonic()
-    while time.monotonic() - since < quiet_s:
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {_describe(what)} (last {last!r})")
+    settling = _Settling(read(), quiet_s, timeout_s, what)
+    while not settling.settled():
         await asyncio.sleep(interval_s)
-        now = read()
-        if now != last:
-            last, since = now, time.monotonic()
-    return last
+        settling.saw(read())
+    return settling.last
 
 
 def steady_blocking(
@@ -125,16 +141,11 @@ def steady_blocking(
     what: What = "the reading to settle",
 ) -> T:
     """``steady`` for synchronous tests."""
-    deadline = time.monotonic() + timeout_s
-    last, since = read(), time.monotonic()
-    while time.monotonic() - since < quiet_s:
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {_describe(what)} (last {last!r})")
+    settling = _Settling(read(), quiet_s, timeout_s, what)
+    while not settling.settled():
         time.sleep(interval_s)
-        now = read()
-        if now != last:
-            last, since = now, time.monotonic()
-    return last
+        settling.saw(read())
+    return settling.last
 
 
 async def holds(
